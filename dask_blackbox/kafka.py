@@ -1,0 +1,61 @@
+"""Kafka plumbing every layer shares: reaching the broker and creating the topics."""
+
+from __future__ import annotations
+
+import asyncio
+
+from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka.errors import KafkaError
+
+from dask_blackbox import config
+from dask_blackbox.contract import TOPICS
+
+# Kafka's "Topic with this name already exists"
+_TOPIC_ALREADY_EXISTS = 36
+
+
+class KafkaUnreachable(ConnectionError):
+    """No broker answered at the configured bootstrap servers."""
+
+
+async def connect_admin(timeout: float = 10.0) -> AIOKafkaAdminClient:
+    """An admin client connected to the configured broker, or KafkaUnreachable."""
+    kwargs = config.kafka_client_kwargs()
+    deadline = asyncio.get_running_loop().time() + timeout
+    last: Exception | None = None
+    while True:
+        admin = AIOKafkaAdminClient(**kwargs, request_timeout_ms=max(1000, int(timeout * 1000)))
+        try:
+            await admin.start()
+            return admin
+        except (KafkaError, OSError) as e:
+            last = e
+            await admin.close()
+        if asyncio.get_running_loop().time() >= deadline:
+            raise KafkaUnreachable(
+                f"cannot reach Kafka at {','.join(kwargs['bootstrap_servers'])} "
+                f"(blackbox.kafka.bootstrap-servers): {last}"
+            )
+        await asyncio.sleep(0.2)
+
+
+async def ensure_topics(timeout: float = 10.0) -> list[str]:
+    """Create every contract topic that does not exist yet; return their full names."""
+    partitions = config.get_int("kafka.partitions")
+    replication = config.get_int("kafka.replication-factor")
+    retention_ms = str(int(config.get_seconds("kafka.retention") * 1000))
+    names = [config.topic(t) for t in TOPICS]
+    admin = await connect_admin(timeout)
+    try:
+        response = await admin.create_topics(
+            [
+                NewTopic(n, partitions, replication, topic_configs={"retention.ms": retention_ms})
+                for n in names
+            ]
+        )
+        for name, code, message in response.topic_errors:
+            if code not in (0, _TOPIC_ALREADY_EXISTS):
+                raise KafkaError(f"cannot create topic {name}: {message} (error {code})")
+    finally:
+        await admin.close()
+    return names
