@@ -59,3 +59,35 @@ async def ensure_topics(timeout: float = 10.0) -> list[str]:
     finally:
         await admin.close()
     return names
+
+
+async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0) -> dict[str, int]:
+    """Messages of each topic that the consumer group has not committed yet.
+
+    A partition the group never committed counts from its first retained offset.
+    """
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    admin = await connect_admin(timeout)
+    consumer = AIOKafkaConsumer(**config.kafka_client_kwargs(), group_id=None)
+    try:
+        await consumer.start()
+        partitions = [
+            TopicPartition(t, p)
+            for t in topics
+            for p in sorted(consumer.partitions_for_topic(t) or ())
+        ]
+        if not partitions:
+            return {t: 0 for t in topics}
+        end = await consumer.end_offsets(partitions)
+        begin = await consumer.beginning_offsets(partitions)
+        committed = await admin.list_consumer_group_offsets(group_id, partitions=partitions)
+    finally:
+        await consumer.stop()
+        await admin.close()
+    lag = dict.fromkeys(topics, 0)
+    for tp in partitions:
+        meta = committed.get(tp)
+        done = meta.offset if meta is not None and meta.offset >= 0 else begin[tp]
+        lag[tp.topic] += max(end[tp] - done, 0)
+    return lag

@@ -1,0 +1,240 @@
+"""The ``dask-blackbox`` command line.
+
+Every command takes the same connection flags (``--kafka``, ``--clickhouse``,
+``--data-dir``, ``--topic-prefix``, ``--set key=value``); they override the
+``blackbox.*`` Dask config for this process and the processes it starts. Without
+``--kafka``, commands use the broker of a running ``dask-blackbox up`` on the same
+data directory, if there is one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import logging
+import re
+import sys
+
+import dask.config
+
+from dask_blackbox import config
+from dask_blackbox.formatting import FORMATS, render
+
+# Commands that read ClickHouse through sinks.queries: name -> (help, extra arguments)
+_QUERY_COMMANDS = {
+    "story": "the transitions of a task key, like Scheduler.story",
+    "spans": "span trees with durations, task counts, bytes and compute by action",
+    "prefixes": "top task prefixes by compute time",
+    "clusters": "every cluster seen: first and last seen, workers, tasks, errors",
+    "failures": "post-mortem of erred tasks and dead workers",
+    "compare": "the same span name across runs and clusters, side by side",
+}
+
+
+def _duration_ago_or_time(text: str) -> datetime.datetime:
+    """'2h', '30m', '7d' (that long ago) or an ISO date/time (UTC if no zone)."""
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
+    now = datetime.datetime.now(datetime.timezone.utc)
+    if m:
+        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+        return now - datetime.timedelta(**{unit: float(m[1])})
+    try:
+        t = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is neither a duration like 2h / 30m / 7d nor an ISO date-time"
+        ) from None
+    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+
+
+def _key_value(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key.removeprefix("blackbox."), value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    g = common.add_argument_group("connection (override blackbox.* config)")
+    g.add_argument("--kafka", metavar="HOST:PORT[,...]", help="Kafka bootstrap servers")
+    g.add_argument("--clickhouse", metavar="DSN", help="chdb:///dir or http://host:8123")
+    g.add_argument("--data-dir", metavar="DIR", help="local pipeline files")
+    g.add_argument("--topic-prefix", metavar="PREFIX")
+    g.add_argument("--set", dest="settings", metavar="KEY=VALUE", type=_key_value,
+                   action="append", default=[],
+                   help="any blackbox.* setting, e.g. --set producer.flush-interval=50ms")
+
+    fmt = argparse.ArgumentParser(add_help=False)
+    fmt.add_argument("--format", choices=FORMATS, default="table")
+
+    filters = argparse.ArgumentParser(add_help=False)
+    filters.add_argument("--cluster", help="cluster name or id")
+    filters.add_argument("--since", type=_duration_ago_or_time, help="e.g. 2h or 2026-11-01T00:00")
+    filters.add_argument("--until", type=_duration_ago_or_time)
+
+    parser = argparse.ArgumentParser(
+        prog="dask-blackbox", description="A flight recorder for Dask clusters."
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    up = sub.add_parser("up", parents=[common],
+                        help="run the local pipeline (broker, processors, sink) in the foreground")
+    up.add_argument("--processors", type=int, default=1, help="faust workers (default 1)")
+    up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for health")
+
+    demo = sub.add_parser("demo", parents=[common],
+                          help="record two demo clusters and show what ClickHouse knows")
+    demo.add_argument("--timeout", type=float, default=120.0)
+
+    sub.add_parser("status", parents=[common, fmt],
+                   help="consumer lag, sequence gaps and drops, rows per table")
+    q = sub.add_parser("query", parents=[common, fmt], help="run SQL on ClickHouse")
+    q.add_argument("sql")
+    sub.add_parser("sink", parents=[common], help="run the ClickHouse sink (production service)")
+    sub.add_parser("topics", parents=[common], help="create the Kafka topics if missing")
+
+    for name, text in _QUERY_COMMANDS.items():
+        p = sub.add_parser(name, parents=[common, fmt, filters], help=text)
+        if name == "story":
+            p.add_argument("key", help="the task key, as the dashboard shows it")
+        elif name == "spans":
+            p.add_argument("--tree", action="store_true", help="indent children under parents")
+        elif name == "prefixes":
+            p.add_argument("--span", help="only within spans of this name (e.g. 'data load')")
+            p.add_argument("--limit", type=int, default=20)
+        elif name == "compare":
+            p.add_argument("span_name", help="span name, tags joined by ' / '")
+    return parser
+
+
+def apply_settings(args: argparse.Namespace) -> None:
+    """Turn the connection flags into blackbox.* config for this process."""
+    settings = {f"blackbox.{k}": v for k, v in args.settings}
+    for flag, key in (("kafka", "kafka.bootstrap-servers"), ("clickhouse", "clickhouse.dsn"),
+                      ("data_dir", "data-dir"), ("topic_prefix", "kafka.topic-prefix")):
+        if getattr(args, flag) is not None:
+            settings[f"blackbox.{key}"] = getattr(args, flag)
+    if settings:
+        dask.config.set(settings)
+
+
+def _run_query_command(args: argparse.Namespace) -> int:
+    from sinks import queries
+
+    backend = queries.connect()
+    filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
+    if args.command == "story":
+        result = queries.story(backend, args.key, **filters)
+    elif args.command == "spans":
+        result = queries.spans(backend, tree=args.tree, **filters)
+    elif args.command == "prefixes":
+        result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
+    elif args.command == "compare":
+        result = queries.compare(backend, args.span_name, **filters)
+    else:
+        result = getattr(queries, args.command)(backend, **filters)
+    print_result(result, args.format)
+    return 0
+
+
+def print_result(result, fmt: str) -> None:
+    """Print ``(columns, rows)`` or a mapping of titled ``(columns, rows)`` sections."""
+    if isinstance(result, dict):
+        for title, (columns, rows) in result.items():
+            print(f"== {title}" if fmt == "table" else f"# {title}")
+            print(render(columns, rows, fmt))
+            print()
+    else:
+        print(render(*result, fmt))
+
+
+def _status(args: argparse.Namespace) -> int:
+    from dask_blackbox.local import pipeline_lag
+    from sinks import queries
+
+    lag = asyncio.run(pipeline_lag())
+    print_result({
+        "consumer lag (messages not yet committed)": (
+            ["group", "topic", "lag"],
+            [(g, t, n) for g, topics in lag.items() for t, n in topics.items()],
+        ),
+        "sequence gaps and drops per producer": queries.gaps_and_drops(queries.connect()),
+        "rows per table": queries.table_counts(queries.connect()),
+    }, args.format)
+    return 0
+
+
+def _up(args: argparse.Namespace) -> int:
+    import time
+
+    from dask_blackbox.local import LocalPipeline
+
+    pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors)
+    print(f"dask-blackbox: starting the local pipeline in {config.data_dir()}", flush=True)
+    pipeline.start(timeout=args.timeout, progress=lambda m: print("  " + m, flush=True))
+    print(f"dask-blackbox: healthy in {time.monotonic() - pipeline.started:.1f}s. "
+          f"Attach a cluster with producers.attach(client) and "
+          f"--set kafka.bootstrap-servers={config.bootstrap_servers()[0]}; "
+          "Ctrl-C stops.", flush=True)
+    code = pipeline.run_until_signal()
+    print("dask-blackbox: stopping", flush=True)
+    drained = pipeline.stop(progress=lambda m: print("  " + m, flush=True))
+    if not drained:
+        print("dask-blackbox: warning: stopped before everything was loaded", file=sys.stderr)
+    print("dask-blackbox: stopped", flush=True)
+    return code
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    from clickhouse_connect.driver.exceptions import ClickHouseError
+
+    from dask_blackbox.kafka import KafkaUnreachable
+    from dask_blackbox.local import PipelineError, use_running_pipeline
+
+    if args.command != "sink":
+        # aiokafka logs every failed connection attempt; the CLI reports the outcome
+        # once, as a KafkaUnreachable error.
+        logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+    try:
+        apply_settings(args)
+        if args.command not in ("up", "sink") and args.kafka is None:
+            use_running_pipeline()
+        if args.command == "up":
+            return _up(args)
+        if args.command == "sink":
+            from sinks import service
+
+            return service.main([])
+        if args.command == "topics":
+            from dask_blackbox import kafka
+
+            for name in asyncio.run(kafka.ensure_topics()):
+                print(name)
+            return 0
+        if args.command == "demo":
+            from dask_blackbox import demo
+
+            return demo.run(timeout=args.timeout)
+        if args.command == "status":
+            return _status(args)
+        if args.command == "query":
+            from sinks import queries
+
+            print_result(queries.connect().query(args.sql), args.format)
+            return 0
+        return _run_query_command(args)
+    except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError) as e:
+        print(f"dask-blackbox: error: {_one_line(e)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    first = text.splitlines()[0]
+    return first if len(first) < 400 else first[:400] + "..."

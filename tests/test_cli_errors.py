@@ -1,0 +1,59 @@
+"""Bad config and unreachable services give one clear line and a non-zero exit."""
+
+import subprocess
+import sys
+
+import pytest
+
+from dask_blackbox.tansu import free_port
+
+
+def run_cli(*args, timeout=60):
+    return subprocess.run([sys.executable, "-m", "dask_blackbox", *args],
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def assert_one_line_error(out, *fragments):
+    assert out.returncode != 0
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1, out.stderr
+    assert lines[0].startswith("dask-blackbox: error: ")
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+
+
+def test_unreachable_kafka(tmp_path):
+    port = free_port()  # nothing listens there
+    out = run_cli("up", "--kafka", f"127.0.0.1:{port}", "--data-dir", str(tmp_path))
+    assert_one_line_error(out, "cannot reach Kafka", f"127.0.0.1:{port}")
+    assert not (tmp_path / "up.json").exists()
+
+
+def test_unwritable_data_dir(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = run_cli("up", "--data-dir", str(blocker / "data"))
+    assert_one_line_error(out, "data directory", str(blocker / "data"), "not writable")
+
+
+@pytest.mark.parametrize("dsn, fragment", [
+    ("mysql://db:3306", "must start with one of"),
+    ("http://:8123", "names no host"),
+    ("http://host:port", "bad port"),
+])
+def test_malformed_dsn(tmp_path, dsn, fragment):
+    for command in (["up"], ["query", "SELECT 1"]):
+        out = run_cli(*command, "--clickhouse", dsn, "--data-dir", str(tmp_path))
+        assert_one_line_error(out, "blackbox.clickhouse.dsn", dsn, fragment)
+
+
+def test_bad_setting_names_the_key(tmp_path):
+    out = run_cli("up", "--data-dir", str(tmp_path), "--set", "kafka.partitions=many")
+    assert_one_line_error(out, "blackbox.kafka.partitions")
+
+
+def test_usage_errors_exit_2():
+    out = run_cli("story")
+    assert out.returncode == 2 and "key" in out.stderr
+    out = run_cli("spans", "--since", "yesterday-ish")
+    assert out.returncode == 2 and "neither a duration" in out.stderr
