@@ -30,8 +30,9 @@ from dask_blackbox.contract import RAW, TOPICS
 from dask_blackbox.tansu import broker_command, free_port, port_open
 
 #: Arguments of the two services, shared with infra/docker-compose.yml (a test checks
-#: the compose file runs exactly these): ``faust <PROCESSOR_ARGS>``, ``dask-blackbox <SINK_ARGS>``.
-PROCESSOR_ARGS = ("-A", "stream_processors.app", "worker")
+#: the compose file runs these): ``faust <PROCESSOR_ARGS> [global options] worker
+#: [worker options]`` and ``dask-blackbox <SINK_ARGS>``.
+PROCESSOR_ARGS = ("-A", "stream_processors.app")
 SINK_ARGS = ("sink",)
 
 STATE_FILE = "up.json"
@@ -44,9 +45,13 @@ class PipelineError(RuntimeError):
     """The local pipeline could not start or stopped unexpectedly; the message says which part."""
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: ask the kernel to SIGTERM it when the
-    # supervisor dies, however it dies.
+def _detach_and_die_with_parent() -> None:
+    # Runs in the child between fork and exec. Its own process group: a Ctrl-C in the
+    # terminal (SIGINT to the foreground group) reaches only the supervisor, which
+    # drains before it stops anything; a broker stopped first would lose what Kafka
+    # acknowledged. PDEATHSIG: the kernel SIGTERMs the child when the supervisor dies,
+    # however it dies.
+    os.setpgid(0, 0)
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -119,7 +124,10 @@ def wait_drained(timeout: float, settle: float = 1.0) -> bool:
     deadline = time.monotonic() + timeout
     quiet_since = None
     while time.monotonic() < deadline:
-        lag = asyncio.run(pipeline_lag())
+        try:
+            lag = asyncio.run(pipeline_lag())
+        except kafka.KafkaUnreachable:
+            return False
         if all(v == 0 for topics in lag.values() for v in topics.values()):
             quiet_since = quiet_since or time.monotonic()
             if time.monotonic() - quiet_since >= settle:
@@ -174,9 +182,15 @@ class LocalPipeline:
                      + ("" if self.kafka else " (local Tansu broker)"))
             asyncio.run(kafka.ensure_topics(timeout=10))
             self._write_state(data)
-            self._start_sink(data, timeout)
+            # Sink and processors start side by side; each spends most of its start
+            # joining its consumer group.
+            sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox", *SINK_ARGS], data)
+            workers = self._spawn_processors(data)
+            state_file = data / SINK_STATE_FILE
+            self._wait(sink, timeout, lambda: _sink_state_pid(state_file) == sink.proc.pid)
             progress(f"sink       ready, ClickHouse at {config.clickhouse_dsn()}")
-            self._start_processors(data, timeout)
+            for w in workers:
+                self._wait(w, timeout, lambda w=w: bool(_FAUST_READY.search(w.log_tail(400))))
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
         except BaseException:
@@ -188,7 +202,7 @@ class LocalPipeline:
         with open(log, "ab") as out:
             proc = subprocess.Popen(
                 cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=child_env(), preexec_fn=_die_with_parent,
+                env=child_env(), preexec_fn=_detach_and_die_with_parent,
             )
         child = Child(name, proc, log)
         self.children.append(child)
@@ -208,23 +222,17 @@ class LocalPipeline:
             time.sleep(0.02)
         dask.config.set({"blackbox.kafka.bootstrap-servers": f"127.0.0.1:{port}"})
 
-    def _start_sink(self, data: pathlib.Path, timeout: float) -> None:
-        sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox", *SINK_ARGS], data)
-        state_file = data / SINK_STATE_FILE
-        self._wait(sink, timeout, lambda: _sink_state_pid(state_file) == sink.proc.pid)
-
-    def _start_processors(self, data: pathlib.Path, timeout: float) -> None:
+    def _spawn_processors(self, data: pathlib.Path) -> list[Child]:
         workers = []
         for i in range(self.processors):
             workdir = data / "faust" / f"worker-{i}"
             workdir.mkdir(parents=True, exist_ok=True)
             workers.append(self._spawn(f"processor-{i}", [
                 sys.executable, "-m", "faust", *PROCESSOR_ARGS,
-                "--web-host", "127.0.0.1", "--web-port", str(free_port()),
                 "--datadir", str(workdir), "-l", "info",
+                "worker", "--web-host", "127.0.0.1", "--web-port", str(free_port()),
             ], data))
-        for w in workers:
-            self._wait(w, timeout, lambda w=w: bool(_FAUST_READY.search(w.log_tail(400))))
+        return workers
 
     def _wait(self, child: Child, timeout: float, ready) -> None:
         deadline = time.monotonic() + timeout
