@@ -194,6 +194,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from dask_blackbox.kafka import KafkaUnreachable
     from dask_blackbox.local import PipelineError, use_running_pipeline
+    from sinks.queries import QueryError, UnknownCluster
 
     if args.command != "sink":
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
@@ -227,7 +228,8 @@ def main(argv: list[str] | None = None) -> int:
             print_result(queries.connect().query(args.sql), args.format)
             return 0
         return _run_query_command(args)
-    except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError) as e:
+    except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
+            QueryError, UnknownCluster) as e:
         print(f"dask-blackbox: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -1,0 +1,101 @@
+"""Freshness: from a transition happening on the scheduler to its row being queryable
+in ClickHouse, under a steady real workload.
+
+The local pipeline (Tansu, faust, sink on chDB) runs as in ``dask-blackbox up``; a
+LocalCluster with the producers attached finishes one task every ``--interval``
+seconds. A poller queries ClickHouse every ``--poll`` seconds for the tasks' 'memory'
+transitions; a row's latency is the time the poller first saw it minus the
+transition's timestamp (the scheduler's clock; same machine). The poll period bounds
+the resolution.
+
+    python bench/freshness.py [--seconds 60] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import tempfile
+import threading
+import time
+
+import dask.config
+from distributed import Client, LocalCluster
+
+from report import report
+
+
+def inc(x):
+    return x + 1
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--interval", type=float, default=0.05, help="between tasks")
+    parser.add_argument("--poll", type=float, default=0.05, help="between ClickHouse polls")
+    parser.add_argument("--quick", action="store_true", help="15 seconds")
+    args = parser.parse_args()
+    seconds = 15.0 if args.quick else args.seconds
+
+    import producers
+    from dask_blackbox.local import LocalPipeline
+    from sinks import queries
+
+    with tempfile.TemporaryDirectory() as data_dir:
+        dask.config.set({"blackbox.data-dir": data_dir})
+        pipeline = LocalPipeline()
+        pipeline.start(progress=lambda m: print(m, flush=True))
+        try:
+            with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                              dashboard_address=None) as cluster, Client(cluster) as client:
+                cluster_id = producers.attach(client, cluster_name="freshness")["cluster_id"]
+                backend = queries.connect()
+                seen: dict[str, float] = {}
+                latencies: list[float] = []
+                stop = threading.Event()
+
+                def poll():
+                    while not stop.is_set():
+                        _, rows = backend.query(
+                            "SELECT key, toFloat64(ts) FROM transitions "
+                            "WHERE cluster_id = {c:String} AND finish = 'memory' "
+                            "AND startsWith(key, 'fresh-')",
+                            {"c": cluster_id},
+                        )
+                        now = time.time()
+                        for key, ts in rows:
+                            if key not in seen:
+                                seen[key] = now
+                                latencies.append(now - ts)
+                        stop.wait(args.poll)
+
+                poller = threading.Thread(target=poll, daemon=True)
+                poller.start()
+                futures, i, t_end = [], 0, time.monotonic() + seconds
+                while time.monotonic() < t_end:
+                    futures.append(client.submit(inc, i, key=f"fresh-{i}"))
+                    i += 1
+                    time.sleep(args.interval)
+                client.gather(futures)
+                deadline = time.monotonic() + 30
+                while len(seen) < i and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                stop.set()
+                poller.join()
+        finally:
+            pipeline.stop(drain_timeout=0)
+
+    if len(latencies) < i:
+        raise SystemExit(f"only {len(latencies)} of {i} transitions became queryable in time")
+    latencies.sort()
+    p50 = statistics.median(latencies)
+    p95 = latencies[int(0.95 * (len(latencies) - 1))]
+    print(f"{i} transitions over {seconds:.0f}s; poll period {args.poll * 1000:.0f} ms; "
+          f"p50 {p50:.3f}s  p95 {p95:.3f}s  max {latencies[-1]:.3f}s")
+    report("freshness p50 (transition -> queryable)", p50, "s", target=5.0, aim=1.0)
+    report("freshness p95 (transition -> queryable)", p95, "s", target=5.0, aim=1.0)
+
+
+if __name__ == "__main__":
+    main()
