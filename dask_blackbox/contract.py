@@ -82,7 +82,10 @@ def topic_name(prefix: str, topic: str) -> str:
 TRANSITION: Final = "transition"
 #: A graph submission (``SchedulerPlugin.update_graph``). ``tasks`` lists up to
 #: ``blackbox.producer.graph-max-tasks`` entries ``{"key", "prefix", "group",
-#: "span_id", "dependencies"}``; ``n_tasks`` is the true count.
+#: "span_id", "dependencies"}``; ``n_tasks`` is the true count. ``keys`` (the keys
+#: the client wants) is capped the same way; optional ``n_keys`` is their true count.
+#: ``annotations`` maps each annotation name (span, retries, resources, ...) to its
+#: distinct values ``[{"value", "n_tasks"}, ...]``, most frequent first.
 GRAPH: Final = "graph"
 #: A span as it appears in ``scheduler.extensions["spans"]``.
 SPAN: Final = "span"
@@ -109,7 +112,7 @@ EVENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
         "worker", "nbytes", "typename", "startstops", "exception", "traceback",
         "cause",
     ),
-    GRAPH: ("client", "stimulus_id", "n_tasks", "keys", "tasks", "annotations"),
+    GRAPH: ("client", "stimulus_id", "n_tasks", "keys", "tasks", "annotations", "n_keys"),
     SPAN: ("span_id", "name", "parent_id", "enqueued"),
     EVENT: ("topic", "msg"),
     LIFECYCLE: ("action", "worker", "client", "reason", "stimulus_id", "detail"),

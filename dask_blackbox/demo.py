@@ -63,7 +63,7 @@ def bob(client: Client) -> str:
     return future.key
 
 
-def _quiet_dask_stderr() -> None:
+def quiet_dask_console() -> None:
     # The failing task fails on purpose: keep its "Compute Failed" off the console.
     # Records still reach the blackbox log handler, which has its own level.
     for handler in logging.getLogger("distributed").handlers:
@@ -86,7 +86,7 @@ def run(timeout: float = 120.0, progress=print) -> int:
     from dask_blackbox.cli import print_result
     from sinks import queries
 
-    _quiet_dask_stderr()
+    quiet_dask_console()
     pipeline = None
     if running_pipeline() is None:
         progress("[1/4] starting the local pipeline (broker, faust processors, sink)")

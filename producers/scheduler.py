@@ -1,0 +1,466 @@
+"""The scheduler producer: a SchedulerPlugin publishing what the scheduler sees.
+
+Attach it with ``dask scheduler --preload producers.scheduler`` (configured by the
+scheduler's own ``blackbox.*`` settings) or with :func:`producers.attach`.
+
+What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELDS`):
+
+- ``TRANSITION`` for every call of :meth:`SchedulerPlugin.transition`, with the
+  timestamp Dask recorded in ``Scheduler.transition_log`` (the one
+  ``Scheduler.story`` shows), the task's prefix, group and span id, and what the
+  transition carried (worker, nbytes, typename, startstops as Dask passed them,
+  exception/traceback text capped at ``max-value-bytes``, cause);
+- ``GRAPH`` per ``update_graph``; ``SPAN`` once per span of
+  ``scheduler.extensions["spans"]``, parents first;
+- ``EVENT`` for every ``log_event`` on any topic, with the timestamp Dask stored with
+  it (what ``Client.get_events`` returns), the message sanitized
+  (:func:`producers.encode.sanitize`);
+- ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed, restart;
+- ``SCHEDULER_METRICS`` every ``metrics-interval``.
+
+``transition`` is the hot path: one dict lookup, one tuple, one deque append. Names
+are resolved and encoded later, in the sender thread; this is safe because a
+TaskGroup's name, prefix and span id never change once the task is runnable.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import time
+from collections import defaultdict
+from collections.abc import Hashable
+from itertools import islice
+from typing import TYPE_CHECKING, Any
+
+import orjson
+from distributed.diagnostics.plugin import SchedulerPlugin
+from tornado.ioloop import PeriodicCallback
+
+from dask_blackbox.contract import (
+    EVENT, GRAPH, LIFECYCLE, SCHEDULER_METRICS, SPAN, TRANSITION, encode_key,
+)
+from producers import logs
+from producers.encode import cap_text, sanitize
+from producers.settings import ProducerSettings
+from producers.transport import Transport, ready
+
+if TYPE_CHECKING:
+    from distributed import Scheduler
+
+logger = logging.getLogger(__name__)
+
+#: Name of the plugin on the scheduler (and of the worker plugin on the workers).
+PLUGIN_NAME = "dask-blackbox"
+
+#: Buffer weight estimate of one transition (the encoded event is ~300-500 bytes).
+_TRANSITION_BYTES = 400
+#: Encoded tuple keys remembered by the sender thread.
+_KEY_TEXT_CACHE = 100_000
+#: Distinct values listed per annotation in a GRAPH event.
+_MAX_ANNOTATION_VALUES = 20
+#: Share of an envelope one GRAPH event may take.
+_GRAPH_EVENT_BYTES = 600_000
+
+_TRAILING_TIME = re.compile(r"-[0-9.e+]+$")
+
+
+class BlackboxSchedulerPlugin(SchedulerPlugin):
+    """Publishes the scheduler's transitions, graphs, spans, events, lifecycle and
+    metrics to Kafka through a :class:`~producers.transport.Transport`.
+
+    Only ``settings`` travels when the plugin is pickled; the transport is created
+    in :meth:`start`, in the scheduler process.
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, settings: ProducerSettings | None = None):
+        self.settings = settings if settings is not None else ProducerSettings.resolve()
+        self.scheduler: Scheduler | None = None
+        self.transport: Transport | None = None
+        self._metrics: PeriodicCallback | None = None
+        self._n_spans = 0
+        self._removals: dict[str, dict] = {}
+        self._key_texts: dict[Hashable, str] = {}
+        # Until start() binds them to the scheduler and the transport, hooks called
+        # on an unstarted plugin (scheduler.add_plugin on a running scheduler) are
+        # no-ops rather than an exception per transition.
+        self._offer = _discard
+        self._tasks_get = _NO_TASKS.get
+        self._transition_log: Any = ()
+        self._build_transition = self._build_graph = None
+        self._erred_bytes = _TRANSITION_BYTES
+
+    def __getstate__(self) -> dict:
+        return {"settings": self.settings}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["settings"])
+
+    @property
+    def identity(self) -> dict[str, str | None]:
+        """``cluster_id``, ``cluster_name`` and ``producer_id`` once started."""
+        t = self.transport
+        return {
+            "cluster_id": t.cluster_id if t else None,
+            "cluster_name": t.cluster_name if t else None,
+            "producer_id": t.producer_id if t else None,
+        }
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self, scheduler: Scheduler) -> None:
+        if self.transport is not None:  # already running on this scheduler
+            return
+        self.scheduler = scheduler
+        self.transport = transport = Transport(
+            self.settings,
+            "scheduler",
+            cluster_id=scheduler.id,
+            cluster_name=self.settings.cluster_name or scheduler.address,
+        )
+        # Bound once: the hot path must not allocate bound methods per call.
+        self._offer = transport.offer
+        self._tasks_get = scheduler.tasks.get  # Scheduler.tasks is never replaced
+        self._transition_log = scheduler.transition_log
+        self._build_transition = self._transition_event
+        self._build_graph = self._graph_event
+        self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes
+
+        # "start" of the recording: with attach() the scheduler may be older
+        self._lifecycle("scheduler_start", detail={
+            "address": scheduler.address,
+            "scheduler_started": getattr(scheduler, "time_started", None),
+            "n_workers": len(scheduler.workers),
+            "versions": _versions(),
+        })
+        self._publish_event_backlog()
+        self._publish_new_spans()
+        logs.install(transport)
+        self._metrics = PeriodicCallback(
+            self._publish_metrics, self.settings.metrics_interval * 1000
+        )
+        self._metrics.start()
+
+    async def close(self) -> None:
+        """Publish ``scheduler_close`` and flush, bounded by ``close-timeout``."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self._metrics is not None:
+            self._metrics.stop()
+        self._publish_metrics()
+        self._lifecycle("scheduler_close")
+        logs.uninstall(transport)
+        await transport.close()
+
+    # ------------------------------------------------------------------ hot path
+
+    def transition(
+        self,
+        key: Hashable,
+        start: str,
+        finish: str,
+        *args: Any,
+        stimulus_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        ts = self._tasks_get(key)
+        log = self._transition_log
+        self._offer((
+            self._build_transition,
+            self._erred_bytes if finish == "erred" else _TRANSITION_BYTES,
+            key, start, finish, stimulus_id, kwargs,
+            None if ts is None else ts.group,
+            # The record Dask just appended for this very transition: its timestamp
+            # is the one Scheduler.story() shows. time() if the log is disabled.
+            log[-1] if log else time.time(),
+        ))
+
+    def _transition_event(self, item: tuple) -> dict:
+        _, _, key, start, finish, stimulus_id, kwargs, tg, logged = item
+        worker = nbytes = typename = startstops = exception = traceback = cause = None
+        if kwargs:  # most transitions carry nothing: skip the lookups
+            worker = kwargs.get("worker")
+            nbytes = kwargs.get("nbytes")
+            typename = kwargs.get("typename")
+            startstops = kwargs.get("startstops")
+            max_chars = self.settings.max_value_bytes
+            if isinstance(text := kwargs.get("exception_text"), str):
+                exception = cap_text(text, max_chars)
+            if isinstance(text := kwargs.get("traceback_text"), str):
+                traceback = cap_text(text, max_chars)
+            if (blamed := kwargs.get("cause")) is not None:
+                cause = encode_key(blamed)
+        return {
+            "kind": TRANSITION,
+            "ts": logged if type(logged) is float else logged[5],  # Transition.timestamp
+            "key": key if type(key) is str else self._key_text(key),
+            "prefix": tg.prefix.name if tg is not None else None,
+            "group": tg.name if tg is not None else None,
+            "span_id": tg.span_id if tg is not None else None,
+            "start": start,
+            "finish": finish,
+            "stimulus_id": stimulus_id,
+            "worker": worker,
+            "nbytes": nbytes,
+            "typename": typename,
+            "startstops": startstops,
+            "exception": exception,
+            "traceback": traceback,
+            "cause": cause,
+        }
+
+    def _key_text(self, key: Hashable) -> str:
+        """encode_key for non-str keys, cached: a key has several transitions and
+        str() of a tuple costs more than the rest of the event (sender thread only)."""
+        cache = self._key_texts
+        text = cache.get(key)
+        if text is None:
+            if len(cache) >= _KEY_TEXT_CACHE:
+                cache.clear()
+            text = cache[key] = encode_key(key)
+        return text
+
+    # ------------------------------------------------------------ graphs, spans
+
+    def update_graph(
+        self,
+        scheduler: Scheduler,
+        *,
+        client: str,
+        keys: set,
+        tasks: list,
+        annotations: dict[str, dict],
+        priority: dict,
+        stimulus_id: str,
+        **kwargs: Any,
+    ) -> None:
+        # Spans of this graph were just created by the spans extension, and the
+        # graph's transitions come right after this hook: publish spans first.
+        self._publish_new_spans()
+        cap = self.settings.graph_max_tasks
+        get = scheduler.tasks.get
+        # Captured now, on the event loop: tasks may be forgotten before the sender
+        # thread builds the event. Names are resolved there.
+        entries = [
+            (key, ts.group, tuple(islice(ts.dependencies, cap)), len(ts.dependencies))
+            for key in islice(tasks, cap)
+            if (ts := get(key)) is not None
+        ]
+        self._offer((
+            self._build_graph,
+            200 + 200 * len(entries),
+            time.time(), client, stimulus_id, len(tasks), len(keys),
+            list(islice(keys, cap)), entries, annotations,
+        ))
+
+    def _graph_event(self, item: tuple) -> dict:
+        _, _, ts, client, stimulus_id, n_tasks, n_keys, keys, entries, annotations = item
+        tasks = []
+        size = 0
+        for key, tg, deps, n_deps in entries:
+            entry = {
+                "key": encode_key(key),
+                "prefix": tg.prefix.name,
+                "group": tg.name,
+                "span_id": tg.span_id,
+                "dependencies": [encode_key(d.key) for d in deps],
+            }
+            if n_deps > len(deps):
+                entry["n_dependencies"] = n_deps
+            size += 80 + sum(len(v) for v in entry["dependencies"]) + 3 * len(entry["key"])
+            if size > _GRAPH_EVENT_BYTES:
+                break  # n_tasks still says how many there were
+            tasks.append(entry)
+        return {
+            "kind": GRAPH,
+            "ts": ts,
+            "client": client,
+            "stimulus_id": stimulus_id,
+            "n_tasks": n_tasks,
+            "n_keys": n_keys,
+            "keys": [encode_key(k) for k in keys],
+            "tasks": tasks,
+            "annotations": self._annotation_summary(annotations),
+        }
+
+    def _annotation_summary(self, annotations: dict[str, dict]) -> dict[str, list]:
+        """``{annotation: [{"value", "n_tasks"}, ...]}``: the distinct values of each
+        annotation (span, retries, resources, priority, users' own ...) with how many
+        tasks of the graph carry them, most frequent first."""
+        out = {}
+        for name, per_key in annotations.items():
+            counts: dict[Any, list] = {}
+            for value in per_key.values():
+                marker = _hashable(value)
+                if marker in counts:
+                    counts[marker][1] += 1
+                else:
+                    counts[marker] = [value, 1]
+            ranked = sorted(counts.values(), key=lambda e: -e[1])[:_MAX_ANNOTATION_VALUES]
+            out[str(name)] = [
+                {"value": sanitize(v, self.settings.max_value_bytes)[0], "n_tasks": n}
+                for v, n in ranked
+            ]
+        return out
+
+    def _publish_new_spans(self) -> None:
+        """A SPAN event per span the spans extension created since last call. Its
+        ``spans`` dict is insertion-ordered and parents are created before their
+        children, so parents are published first."""
+        ext = self.scheduler.extensions.get("spans") if self.scheduler else None
+        if ext is None or len(ext.spans) == self._n_spans:
+            return
+        for span in list(islice(ext.spans.values(), self._n_spans, None)):
+            parent = span.parent
+            self._offer((ready, 300, {
+                "kind": SPAN,
+                "ts": span.enqueued,
+                "span_id": span.id,
+                "name": [str(tag) for tag in span.name],
+                "parent_id": parent.id if parent is not None else None,
+                "enqueued": span.enqueued,
+            }))
+        self._n_spans = len(ext.spans)
+
+    # ------------------------------------------------------------- events, life
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        self._publish_event(topic, self._event_time(topic, msg), msg)
+        if topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
+            # Scheduler.remove_worker logs this right before calling remove_worker
+            # on plugins: keep it to say why and with what loss the worker left.
+            self._removals[msg.get("worker")] = msg
+
+    def _publish_event(self, topic: str, ts: float, msg: Any) -> None:
+        clean, size = sanitize(msg, self.settings.max_value_bytes)
+        topic_text = topic if isinstance(topic, str) else encode_key(topic)
+        self._offer((ready, 100 + size + len(topic_text), {
+            "kind": EVENT, "ts": ts, "topic": topic_text, "msg": clean,
+        }))
+
+    def _publish_event_backlog(self) -> None:
+        """The events Dask kept from before this plugin started (an ``attach`` to a
+        running cluster), oldest first, so the stream holds what get_events holds."""
+        backlog = [
+            (ts, topic, msg)
+            for topic, events in self.scheduler.get_events().items()
+            for ts, msg in events
+        ]
+        backlog.sort(key=lambda e: e[0])
+        for ts, topic, msg in backlog:
+            self._publish_event(topic, ts, msg)
+
+    def _event_time(self, topic: str, msg: Any) -> float:
+        """The timestamp Dask stored with this event (what get_events returns)."""
+        try:
+            stored_time, stored_msg = self.scheduler._broker._topics[topic].events[-1]
+            if stored_msg is msg:
+                return stored_time
+        except Exception:  # a Dask without the event broker, or events disabled
+            pass
+        return time.time()
+
+    def add_worker(self, scheduler: Scheduler, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        detail = None
+        if ws is not None:
+            detail = {"name": encode_key(ws.name), "nthreads": ws.nthreads,
+                      "memory_limit": ws.memory_limit, "pid": ws.pid}
+        self._lifecycle("worker_added", worker=worker, detail=detail)
+
+    def remove_worker(
+        self, scheduler: Scheduler, worker: str, *, stimulus_id: str, **kwargs: Any
+    ) -> None:
+        removal = self._removals.pop(worker, None) or {}
+        detail = {"expected": removal.get("expected")}
+        for field in ("processing-tasks", "lost-computed-tasks", "lost-scattered-tasks"):
+            if field in removal:
+                detail[field.replace("-", "_")] = len(removal[field])
+        self._lifecycle(
+            "worker_removed", worker=worker, stimulus_id=stimulus_id,
+            reason=_TRAILING_TIME.sub("", stimulus_id or "") or None, detail=detail,
+        )
+
+    def add_client(self, scheduler: Scheduler, client: str) -> None:
+        self._lifecycle("client_added", client=client)
+
+    def remove_client(self, scheduler: Scheduler, client: str) -> None:
+        self._lifecycle("client_removed", client=client)
+
+    def restart(self, scheduler: Scheduler) -> None:
+        self._lifecycle("restart")
+
+    def _lifecycle(self, action: str, **fields: Any) -> None:
+        event = {"kind": LIFECYCLE, "ts": time.time(), "action": action, "worker": None,
+                 "client": None, "reason": None, "stimulus_id": None, "detail": None}
+        event.update(fields)
+        self._offer((ready, 400, event))
+
+    # ------------------------------------------------------------------ metrics
+
+    def _publish_metrics(self) -> None:
+        s = self.scheduler
+        try:
+            self._publish_new_spans()
+            states: defaultdict[str, int] = defaultdict(int)
+            for tp in s.task_prefixes.values():
+                for state, n in tp.states.items():
+                    if n and state != "forgotten":
+                        states[state] += n
+            memory = s.memory
+            self._offer((ready, 500, {
+                "kind": SCHEDULER_METRICS,
+                "ts": time.time(),
+                "tasks_by_state": dict(states),
+                "n_workers": len(s.workers),
+                "n_threads": s.total_nthreads,
+                "memory": memory.process,
+                "memory_managed": memory.managed,
+                "memory_unmanaged": memory.unmanaged,
+                "memory_spilled": memory.spilled,
+                "event_loop_interval": s._tick_interval_observed,
+            }))
+        except Exception:  # metrics must never break the scheduler
+            logger.exception("dask-blackbox could not sample scheduler metrics")
+
+
+_NO_TASKS: dict = {}
+
+
+def _discard(item: tuple) -> None:
+    """The offer of a plugin that has not started: nothing to publish with yet."""
+
+
+def _hashable(value: Any) -> Any:
+    """A hashable stand-in for an annotation value, equal for equal values."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        pass
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except Exception:
+        return id(value)
+
+
+def _versions() -> dict[str, str]:
+    import dask
+    import distributed
+
+    import dask_blackbox
+
+    return {"dask": dask.__version__, "distributed": distributed.__version__,
+            "dask_blackbox": dask_blackbox.__version__}
+
+
+def dask_setup(scheduler: Scheduler) -> None:
+    """``dask scheduler --preload producers.scheduler``: attach the plugin, configured
+    by this process's ``blackbox.*`` settings."""
+    scheduler.add_plugin(
+        BlackboxSchedulerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME, idempotent=True
+    )

@@ -1,0 +1,146 @@
+"""The producers' settings, resolved once and carried inside the plugin objects.
+
+Plugins are pickled from the client to the scheduler and the workers, whose own Dask
+configuration may differ from the client's. So the ``blackbox.*`` values are read
+and validated where the plugin is *built* (the client for :func:`producers.attach`,
+the Dask process itself for ``--preload``) and travel with it as plain data.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import dask.config
+
+from dask_blackbox import config
+from dask_blackbox.contract import MAX_ENVELOPE_BYTES, RAW
+from dask_blackbox.config import ConfigError
+
+#: Largest accepted ``blackbox.producer.max-value-bytes``: several capped values must
+#: fit in one envelope.
+MAX_VALUE_BYTES_LIMIT = MAX_ENVELOPE_BYTES // 8
+
+
+@dataclass(frozen=True)
+class ProducerSettings:
+    """Validated ``blackbox.*`` values a producer needs, as plain picklable data.
+
+    ``kafka`` is the whole ``blackbox.kafka`` section; the aiokafka keyword arguments
+    (which may hold an ``ssl.SSLContext``, not picklable) are built from it in the
+    process that connects, by :meth:`kafka_client_kwargs`.
+    """
+
+    cluster_name: str | None
+    kafka: dict
+    raw_topic: str
+    buffer_max_events: int
+    buffer_max_bytes: int
+    flush_interval: float
+    metrics_interval: float
+    graph_max_tasks: int
+    max_value_bytes: int
+    worker_transitions: bool
+    log_level: int
+    close_timeout: float
+    reconnect_backoff_max: float
+
+    @classmethod
+    def resolve(
+        cls, overrides: Mapping[str, Any] | None = None, cluster_name: str | None = None
+    ) -> ProducerSettings:
+        """Read the current Dask config with ``overrides`` applied on top.
+
+        ``overrides`` maps ``blackbox.*`` keys relative to ``blackbox.`` (dotted,
+        e.g. ``{"producer.flush-interval": "50ms"}``) or nested mappings of them
+        (``{"producer": {"flush-interval": "50ms"}}``) to values. An unknown key or a
+        bad value raises :class:`~dask_blackbox.config.ConfigError` naming it.
+        """
+        flat = {f"blackbox.{k}": v for k, v in _flatten(overrides or {}).items()}
+        for key in flat:
+            _check_known(key)
+        if cluster_name is not None:
+            flat["blackbox.cluster-name"] = cluster_name
+        with dask.config.set(flat):
+            return cls._from_current_config()
+
+    @classmethod
+    def _from_current_config(cls) -> ProducerSettings:
+        config.kafka_client_kwargs()  # validates the whole kafka section now, not remotely
+        name = config.get("cluster-name")
+        max_value_bytes = config.get_bytes("producer.max-value-bytes")
+        if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
+            raise ConfigError(
+                f"blackbox.producer.max-value-bytes: {max_value_bytes} is larger than "
+                f"{MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)"
+            )
+        flush_interval = config.get_seconds("producer.flush-interval")
+        if flush_interval <= 0:
+            raise ConfigError("blackbox.producer.flush-interval must be more than 0")
+        metrics_interval = config.get_seconds("producer.metrics-interval")
+        if metrics_interval <= 0:
+            raise ConfigError("blackbox.producer.metrics-interval must be more than 0")
+        worker_transitions = config.get("producer.worker-transitions")
+        if not isinstance(worker_transitions, bool):
+            raise ConfigError(
+                f"blackbox.producer.worker-transitions: {worker_transitions!r} must be "
+                "true or false"
+            )
+        return cls(
+            cluster_name=str(name) if name else None,
+            kafka=copy.deepcopy(dict(config.get("kafka"))),
+            raw_topic=config.topic(RAW),
+            buffer_max_events=config.get_int("producer.buffer-max-events"),
+            buffer_max_bytes=config.get_bytes("producer.buffer-max-bytes"),
+            flush_interval=flush_interval,
+            metrics_interval=metrics_interval,
+            graph_max_tasks=config.get_int("producer.graph-max-tasks", minimum=0),
+            max_value_bytes=max_value_bytes,
+            worker_transitions=worker_transitions,
+            log_level=_log_level(config.get("producer.log-level")),
+            close_timeout=config.get_seconds("producer.close-timeout"),
+            reconnect_backoff_max=max(
+                config.get_seconds("producer.reconnect-backoff-max"), 0.1
+            ),
+        )
+
+    def kafka_client_kwargs(self) -> dict[str, Any]:
+        """aiokafka connection/security arguments, built in the calling process."""
+        with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
+            return config.kafka_client_kwargs()
+
+
+def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in overrides.items():
+        if not isinstance(key, str) or not key:
+            raise ConfigError(f"blackbox override key {key!r} is not a setting name")
+        full = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            out.update(_flatten(value, full + "."))
+        else:
+            out[full] = value
+    return out
+
+
+def _check_known(key: str) -> None:
+    """A ConfigError unless ``key`` (``blackbox.x.y``) is a shipped setting."""
+    node: Any = config.DEFAULTS
+    for part in key.split("."):
+        canonical = part.replace("_", "-")
+        if not isinstance(node, dict) or canonical not in node:
+            raise ConfigError(f"{key} is not a dask-blackbox setting")
+        node = node[canonical]
+
+
+def _log_level(value: Any) -> int:
+    level = logging.getLevelName(value.upper()) if isinstance(value, str) else value
+    if isinstance(level, bool) or not isinstance(level, int):
+        raise ConfigError(
+            f"blackbox.producer.log-level: {value!r} is not a logging level "
+            "(DEBUG, INFO, WARNING, ERROR, CRITICAL or a number)"
+        )
+    return level

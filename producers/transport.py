@@ -1,0 +1,500 @@
+"""A bounded buffer filled by Dask's event loop and drained by a sender thread.
+
+The hot path (:meth:`Transport.offer`) appends one tuple to a ``collections.deque``
+and bumps two counters: no I/O, no lock, no encoding. Everything else happens in a
+daemon thread running its own asyncio loop with an aiokafka producer, so the Dask
+event loop never waits on Kafka or on encoding.
+
+Buffer items are tuples ``(build, nbytes, *payload)``: the sender calls
+``build(item)`` to get the event mapping and packs events into envelopes
+(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
+:data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each envelope's events
+with one orjson call. ``nbytes`` is the producer's cheap estimate of the item's
+weight, used for ``blackbox.producer.buffer-max-bytes``. A partial envelope leaves at
+most once per ``flush-interval``; a full one as soon as it is full.
+
+Delivery semantics:
+
+- ``seq`` starts at 0 and is consumed only by a delivered envelope: an envelope whose
+  send fails is retried, same bytes and same ``seq``, after reconnecting with
+  exponential backoff (up to ``reconnect-backoff-max``). A duplicate ``seq`` is
+  possible if a broker stored an envelope but its acknowledgement was lost; a gap
+  means envelopes were genuinely lost (dropped at close, process killed).
+- When the buffer is full the *newest* items are dropped and counted; once a delivery
+  succeeds again, a :data:`~dask_blackbox.contract.DROPS` event with the counts since
+  the last report leads the next envelope.
+- :meth:`Transport.close` drains the buffer within ``close-timeout``; what cannot be
+  delivered by then is lost, counted (``lost_at_close``) and logged.
+- Memory: the buffer's limits, plus at most one packed envelope being retried
+  (``MAX_ENVELOPE_BYTES``) and the built events put back for the next envelope.
+- The producer never creates topics: it sends to ``<prefix>.raw`` and retries until
+  the broker accepts (create topics with ``dask_blackbox.kafka.ensure_topics`` or
+  ``dask-blackbox up``; a broker with topic auto-creation creates it with its default
+  partition count).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import logging
+import threading
+import time
+import uuid
+import weakref
+from collections import deque
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+
+from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION
+from producers.encode import describe, encode_event, type_name
+from producers.settings import ProducerSettings
+
+logger = logging.getLogger(__name__)
+
+#: Bytes of an envelope besides its events (header fields, brackets), rounded up.
+_ENVELOPE_OVERHEAD = 1024
+_EVENTS_BUDGET = MAX_ENVELOPE_BYTES - _ENVELOPE_OVERHEAD
+#: Estimated weight of the events packed per envelope before encoding: under the
+#: budget, so that an envelope rarely has to be split after encoding.
+_BATCH_ESTIMATE = _EVENTS_BUDGET // 2
+#: Estimated weight of an event already built (put back after a split, or DROPS).
+_CARRIED_WEIGHT = 500
+_FIRST_BACKOFF = 0.05
+#: Names of sender threads start with this (the log handler ignores their records).
+SENDER_THREAD_PREFIX = "dask-blackbox-"
+#: How long one send or connect may take before it counts as failed.
+_REQUEST_TIMEOUT = 10.0
+
+
+def ready(item: tuple) -> dict:
+    """Builder of an item whose payload is the finished event: ``(ready, n, event)``."""
+    return item[2]
+
+
+class Transport:
+    """One producer: buffer, sender thread and Kafka connection.
+
+    ``source`` is ``"scheduler"`` or ``"worker"``. ``cluster_id``/``cluster_name`` may
+    be set later with :meth:`set_identity`; nothing is sent before they are known.
+    """
+
+    def __init__(
+        self,
+        settings: ProducerSettings,
+        source: str,
+        cluster_id: str | None = None,
+        cluster_name: str | None = None,
+    ):
+        self.settings = settings
+        self.source = source
+        self.producer_id = f"{source}-{uuid.uuid4().hex}"
+        self.cluster_id = cluster_id
+        self.cluster_name = cluster_name
+        self._kafka_kwargs = settings.kafka_client_kwargs()
+
+        self._buffer: deque[tuple] = deque()
+        self._max_events = settings.buffer_max_events
+        self._max_bytes = settings.buffer_max_bytes
+        # bytes_in is written only by the producing thread(s), bytes_out only by the
+        # sender: their difference is the buffer's weight without a lock.
+        self._bytes_in = 0
+        self._bytes_out = 0
+
+        self.dropped_events = 0
+        self.dropped_bytes = 0
+        self._first_unreported_drop: float | None = None
+        self._last_drop = 0.0
+        self._reported_events = 0
+        self._reported_bytes = 0
+
+        self.accepted_events = 0  # offered and buffered (written by producing threads)
+        self.next_seq = 0
+        self.sent_envelopes = 0
+        self.sent_events = 0  # delivered, DROPS reports included
+        self.sent_drop_reports = 0
+        self.lost_at_close = 0
+        self.build_errors = 0
+        self.connected = False
+
+        self._closing = False
+        self._close_deadline = float("inf")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._wake: asyncio.Event | None = None
+        self._thread = threading.Thread(
+            target=self._thread_main, name=f"{SENDER_THREAD_PREFIX}{source}-sender", daemon=True
+        )
+        self._thread.start()
+        _LIVE.add(self)
+
+    # ------------------------------------------------------------ producing side
+
+    def offer(self, item: tuple) -> None:
+        """Buffer ``item`` (``(build, nbytes, *payload)``), or drop and count it when
+        the buffer is full. Called on the hot path: keep it this small."""
+        n = item[1]
+        if len(self._buffer) < self._max_events and (
+            self._bytes_in - self._bytes_out + n <= self._max_bytes
+        ):
+            self._bytes_in += n
+            self.accepted_events += 1
+            self._buffer.append(item)
+        else:
+            self.dropped_events += 1
+            self.dropped_bytes += n
+            self._last_drop = now = time.time()
+            if self._first_unreported_drop is None:
+                self._first_unreported_drop = now
+
+    def offer_event(self, event: dict, nbytes: int = 256) -> None:
+        """Buffer a finished event mapping."""
+        self.offer((ready, nbytes, event))
+
+    def set_identity(self, cluster_id: str, cluster_name: str) -> None:
+        self.cluster_name = cluster_name
+        self.cluster_id = cluster_id
+
+    @property
+    def buffered_events(self) -> int:
+        return len(self._buffer)
+
+    @property
+    def buffered_bytes(self) -> int:
+        return self._bytes_in - self._bytes_out
+
+    @property
+    def sender_alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def delivered(self, accepted_events: int) -> bool:
+        """Whether the first ``accepted_events`` accepted events have been delivered
+        (compare with an earlier ``stats()["accepted_events"]``)."""
+        return self.sent_events - self.sent_drop_reports >= accepted_events
+
+    def stats(self) -> dict[str, Any]:
+        """Counters, for tests and diagnostics."""
+        return {
+            "producer_id": self.producer_id,
+            "buffered_events": self.buffered_events,
+            "buffered_bytes": self.buffered_bytes,
+            "max_events": self.settings.buffer_max_events,
+            "max_bytes": self.settings.buffer_max_bytes,
+            "dropped_events": self.dropped_events,
+            "dropped_bytes": self.dropped_bytes,
+            "next_seq": self.next_seq,
+            "sent_envelopes": self.sent_envelopes,
+            "accepted_events": self.accepted_events,
+            "sent_events": self.sent_events,
+            "sent_drop_reports": self.sent_drop_reports,
+            "lost_at_close": self.lost_at_close,
+            "build_errors": self.build_errors,
+            "sender_cpu_seconds": self._sender_cpu_seconds(),
+            "connected": self.connected,
+        }
+
+    def _sender_cpu_seconds(self) -> float | None:
+        """CPU time the sender thread used so far (None where the OS can't say)."""
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(self._thread.ident))
+        except (AttributeError, OSError, TypeError):
+            return None
+
+    # ----------------------------------------------------------------- closing
+
+    async def close(self) -> None:
+        """Deliver what is buffered within ``close-timeout``, then stop the sender.
+        Awaitable from the Dask event loop without blocking it."""
+        self._begin_close()
+        deadline = time.monotonic() + self.settings.close_timeout + 1.0
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    def close_blocking(self, deadline: float | None = None) -> None:
+        """:meth:`close` for callers without an event loop (interpreter exit); waits
+        until ``deadline`` (``time.monotonic()``) if given."""
+        self._begin_close()
+        if deadline is None:
+            deadline = time.monotonic() + self.settings.close_timeout + 1.0
+        self._thread.join(max(deadline - time.monotonic(), 0))
+
+    def _begin_close(self) -> None:
+        if self._closing:
+            return
+        self._close_deadline = time.monotonic() + self.settings.close_timeout
+        self._closing = True
+        # Later offers are dropped: nothing drains the buffer after the sender stops.
+        self._max_events = 0
+        _LIVE.discard(self)
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the sender's loop already ended
+                pass
+
+    # ------------------------------------------------------------ sender thread
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._sender())
+        except Exception:
+            logger.exception("dask-blackbox sender %s stopped on an error", self.producer_id)
+
+    async def _sender(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake = asyncio.Event()
+        kafka = _KafkaLink(self)
+        carry: deque[dict] = deque()  # built events not yet packed
+        envelope: tuple[bytes, int] | None = None  # (encoded, number of events)
+        backoff = _FIRST_BACKOFF
+        flush_interval = self.settings.flush_interval
+        last_pack = 0.0
+        try:
+            while True:
+                if envelope is None and self.cluster_id is not None:
+                    # Linger: a partial envelope at most once per flush interval, a
+                    # full one as soon as there is enough for it (few envelopes, each
+                    # event waits at most about one interval).
+                    wait = last_pack + flush_interval - time.monotonic()
+                    if wait > 0 and not self._closing and self.buffered_bytes < _BATCH_ESTIMATE:
+                        await self._sleep(wait)
+                        continue
+                    last_pack = time.monotonic()
+                    envelope = self._pack(carry)
+                if envelope is None:
+                    # Nothing left to send (or, without an identity yet, nothing
+                    # sendable): a closing sender is done, or out of time.
+                    if self._closing and (
+                        self.cluster_id is not None
+                        or time.monotonic() >= self._close_deadline
+                    ):
+                        return
+                    await self._sleep(flush_interval)
+                    continue
+                if await kafka.send(envelope[0]):
+                    self.next_seq += 1
+                    self.sent_envelopes += 1
+                    self.sent_events += envelope[1]
+                    envelope = None
+                    backoff = _FIRST_BACKOFF
+                    self._report_drops(carry)
+                elif self._closing and time.monotonic() >= self._close_deadline:
+                    return
+                else:
+                    await self._sleep(backoff)
+                    backoff = min(backoff * 2, self.settings.reconnect_backoff_max)
+        finally:
+            lost = len(self._buffer) + len(carry) + (envelope[1] if envelope else 0)
+            if lost:
+                self.lost_at_close = lost
+                logger.warning(
+                    "dask-blackbox %s closed with %d undelivered event(s): "
+                    "Kafka at %s was not reachable within close-timeout",
+                    self.producer_id, lost,
+                    ",".join(self._kafka_kwargs["bootstrap_servers"]),
+                )
+            await kafka.stop()
+
+    async def _sleep(self, seconds: float) -> None:
+        """Sleep; :meth:`close` cuts a sleep short once, never a closing one."""
+        if self._closing:
+            await asyncio.sleep(max(min(seconds, self._close_deadline - time.monotonic()), 0))
+            return
+        assert self._wake is not None
+        try:
+            await asyncio.wait_for(self._wake.wait(), seconds)
+        except asyncio.TimeoutError:
+            pass
+
+    def _pack(self, carry: deque[dict]) -> tuple[bytes, int] | None:
+        """The next envelope and its event count, or None if nothing is waiting.
+
+        Built events are taken from ``carry``, then items from the buffer are built,
+        until their estimated weight reaches :data:`_BATCH_ESTIMATE`; the batch is
+        encoded with a single orjson call. If the result exceeds the envelope
+        budget, the second half goes back to ``carry`` (order kept) until it fits.
+        """
+        events: list[dict] = []
+        weight = 0
+        while carry and weight < _BATCH_ESTIMATE:
+            events.append(carry.popleft())
+            weight += _CARRIED_WEIGHT
+        popleft = self._buffer.popleft
+        taken = 0
+        try:
+            while weight < _BATCH_ESTIMATE:
+                item = popleft()
+                taken += item[1]
+                weight += item[1]
+                try:
+                    events.append(item[0](item))
+                except Exception:  # a bug in a builder must not stop the sender
+                    self._build_failed(item)
+        except IndexError:  # the buffer is empty
+            pass
+        finally:
+            self._bytes_out += taken
+        if not events:
+            return None
+        body = self._encode_events(events)
+        while len(body) > _EVENTS_BUDGET and len(events) > 1:
+            half = len(events) // 2
+            carry.extendleft(reversed(events[half:]))
+            del events[half:]
+            body = self._encode_events(events)
+        if len(body) > _EVENTS_BUDGET:
+            event = events[0]
+            logger.warning(
+                "dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
+                "replaced by its description", event.get("kind"), len(body),
+            )
+            body = self._encode_events([{
+                "kind": event.get("kind"), "ts": event.get("ts"),
+                "__type__": type_name(event), "__size__": len(body),
+            }])
+        header = orjson.dumps(
+            {
+                "schema": SCHEMA_VERSION,
+                "cluster_id": self.cluster_id,
+                "cluster_name": self.cluster_name,
+                "source": self.source,
+                "producer_id": self.producer_id,
+                "seq": self.next_seq,
+                "sent_at": time.time(),
+            }
+        )
+        return b"".join((header[:-1], b',"events":', body, b"}")), len(events)
+
+    def _encode_events(self, events: list[dict]) -> bytes:
+        """The JSON array of ``events``: one orjson call, values it cannot encode
+        described; per event with :func:`encode_event`'s fallbacks if that fails."""
+        try:
+            return orjson.dumps(events, default=describe, option=orjson.OPT_NON_STR_KEYS)
+        except Exception:
+            max_bytes = self.settings.max_value_bytes
+            return b"[" + b",".join(encode_event(e, max_bytes) for e in events) + b"]"
+
+    def _build_failed(self, item: tuple) -> None:
+        self.build_errors += 1
+        if self.build_errors <= 3 or self.build_errors % 10_000 == 0:
+            logger.exception(
+                "dask-blackbox could not build an event with %s (%d so far)",
+                item[0], self.build_errors,
+            )
+
+    def _report_drops(self, carry: deque[dict]) -> None:
+        """After a delivery: put a DROPS event with the drops not reported yet first."""
+        dropped, dropped_bytes = self.dropped_events, self.dropped_bytes
+        if dropped == self._reported_events:
+            return
+        since = self._first_unreported_drop
+        self._first_unreported_drop = None
+        event = {
+            "kind": DROPS,
+            "ts": time.time(),
+            "dropped_events": dropped - self._reported_events,
+            "dropped_bytes": dropped_bytes - self._reported_bytes,
+            "since": since if since is not None else self._last_drop,
+            "until": self._last_drop,
+        }
+        self._reported_events, self._reported_bytes = dropped, dropped_bytes
+        self.sent_drop_reports += 1  # counted now; it leads the next envelope
+        carry.appendleft(event)
+
+
+class _KafkaLink:
+    """The aiokafka producer of one transport, recreated after any failure."""
+
+    def __init__(self, transport: Transport):
+        self.transport = transport
+        self.producer: AIOKafkaProducer | None = None
+        self.key: bytes | None = None
+        self.failing_since: float | None = None
+
+    async def send(self, envelope: bytes) -> bool:
+        """Deliver one envelope (acks=all); False after any failure, logged once per
+        outage."""
+        t = self.transport
+        timeout = _REQUEST_TIMEOUT
+        if t._closing:
+            timeout = max(min(timeout, t._close_deadline - time.monotonic()), 0.01)
+        try:
+            if self.producer is None:
+                self.producer = AIOKafkaProducer(
+                    **t._kafka_kwargs,
+                    client_id=t.producer_id,
+                    acks="all",
+                    linger_ms=0,
+                    request_timeout_ms=int(_REQUEST_TIMEOUT * 1000),
+                    max_request_size=MAX_ENVELOPE_BYTES + 100_000,
+                )
+                await asyncio.wait_for(self.producer.start(), timeout)
+            if self.key is None:
+                self.key = t.cluster_id.encode()
+            await asyncio.wait_for(
+                self.producer.send_and_wait(t.settings.raw_topic, envelope, key=self.key),
+                timeout,
+            )
+        except Exception as e:
+            t.connected = False
+            if self.failing_since is None:
+                self.failing_since = time.time()
+                logger.warning(
+                    "dask-blackbox %s cannot deliver to Kafka topic %s (%s: %s); "
+                    "buffering and retrying",
+                    t.producer_id, t.settings.raw_topic, type(e).__name__, e,
+                )
+            await self.stop()
+            return False
+        t.connected = True
+        if self.failing_since is not None:
+            logger.info(
+                "dask-blackbox %s delivers to Kafka again after %.1fs",
+                t.producer_id, time.time() - self.failing_since,
+            )
+            self.failing_since = None
+        return True
+
+    async def stop(self) -> None:
+        producer, self.producer = self.producer, None
+        if producer is not None:
+            try:
+                await asyncio.wait_for(producer.stop(), 2.0)
+            except Exception:
+                pass
+
+
+class _DemoteSenderNoise(logging.Filter):
+    """aiokafka logs every failed connection attempt at ERROR; on our sender threads
+    those records become DEBUG, since :class:`_KafkaLink` reports an outage once."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.levelno < logging.CRITICAL and threading.current_thread().name.startswith(
+            SENDER_THREAD_PREFIX
+        ):
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+        return True
+
+
+_AIOKAFKA_LOGGERS = ("aiokafka", "aiokafka.client", "aiokafka.conn", "aiokafka.cluster",
+                     "aiokafka.producer.producer", "aiokafka.producer.sender")
+for _name in _AIOKAFKA_LOGGERS:
+    logging.getLogger(_name).addFilter(_DemoteSenderNoise())
+
+
+#: Transports not closed yet, flushed (bounded) at interpreter exit.
+_LIVE: weakref.WeakSet[Transport] = weakref.WeakSet()
+
+
+@atexit.register
+def _flush_at_exit() -> None:
+    transports = list(_LIVE)
+    for transport in transports:
+        transport._begin_close()
+    deadline = time.monotonic() + max(
+        (t.settings.close_timeout for t in transports), default=0
+    ) + 1.0
+    for transport in transports:
+        transport.close_blocking(deadline)

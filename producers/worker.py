@@ -1,0 +1,226 @@
+"""The worker producer: a WorkerPlugin publishing worker metrics and digests.
+
+Attach it with ``dask worker --preload producers.worker`` (configured by the worker's
+own ``blackbox.*`` settings) or with :func:`producers.attach`.
+
+Every ``metrics-interval`` it publishes:
+
+- ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts,
+  CPU, executing / ready / in-flight task counts, event-loop interval, and GIL
+  contention when the worker's system monitor measures it;
+- ``WORKER_DIGESTS``: the increase of ``Worker.digests_total`` since the previous
+  sample, for the keys that carry a span id (contexts
+  ``distributed.spans.CONTEXTS_WITH_SPAN_ID``, the keys
+  ``SpansWorkerExtension`` apportions to spans), as
+  :data:`~dask_blackbox.contract.DIGEST_ROW` rows. What was published is remembered
+  per Worker object, so a replaced plugin never publishes the same increase twice.
+
+With ``blackbox.producer.worker-transitions`` it also publishes the worker's own task
+transitions (``TRANSITION`` with ``source="worker"``; the worker does not pass a
+stimulus id to plugins, so ``stimulus_id`` is null).
+
+The cluster id is the scheduler's id: :func:`producers.attach` passes it in; with
+``--preload`` the plugin asks the scheduler (``identity``), retrying until it answers,
+and sends nothing before it knows it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import weakref
+from collections.abc import Hashable
+from typing import TYPE_CHECKING, Any
+
+from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.spans import CONTEXTS_WITH_SPAN_ID
+from tornado.ioloop import PeriodicCallback
+
+from dask_blackbox.contract import TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key
+from producers import logs
+from producers.scheduler import PLUGIN_NAME
+from producers.settings import ProducerSettings
+from producers.transport import Transport, ready
+
+if TYPE_CHECKING:
+    from distributed import Worker
+
+logger = logging.getLogger(__name__)
+
+#: ``Worker.digests_total`` values already published, per Worker object.
+_PUBLISHED_DIGESTS: weakref.WeakKeyDictionary[Worker, dict] = weakref.WeakKeyDictionary()
+
+_IDENTITY_RETRY_MAX = 5.0
+
+
+class BlackboxWorkerPlugin(WorkerPlugin):
+    """Publishes one worker's metrics, digests (and optionally transitions).
+
+    ``cluster_id``/``cluster_name``: the scheduler plugin's identity when known by
+    whoever builds the plugin; else learned from the scheduler at setup.
+    """
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(
+        self,
+        settings: ProducerSettings | None = None,
+        cluster_id: str | None = None,
+        cluster_name: str | None = None,
+    ):
+        self.settings = settings if settings is not None else ProducerSettings.resolve()
+        self.cluster_id = cluster_id
+        self.cluster_name = cluster_name
+        self.worker: Worker | None = None
+        self.transport: Transport | None = None
+        self._metrics: PeriodicCallback | None = None
+        self._identity_task: asyncio.Task | None = None
+
+    def __getstate__(self) -> dict:
+        return {"settings": self.settings, "cluster_id": self.cluster_id,
+                "cluster_name": self.cluster_name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    async def setup(self, worker: Worker) -> None:
+        self.worker = worker
+        self.transport = transport = Transport(
+            self.settings, "worker", self.cluster_id,
+            self.cluster_name or self.settings.cluster_name,
+        )
+        self._offer = transport.offer
+        self._build_transition = self._transition_event
+        self._tasks_get = worker.state.tasks.get
+        if self.cluster_id is None:
+            self._identity_task = asyncio.create_task(self._learn_identity())
+        logs.install(transport)
+        self._metrics = PeriodicCallback(self._sample, self.settings.metrics_interval * 1000)
+        self._metrics.start()
+
+    async def teardown(self, worker: Worker) -> None:
+        """Last sample, then a flush bounded by ``close-timeout``."""
+        transport = self.transport
+        if transport is None:
+            return
+        if self._metrics is not None:
+            self._metrics.stop()
+        if self._identity_task is not None:
+            self._identity_task.cancel()
+        self._sample()
+        logs.uninstall(transport)
+        await transport.close()
+
+    async def _learn_identity(self) -> None:
+        delay = 0.1
+        while True:
+            try:
+                info = await self.worker.scheduler.identity()
+                break
+            except Exception as e:  # the scheduler may not be up yet
+                logger.debug("dask-blackbox: scheduler identity not available yet: %s", e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, _IDENTITY_RETRY_MAX)
+        self.transport.set_identity(
+            info["id"], self.cluster_name or self.settings.cluster_name or info["address"]
+        )
+
+    # ----------------------------------------------------------------- sampling
+
+    def _sample(self) -> None:
+        try:
+            self._offer((ready, 400, self._metrics_event()))
+            rows = self._digest_rows()
+            if rows:
+                self._offer((ready, 100 + 80 * len(rows), {
+                    "kind": WORKER_DIGESTS, "ts": time.time(),
+                    "worker": self.worker.address, "digests": rows,
+                }))
+        except Exception:  # metrics must never break the worker
+            logger.exception("dask-blackbox could not sample worker metrics")
+
+    def _metrics_event(self) -> dict:
+        w = self.worker
+        recent = w.monitor.recent()
+        memory = recent.get("memory")
+        try:
+            spilled = w.data.spilled_total.memory  # sizeof() of the spilled keys
+        except AttributeError:  # spilling disabled
+            spilled = 0
+        # As Dask's MemoryState: managed is what sits in RAM, unmanaged the rest.
+        managed = max(w.state.nbytes - spilled, 0)
+        return {
+            "kind": WORKER_METRICS,
+            "ts": time.time(),
+            "worker": w.address,
+            "memory": memory,
+            "memory_managed": managed,
+            "memory_unmanaged": max(memory - managed, 0) if memory is not None else None,
+            "memory_spilled": spilled,
+            "cpu": recent.get("cpu"),
+            "executing": w.state.executing_count,
+            "ready": len(w.state.ready),
+            "in_flight": w.state.in_flight_tasks_count,
+            "event_loop_interval": w._tick_interval_observed,
+            "gil_contention": recent.get("gil_contention"),
+        }
+
+    def _digest_rows(self) -> list[list]:
+        """Increases of the span-keyed ``Worker.digests_total`` entries since last
+        published: ``[context, span_id, prefix, activity, unit, value]``."""
+        published = _PUBLISHED_DIGESTS.setdefault(self.worker, {})
+        rows = []
+        for key, total in list(self.worker.digests_total.items()):
+            if not (isinstance(key, tuple) and key and key[0] in CONTEXTS_WITH_SPAN_ID):
+                continue
+            delta = total - published.get(key, 0)
+            if not delta:
+                continue
+            published[key] = total
+            rows.append(_digest_row(key, delta))
+        return rows
+
+    # --------------------------------------------------------------- transitions
+
+    def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
+        if not self.settings.worker_transitions or self.transport is None:
+            return
+        self._offer((self._build_transition, 300, key, start, finish,
+                     self._tasks_get(key), time.time()))
+
+    def _transition_event(self, item: tuple) -> dict:
+        _, _, key, start, finish, ts, t = item
+        return {
+            "kind": TRANSITION, "ts": t, "key": encode_key(key),
+            "prefix": ts.prefix if ts is not None else None, "group": None,
+            "span_id": ts.span_id if ts is not None else None,
+            "start": start, "finish": finish, "stimulus_id": None,
+            "worker": self.worker.address, "nbytes": None, "typename": None,
+            "startstops": None, "exception": None, "traceback": None, "cause": None,
+        }
+
+
+def _digest_row(key: tuple, value: float) -> list:
+    """``(context, span_id, prefix, activity, unit)`` keys map one to one; a key of
+    another length keeps context, span id, activity (second to last) and unit (last)
+    and joins what lies between into ``prefix``."""
+    context, span_id, *rest = key
+    if len(rest) == 3:
+        prefix, activity, unit = rest
+    else:
+        prefix = ".".join(map(encode_key, rest[:-2])) or None
+        activity = rest[-2] if len(rest) >= 2 else None
+        unit = rest[-1] if rest else None
+    return [context, span_id, _text(prefix), _text(activity), _text(unit), value]
+
+
+def _text(value: Any) -> str | None:
+    return None if value is None else encode_key(value)
+
+
+async def dask_setup(worker: Worker) -> None:
+    """``dask worker --preload producers.worker``: attach the plugin, configured by
+    this process's ``blackbox.*`` settings."""
+    await worker.plugin_add(BlackboxWorkerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME)

