@@ -99,13 +99,15 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, parents=[common, fmt, filters], help=text)
         if name == "story":
             p.add_argument("key", help="the task key, as the dashboard shows it")
+            p.add_argument("--source", choices=("scheduler", "worker", "all"),
+                           default="scheduler", help="whose transitions (default scheduler)")
         elif name == "spans":
             p.add_argument("--tree", action="store_true", help="indent children under parents")
         elif name == "prefixes":
             p.add_argument("--span", help="only within spans of this name (e.g. 'data load')")
             p.add_argument("--limit", type=int, default=20)
         elif name == "compare":
-            p.add_argument("span_name", help="span name, tags joined by ' / '")
+            p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
     return parser
 
 
@@ -126,7 +128,8 @@ def _run_query_command(args: argparse.Namespace) -> int:
     backend = queries.connect()
     filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
     if args.command == "story":
-        result = queries.story(backend, args.key, **filters)
+        result = queries.story(backend, args.key, source=None if args.source == "all"
+                               else args.source, **filters)
     elif args.command == "spans":
         result = queries.spans(backend, tree=args.tree, **filters)
     elif args.command == "prefixes":

@@ -1,0 +1,304 @@
+"""Loading a :class:`~sinks.rows.Batch` into ClickHouse exactly once.
+
+The protocol (the journal is ``sink_batches``, see sinks/sql/001_init.sql):
+
+1. insert a ``begin`` journal row per (topic, partition) of the batch, with the
+   committed position the batch starts from and the position after it;
+2. insert each table's rows, every row tagged ``_batch = batch_id``;
+3. insert the ``loaded`` journal row -- a one-part insert, hence atomic: the batch is
+   in ClickHouse from this moment;
+4. (the caller) commit the Kafka offsets.
+
+:meth:`Loader.recover`, run before consuming partitions, repairs a crash at any point:
+a batch with ``begin`` and no end is abandoned (its rows, whichever tables they had
+reached, are deleted by ``_batch`` and the messages are read again, since they were
+never committed); a batch that is ``loaded`` while the group's committed offset still
+equals its ``from_offset`` died between 3 and 4, so the consumer seeks past it.
+Nothing depends on Kafka offsets being stable across broker incarnations: rows are
+found by batch id, and a journal entry is only trusted when the committed offset
+matches it exactly.
+
+While ClickHouse cannot take rows, :meth:`Loader.load` retries with exponential
+backoff up to ``blackbox.sink.retry-backoff-max`` -- abandoning the failed attempt
+first, so an insert that half happened leaves nothing behind. Rows ClickHouse rejects
+(:func:`sinks.clickhouse.is_rejection`) are isolated by splitting the insert in halves
+and go to ``dead_letters`` with ClickHouse's message.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import pathlib
+import random
+import threading
+import time
+
+from dask_blackbox import config
+from sinks import arrow, clickhouse
+from sinks.rows import COLUMNS, TABLES, Batch, Message, TableData, payload_of
+from sinks.schema import Target
+
+logger = logging.getLogger("sinks.loader")
+
+#: Points where ``blackbox.sink.debug-pause-at`` can stop the sink (for crash tests):
+#: after the ``begin`` journal rows, after the first table's rows, after the
+#: ``loaded`` row (before the Kafka commit), and after the Kafka commit.
+PAUSE_POINTS = ("after-begin", "between-tables", "after-load", "after-commit")
+
+TopicPartition = tuple[str, int]
+
+
+@dataclasses.dataclass(frozen=True)
+class Loaded:
+    """A partition's part of a loaded batch, as the journal recorded it."""
+
+    from_offset: int
+    next_offset: int
+    first_timestamp: int
+    first_crc: int
+
+
+class PausePoint:
+    """The crash-test hook: ``blackbox.sink.debug-pause-at: "<point>[:<n>]"`` makes the
+    sink stop for good the n-th time (default: first) it reaches ``<point>``, after
+    writing ``<data-dir>/sink-paused-at-<point>``, so a test can SIGKILL it exactly
+    there. Unset (the default), :meth:`reached` only compares a string."""
+
+    def __init__(self, setting: str | None, marker_dir: pathlib.Path) -> None:
+        self.point, self.remaining = None, 0
+        if setting:
+            point, _, n = str(setting).partition(":")
+            if point not in PAUSE_POINTS or (n and not n.isdigit()):
+                raise config.ConfigError(
+                    f"blackbox.sink.debug-pause-at: {setting!r} is not one of "
+                    f"{PAUSE_POINTS} with an optional :<n>"
+                )
+            self.point, self.remaining = point, int(n or 1)
+        self.marker_dir = marker_dir
+
+    def reached(self, point: str) -> None:
+        if point != self.point:
+            return
+        self.remaining -= 1
+        if self.remaining > 0:
+            return
+        marker = self.marker_dir / f"sink-paused-at-{point}"
+        marker.write_text(str(os.getpid()))
+        logger.warning("paused at %s (blackbox.sink.debug-pause-at) until killed", point)
+        while True:
+            time.sleep(3600)
+
+
+class Loader:
+    """Loads batches for one consumer group into ``target`` through ``client``
+    (whose schema must be migrated: the column types are read from it).
+
+    Not thread-safe: one thread loads at a time (the client itself may be shared with
+    readers).
+    """
+
+    def __init__(self, client, target: Target, group_id: str, *,
+                 retry_backoff_max: float = 10.0, pause: PausePoint | None = None) -> None:
+        self.client = client
+        self.target = target
+        self.group_id = group_id
+        self.retry_backoff_max = retry_backoff_max
+        self.pause = pause or PausePoint(None, pathlib.Path("."))
+        self.stopping = threading.Event()
+        self.insert_settings: dict = {
+            # Commit only once ClickHouse has the rows: no async buffering...
+            "async_insert": 0,
+            # ...and an event from a wrong clock must not fail a whole batch.
+            "max_partitions_per_insert_block": 0,
+        }
+        if target.cluster:
+            # A Distributed insert returns only after every shard has its rows.
+            self.insert_settings["distributed_foreground_insert"] = 1
+        self.schemas = arrow.schemas(client, target.database, COLUMNS)
+        self._last_id = 0
+        self._tag = random.getrandbits(12)
+
+    # ----------------------------------------------------------------- journal
+
+    def _next_batch_id(self) -> int:
+        """Unique and increasing in this process: microseconds since the epoch in the
+        high bits, a per-process random tag in the low 12 bits."""
+        candidate = (time.time_ns() // 1000) << 12 | self._tag
+        self._last_id = max(candidate, self._last_id + (1 << 12))
+        return self._last_id
+
+    def _journal(self, rows: list[list]) -> None:
+        self.client.insert(
+            self.target.table("sink_batches"), rows,
+            column_names=["group_id", "batch_id", "state", "topic", "partition",
+                          "from_offset", "next_offset", "first_timestamp", "first_crc"],
+            settings=self.insert_settings,
+        )
+
+    def _end(self, batch_ids: list[int], state: str) -> None:
+        self._journal([[self.group_id, b, state, "", 0, 0, 0, 0, 0] for b in batch_ids])
+
+    # ----------------------------------------------------------------- recovery
+
+    def recover(self, assigned: list[TopicPartition],
+                committed: dict[TopicPartition, int]) -> dict[TopicPartition, Loaded]:
+        """Repair what a crashed sink of this group left for the ``assigned``
+        partitions: abandon open batches. Return, per partition whose committed offset
+        equals the ``from_offset`` of its latest loaded batch, that batch's journal
+        entry: if the message at ``from_offset`` still has the recorded fingerprint,
+        the caller must seek to (and commit) ``next_offset`` instead of loading again."""
+        if not assigned:
+            return {}
+        tps = [(t, p) for t, p in assigned]
+        open_ids = [row[0] for row in self.client.query(
+            f"SELECT batch_id FROM {self.target.table('sink_batches')} "
+            "WHERE group_id = {g:String} GROUP BY batch_id "
+            "HAVING countIf(state != 'begin') = 0 "
+            "AND hasAny(groupArrayIf((topic, partition), state = 'begin'), "
+            "{tps:Array(Tuple(String, UInt32))})",
+            parameters={"g": self.group_id, "tps": tps},
+        ).result_rows]
+        if open_ids:
+            self.abandon(open_ids)
+        latest = self.client.query(
+            "SELECT topic, partition, argMax((from_offset, next_offset, first_timestamp, first_crc), "
+            f"batch_id) FROM {self.target.table('sink_batches')} "
+            "WHERE group_id = {g:String} AND state = 'begin' "
+            "AND (topic, partition) IN {tps:Array(Tuple(String, UInt32))} "
+            f"AND batch_id IN (SELECT batch_id FROM {self.target.table('sink_batches')} "
+            "WHERE group_id = {g:String} AND state = 'loaded') "
+            "GROUP BY topic, partition",
+            parameters={"g": self.group_id, "tps": tps},
+        ).result_rows
+        return {
+            (topic, partition): Loaded(*entry)
+            for topic, partition, entry in latest
+            if committed.get((topic, partition)) == entry[0]
+        }
+
+    def abandon(self, batch_ids: list[int]) -> None:
+        """Delete every row of ``batch_ids`` from every table and journal them as
+        abandoned."""
+        for table in TABLES:
+            params = {"ids": batch_ids}
+            present = self.client.query(
+                f"SELECT count() FROM {self.target.table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
+                parameters=params,
+            ).result_rows[0][0]
+            if present:
+                self.client.command(
+                    f"DELETE FROM {self.target.storage_table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
+                    parameters=params,
+                )
+                logger.warning("deleted %d rows of abandoned batch(es) from %s", present, table)
+        self._end(batch_ids, "abandoned")
+
+    # -------------------------------------------------------------------- load
+
+    def load(self, batch: Batch, starts: dict[TopicPartition, int]) -> bool:
+        """Load ``batch`` (whose partitions start at the committed positions
+        ``starts``); retry while ClickHouse is unavailable. Returns False when
+        :attr:`stopping` was set before the batch could be loaded (nothing of it is
+        then left behind as loaded)."""
+        backoff = 0.1
+        failed: list[int] = []
+        while True:
+            batch_id = self._next_batch_id()
+            try:
+                if failed:
+                    self.abandon(failed)
+                    failed = []
+                self._load_once(batch, starts, batch_id)
+                return True
+            except clickhouse.UNAVAILABLE as e:
+                if clickhouse.is_rejection(e):
+                    raise  # a journal row was rejected: a bug, not the data's fault
+                failed.append(batch_id)
+                logger.warning(
+                    "ClickHouse did not take batch %d (%d rows): %s; retrying in %.1fs",
+                    batch_id, batch.n_rows, str(e).splitlines()[0][:300], backoff,
+                )
+            if self.stopping.wait(backoff):
+                return False
+            backoff = min(backoff * 2, self.retry_backoff_max)
+
+    def _load_once(self, batch: Batch, starts: dict[TopicPartition, int], batch_id: int) -> None:
+        self._journal([
+            [self.group_id, batch_id, "begin", topic, partition,
+             starts.get((topic, partition), -1), end, *batch.firsts[(topic, partition)]]
+            for (topic, partition), end in sorted(batch.positions.items())
+        ])
+        self.pause.reached("after-begin")
+        rejected: list[tuple[Message, int | None, str]] = []
+        first = True
+        for table in TABLES:
+            data = batch.tables[table]
+            if table != "dead_letters" and len(data):
+                self._insert(table, data, batch_id, rejected, batch.arrow.get(table))
+                if first:
+                    self.pause.reached("between-tables")
+                    first = False
+        dead, prepared = batch.tables["dead_letters"], batch.arrow.get("dead_letters")
+        if rejected:
+            prepared = None
+            dead = TableData("dead_letters")
+            dead.extend(batch.tables["dead_letters"].columns, batch.tables["dead_letters"].refs)
+            now = time.time()
+            for message, event, reason in rejected:
+                dead.append(("sink", message.kafka_topic, message.partition, message.offset,
+                             message.key_text(), reason, payload_of(message, event), now),
+                            (message, event))
+        if len(dead):
+            lost: list = []
+            self._insert("dead_letters", dead, batch_id, lost, prepared)
+            for message, event, reason in lost:
+                logger.error(
+                    "ClickHouse rejected a dead letter; it is only in this log: %s[%d]@%d "
+                    "event %s: %s payload=%s", message.kafka_topic, message.partition,
+                    message.offset, event, reason, payload_of(message, event),
+                )
+        self._end([batch_id], "loaded")
+        self.pause.reached("after-load")
+
+    def prepare(self, batch: Batch) -> None:
+        """Build the Arrow tables of ``batch`` now (Python work, which holds the GIL),
+        so that :meth:`load` in another thread mostly waits on ClickHouse. Optional:
+        load builds what is missing; a table whose values Arrow refuses is left to
+        load, which finds the rows at fault."""
+        for table, data in batch.tables.items():
+            if len(data) and table not in batch.arrow:
+                try:
+                    batch.arrow[table] = self.schemas[table].table(data.columns)
+                except (ValueError, TypeError, OverflowError):
+                    pass
+
+    def _insert(self, table: str, data: TableData, batch_id: int,
+                rejected: list[tuple[Message, int | None, str]], prepared=None) -> None:
+        """Insert ``data`` (``prepared``: its Arrow table, if built); rows ClickHouse
+        rejects are appended to ``rejected`` (with its message), found by splitting
+        the insert in halves."""
+        schema = self.schemas[table]
+        pending = [(0, len(data))]
+        while pending:
+            lo, hi = pending.pop()
+            try:
+                if prepared is not None:
+                    part = prepared.slice(lo, hi - lo)
+                else:
+                    part = schema.table([c[lo:hi] for c in data.columns])
+                self.client.insert_arrow(self.target.table(table), arrow.with_batch(part, batch_id),
+                                         settings=self.insert_settings)
+            except Exception as e:
+                if not clickhouse.is_rejection(e):
+                    raise
+                if hi - lo == 1:
+                    message, event = data.refs[lo]
+                    reason = str(e).splitlines()[0][:2000] or type(e).__name__
+                    rejected.append((message, event, f"ClickHouse rejected this {table} row: {reason}"))
+                    logger.warning("ClickHouse rejected a %s row from %s[%d]@%d: %s", table,
+                                   message.kafka_topic, message.partition, message.offset, reason)
+                else:
+                    mid = (lo + hi) // 2
+                    pending += [(mid, hi), (lo, mid)]

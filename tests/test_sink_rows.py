@@ -1,0 +1,151 @@
+"""Message conversion (sinks.rows): what becomes rows, what becomes a dead letter
+with which reason, and that the column-at-a-time path and the event-by-event path
+give the same rows."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import orjson
+import pytest
+
+from dask_blackbox import contract
+from sinks.rows import COLUMNS, Batch, Message
+
+from sink_support import envelope, transition
+
+NOW = time.time()
+
+
+def message(value, topic=contract.RAW, offset=0) -> Message:
+    raw = value if isinstance(value, bytes) else orjson.dumps(value)
+    return Message(topic, f"t.{topic}", 0, offset, b"c1", raw, 1000)
+
+
+def rows(batch: Batch, table: str) -> list[dict]:
+    data = batch.tables[table]
+    return [dict(zip(COLUMNS[table], values)) for values in zip(*data.columns)]
+
+
+def dead(batch: Batch) -> list[str]:
+    return [r["reason"] for r in rows(batch, "dead_letters")]
+
+
+def test_an_envelope_becomes_rows_of_each_kind():
+    t = NOW - 10
+    events = [
+        transition("('x-1', 0)", "waiting", "processing", t, worker="tcp://w:1", prefix="x",
+                   group="x-1", span_id="s1"),
+        transition("('x-1', 0)", "processing", "memory", t + 1, nbytes=80, typename="int",
+                   startstops=[{"action": "compute", "start": t, "stop": t + 1},
+                               {"action": "transfer", "start": t - 1, "stop": t, "source": "tcp://w:2"}]),
+        {"kind": contract.LOG, "ts": t, "logger": "distributed.worker", "level": "INFO",
+         "message": "hello", "process": 1234, "exc_text": None},
+        {"kind": contract.EVENT, "ts": t, "topic": "runtimes", "msg": {"start": 1.5, "stop": 2}},
+        {"kind": contract.WORKER_DIGESTS, "ts": t, "worker": "tcp://w:1",
+         "digests": [["execute", "s1", "x", "thread-cpu", "seconds", 0.5]]},
+        {"kind": contract.GRAPH, "ts": t, "client": "Client-1", "stimulus_id": "update-graph-1",
+         "n_tasks": 3, "keys": ["('x-1', 0)"], "annotations": None,
+         "tasks": [{"key": "('x-1', 0)", "prefix": "x", "group": "x-1", "span_id": "s1",
+                    "dependencies": ["a", "b"]}]},
+    ]
+    batch = Batch()
+    batch.add(message(envelope(events, seq=7)), NOW)
+    assert dead(batch) == []
+    trans = rows(batch, "transitions")
+    assert [(r["key"], r["start"], r["finish"], r["seq"], r["idx"]) for r in trans] == [
+        ("('x-1', 0)", "waiting", "processing", 7, 0), ("('x-1', 0)", "processing", "memory", 7, 1)]
+    assert trans[0]["nbytes"] is None and trans[1]["nbytes"] == 80
+    assert trans[1]["startstops.action"] == ["compute", "transfer"]
+    assert trans[1]["startstops.source"] == ["", "tcp://w:2"]
+    assert trans[1]["startstops.start"] == [t, t - 1]
+    assert rows(batch, "logs")[0]["process"] == "1234"
+    assert orjson.loads(rows(batch, "events")[0]["msg"]) == {"start": 1.5, "stop": 2}
+    assert rows(batch, "worker_digests")[0]["value"] == 0.5
+    assert rows(batch, "graphs")[0]["n_tasks"] == 3
+    assert rows(batch, "graph_tasks")[0]["dependencies"] == ["a", "b"]
+    env = rows(batch, "envelopes")[0]
+    assert (env["n_events"], env["n_transitions"], env["n_memory"], env["seq"]) == (6, 2, 1, 7)
+
+
+def test_invalid_messages_are_dead_letters_with_the_contracts_reason():
+    batch = Batch()
+    batch.add(message(b"{not json", offset=1), NOW)
+    batch.add(message({"schema": 99}, offset=2), NOW)
+    batch.add(message(envelope([], seq=-1), offset=3), NOW)
+    reasons = dead(batch)
+    assert reasons[0].startswith("not JSON")
+    assert reasons[1] == str(pytest.raises(contract.InvalidEnvelope, contract.validate_envelope,
+                                           {"schema": 99}).value)
+    assert "seq must be a non-negative integer" in reasons[2]
+    assert [r["offset"] for r in rows(batch, "dead_letters")] == [1, 2, 3]
+    assert rows(batch, "dead_letters")[0]["payload"] == "{not json"
+    assert len(batch.tables["envelopes"]) == 0
+
+
+@pytest.mark.parametrize("bad, reason", [
+    ({"ts": 1.0}, "ts: 1.0 is not a plausible time"),
+    ({"ts": NOW + 3 * 86400}, "is not a plausible time"),
+    ({"ts": None}, "ts: None is not a time"),
+    ({"key": ["x", 1]}, "key: a key must be a string"),
+    ({"nbytes": "big"}, "nbytes: 'big' is not an integer"),
+    ({"startstops": [{"action": "compute", "start": "soon", "stop": 1.0}]}, "startstops.start"),
+    ({"worker": {"addr": 1}}, "worker: expected a string, got dict"),
+])
+def test_a_bad_event_is_dead_lettered_and_its_neighbours_loaded(bad, reason):
+    good = [transition(f"k{i}", "waiting", "processing", NOW - 5 + i) for i in range(4)]
+    events = good[:2] + [{**transition("bad", "waiting", "processing", NOW - 5), **bad}] + good[2:]
+    batch = Batch()
+    batch.add(message(envelope(events)), NOW)
+    assert [r["key"] for r in rows(batch, "transitions")] == ["k0", "k1", "k2", "k3"]
+    assert [r["idx"] for r in rows(batch, "transitions")] == [0, 1, 3, 4]
+    [letter] = rows(batch, "dead_letters")
+    assert letter["reason"].startswith("event 2: transition: ") and reason in letter["reason"]
+    assert orjson.loads(letter["payload"])["key"] == events[2]["key"]
+
+
+def test_both_conversion_paths_give_the_same_rows():
+    # A None, an int where floats are usual, tuple keys: the fast path; then the same
+    # events next to one irregular event (a float nbytes), which sends the whole kind
+    # through the event-by-event path.
+    events = [transition(f"('k', {i})", "processing", "memory", NOW - 9 + i, nbytes=i, worker=None,
+                         startstops=[{"action": "compute", "start": NOW - 10, "stop": NOW - 9 + i}])
+              for i in range(5)]
+    fast, slow = Batch(), Batch()
+    fast.add(message(envelope(events)), NOW)
+    slow.add(message(envelope(events + [{**events[0], "nbytes": 4.0}])), NOW)
+    assert rows(slow, "transitions")[:5] == rows(fast, "transitions")
+    assert rows(slow, "transitions")[5]["nbytes"] == 4
+    assert dead(fast) == dead(slow) == []
+
+
+def test_unknown_event_kinds_are_kept_as_dead_letters():
+    batch = Batch()
+    batch.add(message(envelope([{"kind": "future-kind", "ts": NOW}])), NOW)
+    assert dead(batch) == ["event 0: unknown event kind 'future-kind'"]
+
+
+def test_derived_records():
+    batch = Batch()
+    state = {"cluster_id": "c1", "span_id": "s1", "name": ["a", "b"], "parent_id": "s0", "version": 3,
+             "enqueued": NOW - 5, "start": NOW - 4, "stop": NOW - 1, "duration": 2.5, "nbytes_total": 10,
+             "states": {"memory": 2}, "all_durations": {"compute": 2.5}, "done": True, "updated_at": NOW,
+             "cumulative_worker_metrics": [["execute", "x", "thread-cpu", "seconds", 1.0]]}
+    batch.add(message(state, contract.SPAN_STATE), NOW)
+    batch.add(message({"cluster_id": "c1", "span_id": "s1", "prefix": "x", "window_start": NOW - 60,
+                       "partial_id": "p1", "finished": {"memory": 2}, "durations": {"compute": 1.5},
+                       "nbytes": 5, "n_erred": 0, "max_duration": 1.0}, contract.PREFIX_STATS), NOW)
+    batch.add(message({"cluster_id": "c1", "producer_id": "p", "source": "worker", "missing_from": 4,
+                       "missing_to": 2, "detected_at": NOW}, contract.GAPS), NOW)
+    batch.add(message({"topic": "t.raw", "partition": 1, "offset": 9, "key": "c1", "reason": "bad",
+                       "payload": "x", "detected_at": NOW}, contract.DEAD_LETTER), NOW)
+    assert rows(batch, "span_state")[0]["cumulative_worker_metrics.prefix"] == ["x"]
+    assert rows(batch, "prefix_stats")[0]["durations"] == {"compute": 1.5}
+    letters = rows(batch, "dead_letters")
+    assert [(d["origin"], d["reason"]) for d in letters] == [
+        ("sink", "gaps: missing_from 4 and missing_to 2 are not a range"), ("processor", "bad")]
+    assert len(batch.tables["gaps"]) == 0
+    assert batch.positions == {(f"t.{contract.SPAN_STATE}", 0): 1, (f"t.{contract.PREFIX_STATS}", 0): 1,
+                               (f"t.{contract.GAPS}", 0): 1, (f"t.{contract.DEAD_LETTER}", 0): 1}
+    assert math.isclose(rows(batch, "span_state")[0]["enqueued"], NOW - 5)
