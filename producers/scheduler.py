@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from distributed.diagnostics.plugin import SchedulerPlugin
+from distributed.protocol import pickle
 from tornado.ioloop import PeriodicCallback
 
 from dask_blackbox.contract import (
@@ -190,6 +191,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             max_chars = self.settings.max_value_bytes
             if isinstance(text := kwargs.get("exception_text"), str):
                 exception = cap_text(text, max_chars)
+            elif (raised := kwargs.get("exception")) is not None:
+                # The scheduler's own errors (KilledWorker) come pickled, without text.
+                exception = cap_text(_exception_text(raised), max_chars)
             if isinstance(text := kwargs.get("traceback_text"), str):
                 traceback = cap_text(text, max_chars)
             if (blamed := kwargs.get("cause")) is not None:
@@ -464,3 +468,17 @@ def dask_setup(scheduler: Scheduler) -> None:
     scheduler.add_plugin(
         BlackboxSchedulerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME, idempotent=True
     )
+
+
+def _exception_text(raised) -> str:
+    """``"Type: message"`` of an exception Dask passed as an object or pickled; a
+    description of it if it cannot be read here (its class lives in user code)."""
+    try:
+        if isinstance(raised, bytes):
+            raised = pickle.loads(raised)
+        if isinstance(raised, BaseException):
+            return f"{type(raised).__name__}: {raised}"
+    except Exception:  # unknown class, truncated pickle: say what it was instead
+        pass
+    size = f", {len(raised)} bytes" if isinstance(raised, bytes) else ""
+    return f"<{type(raised).__name__}{size}>"
