@@ -93,6 +93,8 @@ def test_up_serves_queries_and_stops_with_nothing_left(up):
     status = cli("status", "--data-dir", str(data_dir))
     assert status.returncode == 0, status.stderr
     assert "consumer lag" in status.stdout and "rows per table" in status.stdout
+    second = cli("up", "--data-dir", str(data_dir))
+    assert second.returncode == 1 and "already runs" in second.stderr
 
     up.proc.send_signal(signal.SIGTERM)
     assert up.proc.wait(timeout=120) == 0, "".join(up.output)
@@ -116,9 +118,3 @@ def test_children_die_with_a_killed_supervisor(up):
     up.proc.wait()
     gone, alive = psutil.wait_procs(children, timeout=30)
     assert not alive, f"orphans left: {[' '.join(p.cmdline()) for p in alive]}"
-
-
-def test_second_up_on_the_same_data_dir_is_refused(up):
-    out = cli("up", "--data-dir", str(up.data_dir))
-    assert out.returncode == 1
-    assert "already runs" in out.stderr
