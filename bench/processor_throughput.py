@@ -1,0 +1,168 @@
+"""Stream processor throughput: events per second, and per core.
+
+1. Record: a real workload on a LocalCluster with the producers attached; its raw
+   topic is read back from the broker (the recording).
+2. A, the state logic alone: the recording is decoded and applied to fresh
+   ``ClusterState``s in this process, checkpointing like a worker does.
+3. B, end to end: ``--copies`` copies of the recording, each under a new cluster id
+   and new producer ids (so they count as distinct clusters), are published to a
+   fresh raw topic; then one ``faust -A stream_processors.app worker`` is started and
+   processes them as fast as it goes. Measured from the moment its first batch began
+   to the moment its last batch was done (its ``/blackbox/stats/``): events per
+   second of wall clock, and per second of the worker process's CPU time (per core).
+
+Faust's own cost is per raw message (one envelope carrying tens to hundreds of
+events), which is why events per second can be far above messages per second.
+
+    python bench/processor_throughput.py [--quick] [--copies N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+import dask
+import dask.array as da
+import orjson
+from distributed import Client, LocalCluster, span
+
+import producers
+from dask_blackbox import kafka
+from dask_blackbox.tansu import free_port, start_broker
+from report import report
+from stream_processors import envelopes, replay
+from stream_processors.checkpoint import Journal
+from stream_processors.cluster import ClusterState
+
+TARGET, AIM = 50_000, 200_000
+
+
+def settings(broker: str, prefix: str) -> dict:
+    return {
+        "blackbox.kafka.bootstrap-servers": broker,
+        "blackbox.kafka.topic-prefix": prefix,
+        "blackbox.kafka.partitions": 2,
+        "blackbox.processors.app-id": f"bench-{prefix}",
+        "blackbox.processors.session-timeout": "6s",
+    }
+
+
+def record(broker: str, size: int) -> list[tuple[bytes, bytes]]:
+    """Raw messages of a dask.array workload with ``size**2 / 2500`` input chunks."""
+    with dask.config.set({**settings(broker, "rec" + uuid.uuid4().hex[:6]),
+                          "optimization.fuse.active": False}):
+        asyncio.run(kafka.ensure_topics())
+        with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            producers.attach(client)
+            with span("bench"):
+                x = da.random.random((size, size), chunks=50)
+                (x + x.T).mean(axis=0).sum().compute()
+            time.sleep(2)  # final worker metrics
+        return asyncio.run(replay.read_raw(idle=1.0))
+
+
+def state_logic(recording: list[tuple[bytes, bytes]], copies: int) -> tuple[int, float]:
+    """(events, CPU seconds) to decode and apply ``copies`` copies in this process."""
+    n_events = 0
+    began = time.process_time()
+    for c in range(copies):
+        cid = f"logic-{c}"
+        state, journal = ClusterState(cid, 60.0, 10**6), Journal(cid)
+        for i, (_, value) in enumerate(recording):
+            envelope = envelopes.decode(value, None)
+            state.apply(replay.renamed(envelope, cid, f"@{c}"))
+            n_events += len(envelope["events"])
+            if i % 500 == 499:
+                journal.commit(state.take_changes(), state.records, 0)
+        journal.commit(state.take_changes(), state.records, 0)
+        state.snapshots()
+    return n_events, time.process_time() - began
+
+
+def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
+               workdir: str) -> dict:
+    prefix = "e2e" + uuid.uuid4().hex[:6]
+    conf = settings(broker, prefix)
+    source = [orjson.loads(v) for _, v in recording]
+    with dask.config.set(conf):
+        asyncio.run(kafka.ensure_topics())
+        messages = [replay.encode(replay.renamed(e, f"copy-{c}", f"@{c}"))
+                    for c in range(copies) for e in source]
+        asyncio.run(replay.publish_raw(messages))
+    env = {**os.environ, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
+                            for k, v in conf.items()}}
+    port = free_port()
+    with open(os.path.join(workdir, "faust.log"), "w") as log:
+        worker = subprocess.Popen(
+            ["faust", "-A", "stream_processors.app", "--datadir", os.path.join(workdir, "d"),
+             "-l", "warn", "worker", "--web-port", str(port), "--web-host", "127.0.0.1"],
+            env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline:
+            if worker.poll() is not None:
+                sys.exit(f"faust worker exited; see {workdir}/faust.log")
+            try:
+                with urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/blackbox/stats/", timeout=2) as r:
+                    stats = json.loads(r.read())
+            except OSError:
+                stats = None
+            if stats and stats["envelopes"] >= len(messages):
+                return {**stats, "messages": len(messages)}
+            time.sleep(0.2)
+        sys.exit("the faust worker did not finish within 10 minutes")
+    finally:
+        worker.terminate()
+        worker.wait(30)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="smaller workload and fewer copies")
+    parser.add_argument("--copies", type=int, help="copies replayed end to end")
+    args = parser.parse_args()
+    size, copies = (1000, 6) if args.quick else (2000, 20)
+    copies = args.copies or copies
+
+    proc, port = start_broker()
+    try:
+        broker = f"127.0.0.1:{port}"
+        recording = record(broker, size)
+        n_events = sum(len(orjson.loads(v)["events"]) for _, v in recording)
+        print(f"recording: {len(recording)} envelopes, {n_events} events, "
+              f"{sum(len(v) for _, v in recording) / 1e6:.1f} MB", flush=True)
+
+        events, cpu = state_logic(recording, max(2, copies // 4))
+        report("processor state logic (decode + apply + checkpoint), 1 core",
+               round(events / cpu), "events/s", TARGET, AIM, better="higher")
+
+        with tempfile.TemporaryDirectory() as workdir:
+            s = end_to_end(broker, recording, copies, workdir)
+        (wall0, cpu0), (wall1, cpu1) = s["first_began"], s["last_done"]
+        print(f"end to end: {s['envelopes']} envelopes, {s['events']} events in "
+              f"{wall1 - wall0:.2f}s wall, {cpu1 - cpu0:.2f}s CPU of the faust worker "
+              f"({s['messages'] / (wall1 - wall0):.0f} messages/s)", flush=True)
+        report("processor throughput end to end (Tansu + 1 faust worker)",
+               round(s["events"] / (wall1 - wall0)), "events/s", TARGET, AIM,
+               better="higher")
+        report("processor throughput end to end, per core of the faust worker",
+               round(s["events"] / (cpu1 - cpu0)), "events/s/core", TARGET, AIM,
+               better="higher")
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""Crash-consistent checkpoints of per-cluster state on a changelog topic.
+
+A cluster's state is a set of records (``cluster.ClusterState.records``). Writing
+all of them at every checkpoint would cost as much as the state (a cluster may have
+a million live keys), so a checkpoint writes only the records that changed (a
+*delta*), and now and then the whole state (a *base*) that replaces the deltas
+before it. Messages on the changelog, all keyed ``[cluster_id, ...]`` (orjson):
+
+- ``[c, "D", epoch, i]``: part ``i`` of the delta of checkpoint ``epoch``;
+- ``[c, "B", slot, i]``: part ``i`` of a base, in slot 0 or 1 (alternating, so a new
+  base never overwrites the one the current marker references);
+- ``[c, "M"]``: the *marker*, written last: the epoch, the base ``[slot, parts]``
+  and the list of deltas ``[[epoch, parts], ...]`` that make up the state.
+
+Parts are JSON arrays of ``[record_key, value]`` (``value`` null: record deleted),
+at most about :data:`PART_BYTES` each so every message stays under broker limits.
+
+A crash can cut the changelog anywhere, but one cluster's messages are all in one
+partition, written in order, and the marker comes last: the state a marker describes
+is always complete, and messages after the last marker (an interrupted checkpoint)
+are garbage, ignored and deleted on recovery. Entries a marker no longer references
+(old deltas, the previous base) are deleted (tombstones) right after it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import orjson
+
+#: Target size of one part (a checkpoint message).
+PART_BYTES = 256 * 1024
+#: Write a base once the deltas since the last one exceed this many bytes and the
+#: size of that base, or once there are this many deltas.
+COMPACT_MIN_BYTES = 1024 * 1024
+COMPACT_MAX_DELTAS = 200
+
+Message = tuple[bytes, "bytes | None"]
+
+
+class CheckpointCorrupt(RuntimeError):
+    """A marker references a changelog entry that is not there."""
+
+
+def entry_key(cluster_id: str, *path) -> bytes:
+    return orjson.dumps([cluster_id, *path])
+
+
+def parse_key(key: bytes) -> tuple[str, tuple]:
+    """``(cluster_id, path)`` of a changelog key written by this module."""
+    cluster_id, *path = orjson.loads(key)
+    return cluster_id, tuple(path)
+
+
+def _parts(records: Iterable[tuple[str, object]], part_bytes: int) -> list[bytes]:
+    parts: list[bytes] = []
+    items: list[bytes] = []
+    size = 0
+    for item in records:
+        encoded = orjson.dumps(item)
+        if items and size + len(encoded) > part_bytes:
+            parts.append(b"[" + b",".join(items) + b"]")
+            items, size = [], 0
+        items.append(encoded)
+        size += len(encoded) + 1
+    if items:
+        parts.append(b"[" + b",".join(items) + b"]")
+    return parts
+
+
+class Journal:
+    """Where one cluster's committed state lives on the changelog."""
+
+    def __init__(self, cluster_id: str, part_bytes: int = PART_BYTES,
+                 compact_min_bytes: int = COMPACT_MIN_BYTES,
+                 compact_max_deltas: int = COMPACT_MAX_DELTAS):
+        self.cluster_id = cluster_id
+        self.part_bytes = part_bytes
+        self.compact_min_bytes = compact_min_bytes
+        self.compact_max_deltas = compact_max_deltas
+        self.epoch = 0
+        #: [slot, number of parts] of the current base, or None
+        self.base: list | None = None
+        #: [[epoch, number of parts], ...] applied on top of the base, in order
+        self.deltas: list[list] = []
+        self.base_bytes = 0
+        self.delta_bytes = 0
+
+    def commit(
+        self, changes: dict[str, object], records: Callable[[], dict[str, object]],
+        partition: int,
+    ) -> list[Message]:
+        """The changelog messages of the next checkpoint, in the order to send them:
+        ``changes`` as a delta, or ``records()`` as a new base."""
+        self.epoch += 1
+        c = self.cluster_id
+        out: list[Message] = []
+        stale: list[bytes] = []
+        delta = _parts(changes.items(), self.part_bytes)
+        delta_size = sum(map(len, delta))
+        if (
+            self.delta_bytes + delta_size > max(self.base_bytes, self.compact_min_bytes)
+            or len(self.deltas) >= self.compact_max_deltas
+        ):
+            slot = 0 if self.base is None else 1 - self.base[0]
+            base = _parts(records().items(), self.part_bytes)
+            out += [(entry_key(c, "B", slot, i), p) for i, p in enumerate(base)]
+            stale += self._referenced_parts()
+            self.base = [slot, len(base)]
+            self.deltas = []
+            self.base_bytes = sum(map(len, base))
+            self.delta_bytes = 0
+        elif delta:
+            out += [(entry_key(c, "D", self.epoch, i), p) for i, p in enumerate(delta)]
+            self.deltas.append([self.epoch, len(delta)])
+            self.delta_bytes += delta_size
+        out.append((entry_key(c, "M"), orjson.dumps({
+            "epoch": self.epoch, "partition": partition, "base": self.base,
+            "deltas": self.deltas, "base_bytes": self.base_bytes,
+            "delta_bytes": self.delta_bytes,
+        })))
+        out += [(k, None) for k in stale]
+        return out
+
+    def _referenced_parts(self) -> list[bytes]:
+        c = self.cluster_id
+        keys = []
+        if self.base is not None:
+            slot, n = self.base
+            keys += [entry_key(c, "B", slot, i) for i in range(n)]
+        for epoch, n in self.deltas:
+            keys += [entry_key(c, "D", epoch, i) for i in range(n)]
+        return keys
+
+    def drop(self) -> list[Message]:
+        """Tombstones that delete the cluster's state from the changelog."""
+        return [(k, None) for k in self._referenced_parts()] + [
+            (entry_key(self.cluster_id, "M"), None)
+        ]
+
+    @classmethod
+    def recover(
+        cls, cluster_id: str, entries: dict[tuple, bytes], **kwargs
+    ) -> tuple[Journal | None, dict[str, object] | None, int | None, list[bytes]]:
+        """Rebuild from the changelog entries of one cluster (``path -> value``).
+
+        ``kwargs`` are the journal's size settings (see ``__init__``). Returns the
+        journal, the committed records, the partition the marker names,
+        and the keys of garbage entries to delete. Without a marker nothing was ever
+        committed: ``(None, None, None, garbage)``.
+        """
+        marker_raw = entries.get(("M",))
+        if marker_raw is None:
+            return None, None, None, [entry_key(cluster_id, *p) for p in entries]
+        marker = orjson.loads(marker_raw)
+        j = cls(cluster_id, **kwargs)
+        j.epoch = marker["epoch"]
+        j.base = marker["base"]
+        j.deltas = marker["deltas"]
+        j.base_bytes = marker["base_bytes"]
+        j.delta_bytes = marker["delta_bytes"]
+        referenced = {("M",)}
+        records: dict[str, object] = {}
+
+        def read(path: tuple) -> list:
+            referenced.add(path)
+            try:
+                return orjson.loads(entries[path])
+            except KeyError:
+                raise CheckpointCorrupt(
+                    f"cluster {cluster_id}: checkpoint {j.epoch} references changelog "
+                    f"entry {list(path)}, which is missing"
+                ) from None
+
+        if j.base is not None:
+            slot, n = j.base
+            for i in range(n):
+                records.update(read(("B", slot, i)))
+        for epoch, n in j.deltas:
+            for i in range(n):
+                for rk, value in read(("D", epoch, i)):
+                    if value is None:
+                        records.pop(rk, None)
+                    else:
+                        records[rk] = value
+        garbage = [entry_key(cluster_id, *p) for p in entries if p not in referenced]
+        return j, records, marker["partition"], garbage

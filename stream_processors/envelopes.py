@@ -1,0 +1,66 @@
+"""Turning one raw Kafka message into an envelope, or into a dead letter.
+
+A raw message is accepted when it is at most ``contract.MAX_ENVELOPE_BYTES`` long,
+decodes as JSON, passes ``contract.validate_envelope``, names a known ``source`` and
+is keyed by its own ``cluster_id`` (the key decides the partition, and the partition
+decides which processor owns the cluster's state, so a message keyed otherwise would
+split a cluster across processors). Anything else becomes a dead letter
+(``contract.DEAD_LETTER_FIELDS``) saying why.
+"""
+
+from __future__ import annotations
+
+import time
+
+import orjson
+
+from dask_blackbox import contract
+from dask_blackbox.contract import InvalidEnvelope
+
+#: Dead letters keep at most this much of the offending message.
+MAX_PAYLOAD_BYTES = 64 * 1024
+
+
+def decode(value: bytes | None, key: bytes | None) -> dict:
+    """The envelope carried by a raw message; :class:`InvalidEnvelope` says why not."""
+    if value is None:
+        raise InvalidEnvelope("message has no value")
+    if len(value) > contract.MAX_ENVELOPE_BYTES:
+        raise InvalidEnvelope(
+            f"message is {len(value)} bytes, more than the contract's "
+            f"MAX_ENVELOPE_BYTES={contract.MAX_ENVELOPE_BYTES}"
+        )
+    try:
+        obj = orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise InvalidEnvelope(f"not JSON: {e}") from None
+    envelope = contract.validate_envelope(obj)
+    if envelope["source"] not in contract.SOURCES:
+        raise InvalidEnvelope(
+            f"unknown source {envelope['source']!r}; expected one of "
+            f"{sorted(contract.SOURCES)}"
+        )
+    if key is not None and key != envelope["cluster_id"].encode():
+        raise InvalidEnvelope(
+            f"message key {key.decode('utf-8', 'replace')!r} is not the envelope's "
+            f"cluster_id {envelope['cluster_id']!r}"
+        )
+    return envelope
+
+
+def dead_letter(
+    topic: str, partition: int, offset: int, key: bytes | None, value: bytes | None,
+    reason: str,
+) -> dict:
+    """The DEAD_LETTER record for a raw message that is not a valid envelope."""
+    return {
+        "topic": topic,
+        "partition": partition,
+        "offset": offset,
+        "key": None if key is None else key.decode("utf-8", "replace"),
+        "reason": reason,
+        "payload": None
+        if value is None
+        else value[:MAX_PAYLOAD_BYTES].decode("utf-8", "replace"),
+        "detected_at": time.time(),
+    }

@@ -1,0 +1,289 @@
+"""The engine of one processor (faust worker): the states of the clusters in its
+partitions, and the order in which it applies, publishes and checkpoints.
+
+For each batch of raw messages (all from partitions this worker owns):
+
+1. every message is decoded; a bad one becomes a dead letter, a good one is applied
+   to its cluster's :class:`~.cluster.ClusterState`;
+2. the gap records and closed prefix partials the batch produced are published, and
+   the worker **waits until the broker has acknowledged them**;
+3. every cluster the batch touched is checkpointed to the changelog
+   (:mod:`.checkpoint`), and faust commits the batch's offsets only after flushing
+   those messages.
+
+A crash anywhere leaves a checkpoint no later than what was published: the raw
+messages after it are read again, their envelopes are applied again (those the
+checkpoint already covers are duplicates by ``seq`` and skipped), and re-publish
+exactly the records published before the crash (same ``partial_id``), never fewer.
+
+Every ``snapshot-interval`` (:meth:`Processor.tick`), the spans that changed are
+published as snapshots, the partials of producers silent for a whole window are
+closed, and clusters whose scheduler closed more than ``finished-cluster-ttl`` ago
+are forgotten (their checkpoint deleted).
+
+After a rebalance (:meth:`Processor.on_recovered`), the clusters of the partitions
+this worker owns are rebuilt from the changelog (:func:`read_changelog`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+
+import orjson
+from aiokafka import AIOKafkaConsumer, TopicPartition
+
+from dask_blackbox import config
+from dask_blackbox.contract import (
+    DEAD_LETTER, GAPS, PREFIX_STATS, SPAN_STATE, InvalidEnvelope,
+)
+
+from . import envelopes
+from .checkpoint import Journal, parse_key
+from .cluster import ClusterState
+
+logger = logging.getLogger(__name__)
+
+
+class Processor:
+    """``app`` is the faust app, ``raw_topic`` the raw topic's name, ``table`` the
+    changelog-backed table (raw bytes keys and values) checkpoints go to, and
+    ``outputs`` the faust topics by contract name (SPAN_STATE, PREFIX_STATS, GAPS,
+    DEAD_LETTER)."""
+
+    def __init__(self, app, raw_topic: str, table, outputs: dict, *, window: float,
+                 max_keys: int, ttl: float):
+        self.app = app
+        self.raw_topic = raw_topic
+        self.table = table
+        self.outputs = outputs
+        self.window = window
+        self.max_keys = max_keys
+        self.ttl = ttl
+        self.clusters: dict[str, ClusterState] = {}
+        self.journals: dict[str, Journal] = {}
+        #: one batch, tick or recovery at a time: each runs apply-publish-checkpoint
+        #: as a unit, and awaits in between
+        self.lock = asyncio.Lock()
+        self.counters = {"envelopes": 0, "events": 0, "duplicates": 0, "dead_letters": 0,
+                         "gaps": 0, "partials": 0, "snapshots": 0, "adopted": 0,
+                         "not_owned": 0}
+        #: (wall clock, process CPU seconds) when the first batch of envelopes began,
+        #: and when the latest one was done
+        self.first_began: tuple[float, float] | None = None
+        self.last_done: tuple[float, float] | None = None
+
+    # ------------------------------------------------------------- messages
+
+    def _owned_partitions(self) -> set[int]:
+        return {tp.partition for tp in self.app.consumer.assignment()
+                if tp.topic == self.raw_topic}
+
+    def _publish(self, topic: str, key: str | None, record: dict):
+        """Send a derived record; returns the future of its acknowledgement."""
+        return self.outputs[topic].send_soon(
+            key=None if key is None else key.encode(), value=orjson.dumps(record))
+
+    async def process(self, events: Iterable) -> None:
+        """Apply, publish and checkpoint one batch of raw-topic faust events."""
+        began = (time.time(), time.process_time())
+        async with self.lock:
+            owned = self._owned_partitions()
+            sent = []
+            touched: dict[str, ClusterState] = {}
+            n_envelopes = n_events = 0
+            for event in events:
+                msg = event.message
+                if msg.partition not in owned:
+                    # buffered before a rebalance took the partition away
+                    self.counters["not_owned"] += 1
+                    continue
+                try:
+                    envelope = envelopes.decode(msg.value, msg.key)
+                except InvalidEnvelope as e:
+                    record = envelopes.dead_letter(msg.topic, msg.partition, msg.offset,
+                                                   msg.key, msg.value, str(e))
+                    sent.append(self._publish(DEAD_LETTER, record["key"], record))
+                    self.counters["dead_letters"] += 1
+                    continue
+                state = self._state(envelope["cluster_id"], msg.partition)
+                n_envelopes += 1
+                n_events += len(envelope["events"])
+                applied = state.apply(envelope)
+                if applied is None:
+                    self.counters["duplicates"] += 1
+                    continue
+                gaps, closed = applied
+                for gap in gaps:
+                    sent.append(self._publish(GAPS, state.cluster_id, gap.record(state.cluster_id)))
+                for record in state.partial_records(closed):
+                    sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
+                self.counters["gaps"] += len(gaps)
+                self.counters["partials"] += len(closed)
+                touched[state.cluster_id] = state
+            if sent:
+                await asyncio.gather(*sent)
+            for state in touched.values():
+                self._checkpoint(state)
+            if n_envelopes:
+                self.counters["envelopes"] += n_envelopes
+                self.counters["events"] += n_events
+                self.first_began = self.first_began or began
+                self.last_done = (time.time(), time.process_time())
+
+    def _state(self, cluster_id: str, partition: int) -> ClusterState:
+        state = self.clusters.get(cluster_id)
+        if state is None:
+            state = self.clusters[cluster_id] = ClusterState(
+                cluster_id, self.window, self.max_keys)
+            self.journals[cluster_id] = Journal(cluster_id)
+        state.partition = partition
+        return state
+
+    def _checkpoint(self, state: ClusterState) -> None:
+        journal = self.journals[state.cluster_id]
+        messages = journal.commit(state.take_changes(), state.records, state.partition)
+        self._write(state.partition, messages)
+
+    def _write(self, partition: int, messages) -> None:
+        send = self.table.send_changelog
+        for key, value in messages:
+            send(partition, key, value, key_serializer="raw", value_serializer="raw")
+
+    # ------------------------------------------------------------- periodic
+
+    async def tick(self) -> None:
+        """Publish changed spans; close idle producers' partials; forget clusters
+        closed for longer than the TTL."""
+        async with self.lock:
+            now = time.time()
+            sent, touched, expired = [], [], []
+            for state in self.clusters.values():
+                for record in state.snapshots():
+                    self._publish(SPAN_STATE, state.cluster_id, record)
+                    self.counters["snapshots"] += 1
+                closed = state.close_idle(now, self.window)
+                if closed:
+                    for record in state.partial_records(closed):
+                        sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
+                    self.counters["partials"] += len(closed)
+                    touched.append(state)
+                if state.close_seen is not None and now - state.close_seen > self.ttl:
+                    expired.append(state)
+            if sent:
+                await asyncio.gather(*sent)
+            for state in touched:
+                self._checkpoint(state)
+            for state in expired:
+                self._write(state.partition, self.journals.pop(state.cluster_id).drop())
+                del self.clusters[state.cluster_id]
+                logger.info("forgot cluster %s, closed %.0fs ago", state.cluster_id,
+                            now - state.close_seen)
+
+    # ------------------------------------------------------------- rebalance
+
+    async def on_recovered(self) -> None:
+        """Table recovery after a rebalance is complete: rebuild the state of every
+        cluster in the partitions this worker now owns from the changelog.
+
+        Everything is reloaded, retained partitions too: faust may skip the recovery
+        callback of an intermediate generation, so a retained partition may have been
+        processed by another worker in between.
+        """
+        async with self.lock:
+            # Our own last checkpoints must be on the log before we read it.
+            await self.app.producer.flush()
+            owned = self._owned_partitions()
+            # faust's copy of the changelog is not used (see read_changelog)
+            self.table.data.clear()
+            entries = await read_changelog(self.table.changelog_topic.get_topic_name(), owned)
+            by_cluster: dict[str, dict[tuple, bytes]] = defaultdict(dict)
+            for key, value in entries.items():
+                cid, path = parse_key(key)
+                by_cluster[cid][path] = value
+            self.clusters.clear()
+            self.journals.clear()
+            for cid, found in by_cluster.items():
+                journal, records, partition, garbage = Journal.recover(cid, found)
+                if journal is None:
+                    continue  # an interrupted first checkpoint; the next one overwrites it
+                state = ClusterState.from_records(cid, records, self.window, self.max_keys)
+                state.partition = partition
+                # Whatever was published before a crash is published again.
+                state.tree.unpublished = set(state.tree.spans)
+                self.clusters[cid] = state
+                self.journals[cid] = journal
+                self._write(partition, [(k, None) for k in garbage])
+            self.counters["adopted"] += len(self.clusters)
+            logger.info("raw partitions %s: %d clusters rebuilt from the changelog",
+                        sorted(owned), len(self.clusters))
+            await self._rewind_uncommitted()
+
+    async def _rewind_uncommitted(self) -> None:
+        """Start raw partitions without a committed offset from their beginning.
+
+        During recovery the consumer may already have fetched (and faust discarded)
+        messages of a raw partition; faust then seeks back to the committed offset,
+        but aiokafka seeks only to a committed offset above 0, so a partition whose
+        previous owner died before its first commit would silently skip them.
+        """
+        consumer = self.app.consumer
+        committed = await consumer.seek_to_committed()
+        fresh = [tp for tp, offset in committed.items()
+                 if tp.topic == self.raw_topic and not (offset and offset > 0)]
+        if fresh:
+            for tp, offset in (await consumer.earliest_offsets(*fresh)).items():
+                await consumer.seek(tp, offset)
+
+    # ------------------------------------------------------------- monitoring
+
+    def stats(self) -> dict:
+        """Counters since this worker started (``envelopes`` and ``events`` include
+        duplicates; ``adopted``: clusters rebuilt from the changelog after
+        rebalances), and
+        ``[wall clock, process CPU seconds]`` when the first batch of envelopes began
+        and when the latest one was done."""
+        return {**self.counters, "clusters": len(self.clusters),
+                "first_began": self.first_began, "last_done": self.last_done}
+
+
+async def read_changelog(topic: str, partitions: Iterable[int]) -> dict[bytes, bytes]:
+    """The latest value of every key of these changelog partitions, read to the end.
+
+    faust's own table recovery stops at the partition's end offset as the broker
+    reports it, and Tansu reports it wrong for batched writes (the base offset of
+    the last batch, plus one), so the last records of a checkpoint could be missed.
+    This reads until the reported end *and* until the broker has nothing more.
+    """
+    tps = [TopicPartition(topic, p) for p in partitions]
+    if not tps:
+        return {}
+    consumer = AIOKafkaConsumer(
+        **config.kafka_client_kwargs(), group_id=None, enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_wait_ms=100,
+    )
+    await consumer.start()
+    out: dict[bytes, bytes] = {}
+    try:
+        consumer.assign(tps)
+        await consumer.seek_to_beginning(*tps)
+        ends = await consumer.end_offsets(tps)
+        idle = 0
+        while idle < 2:
+            batch = await consumer.getmany(timeout_ms=200)
+            for records in batch.values():
+                for r in records:
+                    if r.value is None:
+                        out.pop(r.key, None)
+                    else:
+                        out[r.key] = r.value
+            if batch:
+                idle = 0
+            elif all([await consumer.position(tp) >= ends[tp] for tp in tps]):
+                idle += 1
+    finally:
+        await consumer.stop()
+    return out

@@ -1,0 +1,75 @@
+"""Recorded envelopes, published again under new identities.
+
+Load tests and benchmarks record the raw topic of a real workload once, then publish
+it many times as if it came from many clusters: :func:`renamed` gives a copy a new
+``cluster_id`` (and ``cluster_name``) and suffixes every ``producer_id``, so each
+copy is processed as distinct clusters and producers, with its own sequences.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable
+
+import orjson
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+
+from dask_blackbox import config, contract
+
+
+def renamed(envelope: dict, cluster_id: str, producer_suffix: str) -> dict:
+    """A copy of ``envelope`` from cluster ``cluster_id`` whose producer id ends with
+    ``producer_suffix`` (events are shared, not copied)."""
+    return {**envelope, "cluster_id": cluster_id, "cluster_name": cluster_id,
+            "producer_id": f"{envelope['producer_id']}{producer_suffix}"}
+
+
+async def read_raw(idle: float = 1.0, timeout: float = 120.0) -> list[tuple[bytes | None, bytes]]:
+    """``(key, value)`` of every message on the raw topic, in partition order, read
+    until nothing new arrives for ``idle`` seconds."""
+    consumer = AIOKafkaConsumer(
+        config.topic(contract.RAW), **config.kafka_client_kwargs(), group_id=None,
+        auto_offset_reset="earliest", enable_auto_commit=False,
+    )
+    await consumer.start()
+    out = []
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        last_new = loop.time()
+        while loop.time() < deadline and loop.time() - last_new < idle:
+            batch = await consumer.getmany(timeout_ms=100)
+            for records in batch.values():
+                out.extend((r.key, r.value) for r in records)
+                last_new = loop.time()
+    finally:
+        await consumer.stop()
+    return out
+
+
+async def publish_raw(messages: Iterable[tuple[bytes | None, bytes]]) -> int:
+    """Publish ``(key, value)`` messages to the raw topic, in order; return how many."""
+    producer = AIOKafkaProducer(
+        **config.kafka_client_kwargs(), linger_ms=20, max_batch_size=1 << 20,
+        max_request_size=1 << 20,
+    )
+    await producer.start()
+    n = 0
+    try:
+        topic = config.topic(contract.RAW)
+        pending = []
+        for key, value in messages:
+            pending.append(await producer.send(topic, value=value, key=key))
+            n += 1
+            if len(pending) >= 5000:
+                await asyncio.gather(*pending)
+                pending = []
+        await asyncio.gather(*pending)
+    finally:
+        await producer.stop()
+    return n
+
+
+def encode(envelope: dict) -> tuple[bytes, bytes]:
+    """``(key, value)`` of an envelope as producers publish it."""
+    return envelope["cluster_id"].encode(), orjson.dumps(envelope)
