@@ -22,12 +22,10 @@ Run: ``python bench/scheduler_overhead.py [pairs]``.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import statistics
 import sys
 import time
-import uuid
 
 import dask
 import dask.array as da
@@ -36,8 +34,7 @@ import psutil
 from distributed import Client, LocalCluster
 
 import producers
-from dask_blackbox import kafka
-from dask_blackbox.tansu import start_broker
+from local_broker import local_broker
 from report import report
 
 PAIRS = int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 3
@@ -115,20 +112,11 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    proc, port = start_broker()
-    try:
-        with dask.config.set({
-            "blackbox.kafka.bootstrap-servers": f"127.0.0.1:{port}",
-            "blackbox.kafka.topic-prefix": "bench-" + uuid.uuid4().hex[:8],
-            "blackbox.kafka.partitions": 1,
-            "optimization.fuse.active": False,
-            # Hand all root tasks to the workers at once instead of queuing them on
-            # the scheduler: throughput is then bound by the scheduler's work, not by
-            # scheduler<->worker round trips, which makes its overhead visible.
-            "distributed.scheduler.worker-saturation": "inf",
-        }):
-            asyncio.run(kafka.ensure_topics())
-            main()
-    finally:
-        proc.kill()
-        proc.wait()
+    with local_broker(**{
+        "optimization.fuse.active": False,
+        # Hand all root tasks to the workers at once instead of queuing them on the
+        # scheduler: throughput is then bound by the scheduler's work, not by
+        # scheduler<->worker round trips, which makes its overhead visible.
+        "distributed.scheduler.worker-saturation": "inf",
+    }):
+        main()

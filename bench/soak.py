@@ -77,26 +77,14 @@ def record(seconds: float) -> list[tuple[float, dict]]:
                         pass
                 i += 1
                 time.sleep(0.5)
-    return asyncio.run(_read_raw())
+    return _read_raw()
 
 
-async def _read_raw() -> list[tuple[float, dict]]:
-    from aiokafka import AIOKafkaConsumer
+def _read_raw() -> list[tuple[float, dict]]:
+    from stream_processors.replay import read_raw
 
-    from dask_blackbox import config
-
-    consumer = AIOKafkaConsumer(config.topic("raw"), **config.kafka_client_kwargs(),
-                                group_id=None, auto_offset_reset="earliest")
-    await consumer.start()
-    envelopes, idle_since = [], time.monotonic()
-    try:
-        while time.monotonic() - idle_since < 3:
-            for records in (await consumer.getmany(timeout_ms=200)).values():
-                envelopes += [orjson.loads(r.value) for r in records]
-                idle_since = time.monotonic()
-    finally:
-        await consumer.stop()
-    envelopes.sort(key=lambda e: e["sent_at"])
+    envelopes = sorted((orjson.loads(value) for _, value in asyncio.run(read_raw(idle=3))),
+                       key=lambda e: e["sent_at"])
     t0 = envelopes[0]["sent_at"]
     return [(e["sent_at"] - t0, e) for e in envelopes]
 
@@ -206,7 +194,7 @@ def main() -> None:
     thirds = [samples[: max(1, len(samples) // 10)],
               samples[len(samples) // 2 - len(samples) // 20: len(samples) // 2 + len(samples) // 20 + 1],
               samples[-max(1, len(samples) // 10):]]
-    print(f"\npeak RSS (MiB) at the start / middle / end of the run (10% windows)")
+    print("\npeak RSS (MiB) at the start / middle / end of the run (10% windows)")
     for name in samples[0][1]:
         peaks = [max(s[1].get(name, 0) for s in window) / 2**20 for window in thirds]
         print(f"  {name:<14}" + " / ".join(f"{p:7.1f}" for p in peaks))

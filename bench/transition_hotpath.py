@@ -18,14 +18,11 @@ from __future__ import annotations
 import asyncio
 import statistics
 import time
-import uuid
 
-import dask.config
 from distributed import Scheduler
 from distributed.diagnostics.plugin import SchedulerPlugin
 
-from dask_blackbox import kafka
-from dask_blackbox.tansu import start_broker
+from local_broker import local_broker
 from report import report
 from producers.scheduler import BlackboxSchedulerPlugin
 from producers.settings import ProducerSettings
@@ -108,15 +105,5 @@ async def main() -> None:
 
 
 if __name__ == "__main__":
-    proc, port = start_broker()
-    try:
-        with dask.config.set({
-            "blackbox.kafka.bootstrap-servers": f"127.0.0.1:{port}",
-            "blackbox.kafka.topic-prefix": "bench-" + uuid.uuid4().hex[:8],
-            "blackbox.kafka.partitions": 1,
-        }):
-            asyncio.run(kafka.ensure_topics())
-            asyncio.run(main())
-    finally:
-        proc.kill()
-        proc.wait()
+    with local_broker():
+        asyncio.run(main())

@@ -12,9 +12,9 @@ import asyncio
 from collections.abc import Iterable
 
 import orjson
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer
+from aiokafka import AIOKafkaProducer
 
-from dask_blackbox import config, contract
+from dask_blackbox import config, contract, kafka
 
 
 def renamed(envelope: dict, cluster_id: str, producer_suffix: str) -> dict:
@@ -27,24 +27,8 @@ def renamed(envelope: dict, cluster_id: str, producer_suffix: str) -> dict:
 async def read_raw(idle: float = 1.0, timeout: float = 120.0) -> list[tuple[bytes | None, bytes]]:
     """``(key, value)`` of every message on the raw topic, in partition order, read
     until nothing new arrives for ``idle`` seconds."""
-    consumer = AIOKafkaConsumer(
-        config.topic(contract.RAW), **config.kafka_client_kwargs(), group_id=None,
-        auto_offset_reset="earliest", enable_auto_commit=False,
-    )
-    await consumer.start()
-    out = []
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        last_new = loop.time()
-        while loop.time() < deadline and loop.time() - last_new < idle:
-            batch = await consumer.getmany(timeout_ms=100)
-            for records in batch.values():
-                out.extend((r.key, r.value) for r in records)
-                last_new = loop.time()
-    finally:
-        await consumer.stop()
-    return out
+    records = await kafka.read_topic(config.topic(contract.RAW), idle, timeout)
+    return [(r.key, r.value) for r in records]
 
 
 async def publish_raw(messages: Iterable[tuple[bytes | None, bytes]]) -> int:
