@@ -101,7 +101,12 @@ class Transport:
         # bytes_in is written only by the producing thread(s), bytes_out only by the
         # sender: their difference is the buffer's weight without a lock.
         self._bytes_in = 0
-        self._bytes_out = 0
+        self._bytes_out = 0  # weight of delivered (or unbuildable) items
+        # Items taken from the buffer but not delivered yet (packed, in carry or in the
+        # envelope being retried): they still count against the buffer's limits, so
+        # an outage can neither grow memory past them nor let newer items in behind
+        # dropped ones.
+        self._held_events = 0
 
         self.dropped_events = 0
         self.dropped_bytes = 0
@@ -135,7 +140,7 @@ class Transport:
         """Buffer ``item`` (``(build, nbytes, *payload)``), or drop and count it when
         the buffer is full. Called on the hot path: keep it this small."""
         n = item[1]
-        if len(self._buffer) < self._max_events and (
+        if len(self._buffer) + self._held_events < self._max_events and (
             self._bytes_in - self._bytes_out + n <= self._max_bytes
         ):
             self._bytes_in += n
@@ -158,7 +163,7 @@ class Transport:
 
     @property
     def buffered_events(self) -> int:
-        return len(self._buffer)
+        return len(self._buffer) + self._held_events
 
     @property
     def buffered_bytes(self) -> int:
@@ -246,8 +251,10 @@ class Transport:
         self._loop = asyncio.get_running_loop()
         self._wake = asyncio.Event()
         kafka = _KafkaLink(self)
-        carry: deque[dict] = deque()  # built events not yet packed
-        envelope: tuple[bytes, int] | None = None  # (encoded, number of events)
+        # built events not yet packed, with their buffer weight (None: not from the
+        # buffer, like a DROPS report)
+        carry: deque[tuple[dict, int | None]] = deque()
+        envelope: tuple[bytes, int, list] | None = None  # (encoded, events, weights)
         backoff = _FIRST_BACKOFF
         flush_interval = self.settings.flush_interval
         last_pack = 0.0
@@ -277,6 +284,7 @@ class Transport:
                     self.next_seq += 1
                     self.sent_envelopes += 1
                     self.sent_events += envelope[1]
+                    self._release(envelope[2])
                     envelope = None
                     backoff = _FIRST_BACKOFF
                     self._report_drops(carry)
@@ -287,6 +295,10 @@ class Transport:
                     backoff = min(backoff * 2, self.settings.reconnect_backoff_max)
         finally:
             lost = len(self._buffer) + len(carry) + (envelope[1] if envelope else 0)
+            # Whatever was not delivered is gone now (and counted below).
+            self._buffer.clear()
+            self._held_events = 0
+            self._bytes_out = self._bytes_in
             if lost:
                 self.lost_at_close = lost
                 logger.warning(
@@ -308,8 +320,9 @@ class Transport:
         except asyncio.TimeoutError:
             pass
 
-    def _pack(self, carry: deque[dict]) -> tuple[bytes, int] | None:
-        """The next envelope and its event count, or None if nothing is waiting.
+    def _pack(self, carry: deque) -> tuple[bytes, int, list] | None:
+        """The next envelope, its event count and its events' buffer weights, or None
+        if nothing is waiting.
 
         Built events are taken from ``carry``, then items from the buffer are built,
         until their estimated weight reaches :data:`_BATCH_ESTIMATE`; the batch is
@@ -317,32 +330,34 @@ class Transport:
         budget, the second half goes back to ``carry`` (order kept) until it fits.
         """
         events: list[dict] = []
+        weights: list[int | None] = []
         weight = 0
         while carry and weight < _BATCH_ESTIMATE:
-            events.append(carry.popleft())
+            event, w = carry.popleft()
+            events.append(event)
+            weights.append(w)
             weight += _CARRIED_WEIGHT
         popleft = self._buffer.popleft
-        taken = 0
         try:
             while weight < _BATCH_ESTIMATE:
                 item = popleft()
-                taken += item[1]
+                self._held_events += 1
                 weight += item[1]
                 try:
                     events.append(item[0](item))
+                    weights.append(item[1])
                 except Exception:  # a bug in a builder must not stop the sender
                     self._build_failed(item)
+                    self._release([item[1]])
         except IndexError:  # the buffer is empty
             pass
-        finally:
-            self._bytes_out += taken
         if not events:
             return None
         body = self._encode_events(events)
         while len(body) > _EVENTS_BUDGET and len(events) > 1:
             half = len(events) // 2
-            carry.extendleft(reversed(events[half:]))
-            del events[half:]
+            carry.extendleft(reversed(list(zip(events[half:], weights[half:]))))
+            del events[half:], weights[half:]
             body = self._encode_events(events)
         if len(body) > _EVENTS_BUDGET:
             event = events[0]
@@ -365,7 +380,7 @@ class Transport:
                 "sent_at": time.time(),
             }
         )
-        return b"".join((header[:-1], b',"events":', body, b"}")), len(events)
+        return b"".join((header[:-1], b',"events":', body, b"}")), len(events), weights
 
     def _encode_events(self, events: list[dict]) -> bytes:
         """The JSON array of ``events``: one orjson call, values it cannot encode
@@ -401,7 +416,13 @@ class Transport:
         }
         self._reported_events, self._reported_bytes = dropped, dropped_bytes
         self.sent_drop_reports += 1  # counted now; it leads the next envelope
-        carry.appendleft(event)
+        carry.appendleft((event, None))
+
+    def _release(self, weights: list[int | None]) -> None:
+        """Give back the buffer room of delivered (or unbuildable) items."""
+        from_buffer = [w for w in weights if w is not None]
+        self._bytes_out += sum(from_buffer)
+        self._held_events -= len(from_buffer)
 
 
 class _KafkaLink:
