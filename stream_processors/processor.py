@@ -17,9 +17,10 @@ checkpoint already covers are duplicates by ``seq`` and skipped), and re-publish
 exactly the records published before the crash (same ``partial_id``), never fewer.
 
 Every ``snapshot-interval`` (:meth:`Processor.tick`), the spans that changed are
-published as snapshots, the partials of producers silent for a whole window are
-closed, and clusters whose scheduler closed more than ``finished-cluster-ttl`` ago
-are forgotten (their checkpoint deleted).
+published as snapshots (not awaited: a snapshot lost in a crash is published again
+after the restart, which re-publishes every span), the partials of producers silent
+for a whole window are closed, and clusters whose scheduler_close this worker applied
+more than ``finished-cluster-ttl`` ago are forgotten (their checkpoint deleted).
 
 After a rebalance (:meth:`Processor.on_recovered`), the clusters of the partitions
 this worker owns are rebuilt from the changelog (:func:`read_changelog`).
@@ -72,7 +73,7 @@ class Processor:
                          "gaps": 0, "partials": 0, "snapshots": 0, "adopted": 0,
                          "not_owned": 0}
         #: (wall clock, process CPU seconds) when the first batch of envelopes began,
-        #: and when the latest one was done
+        #: and when the latest one was done (for throughput measurements)
         self.first_began: tuple[float, float] | None = None
         self.last_done: tuple[float, float] | None = None
 
@@ -241,11 +242,12 @@ class Processor:
     # ------------------------------------------------------------- monitoring
 
     def stats(self) -> dict:
-        """Counters since this worker started (``envelopes`` and ``events`` include
-        duplicates; ``adopted``: clusters rebuilt from the changelog after
-        rebalances), and
+        """Counters since this worker started, the number of clusters in memory, and
         ``[wall clock, process CPU seconds]`` when the first batch of envelopes began
-        and when the latest one was done."""
+        and when the latest one was done. ``envelopes`` and ``events`` include
+        duplicates; ``adopted`` counts clusters rebuilt from the changelog after
+        rebalances; ``not_owned`` raw messages skipped because a rebalance had given
+        their partition to another worker."""
         return {**self.counters, "clusters": len(self.clusters),
                 "first_began": self.first_began, "last_done": self.last_done}
 
