@@ -28,6 +28,7 @@ import dask.config
 from dask_blackbox import config, kafka
 from dask_blackbox.contract import RAW, TOPICS
 from dask_blackbox.tansu import broker_command, free_port, port_open
+from sinks.queries import sink_file
 
 #: Arguments of the two services, shared with infra/docker-compose.yml (a test checks
 #: the compose file runs these): ``faust <PROCESSOR_ARGS> [global options] worker
@@ -36,7 +37,6 @@ PROCESSOR_ARGS = ("-A", "stream_processors.app")
 SINK_ARGS = ("sink",)
 
 STATE_FILE = "up.json"
-SINK_STATE_FILE = "sink.json"  # written by the sink once it serves queries
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
 _PR_SET_PDEATHSIG = 1
 
@@ -170,9 +170,9 @@ class LocalPipeline:
         self.started = time.monotonic()
         data = prepare_data_dir()
         config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
-        if running_pipeline() is not None:
+        if (other := running_pipeline()) is not None:
             raise PipelineError(
-                f"a pipeline already runs on {data} (pid {running_pipeline()['pid']}); "
+                f"a pipeline already runs on {data} (pid {other['pid']}); "
                 "stop it first or use another --data-dir"
             )
         (data / "logs").mkdir(exist_ok=True)
@@ -186,7 +186,8 @@ class LocalPipeline:
             # joining its consumer group.
             sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox", *SINK_ARGS], data)
             workers = self._spawn_processors(data)
-            state_file = data / SINK_STATE_FILE
+            # The sink describes itself in this file once it serves queries.
+            state_file = sink_file()
             self._wait(sink, timeout, lambda: _sink_state_pid(state_file) == sink.proc.pid)
             progress(f"sink       ready, ClickHouse at {config.clickhouse_dsn()}")
             for w in workers:
