@@ -93,6 +93,7 @@ def topic(name: str) -> str:
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")
 _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
+_COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
 def bootstrap_servers() -> list[str]:
@@ -143,6 +144,24 @@ def kafka_client_kwargs() -> dict[str, Any]:
     if protocol in ("SSL", "SASL_SSL"):
         kwargs["ssl_context"] = _ssl_context()
     return kwargs
+
+
+def compression() -> str | None:
+    """``blackbox.kafka.compression`` as aiokafka's ``compression_type`` (None for
+    none), checked against the codecs this process has."""
+    name = str(get("kafka.compression") or "none").lower()
+    if name not in _COMPRESSIONS:
+        raise ConfigError(f"blackbox.kafka.compression: {name!r} is not one of {_COMPRESSIONS}")
+    if name == "none":
+        return None
+    from aiokafka import codec
+
+    if not getattr(codec, f"has_{name}")():
+        raise ConfigError(
+            f"blackbox.kafka.compression: {name} needs the cramjam package "
+            "(pip install cramjam), or set it to gzip or none"
+        )
+    return name
 
 
 def _ssl_context() -> ssl.SSLContext:

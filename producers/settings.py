@@ -70,6 +70,7 @@ class ProducerSettings:
     @classmethod
     def _from_current_config(cls) -> ProducerSettings:
         config.kafka_client_kwargs()  # validates the whole kafka section now, not remotely
+        config.compression()
         name = config.get("cluster-name")
         max_value_bytes = config.get_bytes("producer.max-value-bytes")
         if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
@@ -111,6 +112,11 @@ class ProducerSettings:
         """aiokafka connection/security arguments, built in the calling process."""
         with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
             return config.kafka_client_kwargs()
+
+    def compression(self) -> str | None:
+        """aiokafka ``compression_type``, checked in the calling process."""
+        with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
+            return config.compression()
 
 
 def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -69,6 +69,8 @@ def app_settings() -> dict:
         # Bytes per partition per fetch: at least one envelope, and large enough that
         # the worker never waits for the broker while there is a backlog.
         "consumer_max_fetch_size": 16 * 1024 * 1024,
+        # span snapshots, prefix partials and the checkpoint journal, like raw
+        "producer_compression_type": config.compression(),
     }
 
 

@@ -40,6 +40,7 @@ def test_environment_variables_override_defaults():
         ("kafka.bootstrap-servers", "no-port", "not host:port"),
         ("kafka.security-protocol", "TLS", "security-protocol"),
         ("producer.flush-interval", "soon", "not a duration"),
+        ("kafka.compression", "brotli", "blackbox.kafka.compression"),
     ],
 )
 def test_bad_values_name_the_key(key, value, fragment):
@@ -47,6 +48,7 @@ def test_bad_values_name_the_key(key, value, fragment):
         with pytest.raises(ConfigError, match=fragment):
             config.clickhouse_dsn()
             config.kafka_client_kwargs()
+            config.compression()
             config.get_seconds("producer.flush-interval")
 
 
