@@ -182,50 +182,49 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
     def _transition_event(self, item: tuple) -> dict:
         _, _, key, start, finish, stimulus_id, kwargs, tg, logged = item
-        worker = nbytes = typename = startstops = exception = traceback = cause = None
-        if kwargs:  # most transitions carry nothing: skip the lookups
-            worker = kwargs.get("worker")
-            nbytes = kwargs.get("nbytes")
-            typename = kwargs.get("typename")
-            startstops = kwargs.get("startstops")
-            max_chars = self.settings.max_value_bytes
-            if isinstance(text := kwargs.get("exception_text"), str):
-                exception = cap_text(text, max_chars)
-            elif (raised := kwargs.get("exception")) is not None:
-                # The scheduler's own errors (KilledWorker) come pickled, without text.
-                exception = cap_text(_exception_text(raised), max_chars)
-            if isinstance(text := kwargs.get("traceback_text"), str):
-                traceback = cap_text(text, max_chars)
-            if (blamed := kwargs.get("cause")) is not None:
-                cause = encode_key(blamed)
+        if type(key) is not str:
+            key = self._key_texts.get(key) or self._key_text(key)
+        if tg is None:
+            prefix = group = span_id = None
+        else:
+            prefix, group, span_id = tg.prefix.name, tg.name, tg.span_id
+        ts = logged if type(logged) is float else logged[5]  # Transition.timestamp
+        if not kwargs:  # most transitions carry nothing
+            return {
+                "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix,
+                "group": group, "span_id": span_id, "start": start, "finish": finish,
+                "stimulus_id": stimulus_id, "worker": None, "nbytes": None,
+                "typename": None, "startstops": None, "exception": None,
+                "traceback": None, "cause": None,
+            }
+        exception = traceback = cause = None
+        max_chars = self.settings.max_value_bytes
+        if isinstance(text := kwargs.get("exception_text"), str):
+            exception = cap_text(text, max_chars)
+        elif (raised := kwargs.get("exception")) is not None:
+            # The scheduler's own errors (KilledWorker) come pickled, without text.
+            exception = cap_text(_exception_text(raised), max_chars)
+        if isinstance(text := kwargs.get("traceback_text"), str):
+            traceback = cap_text(text, max_chars)
+        if (blamed := kwargs.get("cause")) is not None:
+            cause = encode_key(blamed)
         return {
-            "kind": TRANSITION,
-            "ts": logged if type(logged) is float else logged[5],  # Transition.timestamp
-            "key": key if type(key) is str else self._key_text(key),
-            "prefix": tg.prefix.name if tg is not None else None,
-            "group": tg.name if tg is not None else None,
-            "span_id": tg.span_id if tg is not None else None,
-            "start": start,
-            "finish": finish,
-            "stimulus_id": stimulus_id,
-            "worker": worker,
-            "nbytes": nbytes,
-            "typename": typename,
-            "startstops": startstops,
-            "exception": exception,
-            "traceback": traceback,
-            "cause": cause,
+            "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix, "group": group,
+            "span_id": span_id, "start": start, "finish": finish,
+            "stimulus_id": stimulus_id, "worker": kwargs.get("worker"),
+            "nbytes": kwargs.get("nbytes"), "typename": kwargs.get("typename"),
+            "startstops": kwargs.get("startstops"), "exception": exception,
+            "traceback": traceback, "cause": cause,
         }
 
     def _key_text(self, key: Hashable) -> str:
-        """encode_key for non-str keys, cached: a key has several transitions and
-        str() of a tuple costs more than the rest of the event (sender thread only)."""
+        """encode_key of a non-str key missing from the cache, remembered: a key has
+        several transitions and str() of a tuple costs more than the rest of the
+        event (sender thread only)."""
         cache = self._key_texts
-        text = cache.get(key)
-        if text is None:
-            if len(cache) >= _KEY_TEXT_CACHE:
-                cache.clear()
-            text = cache[key] = encode_key(key)
+        if len(cache) >= _KEY_TEXT_CACHE:
+            cache.clear()
+        text = cache[key] = encode_key(key)
         return text
 
     # ------------------------------------------------------------ graphs, spans

@@ -11,7 +11,8 @@ Buffer items are tuples ``(build, nbytes, *payload)``: the sender calls
 :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each envelope's events
 with one orjson call. ``nbytes`` is the producer's cheap estimate of the item's
 weight, used for ``blackbox.producer.buffer-max-bytes``. A partial envelope leaves at
-most once per ``flush-interval``; a full one as soon as it is full.
+most once per ``flush-interval``; a full one as soon as it is full. Kafka compresses
+it on the way (``blackbox.kafka.compression``, zstd by default).
 
 Delivery semantics:
 
@@ -338,18 +339,21 @@ class Transport:
             events.append(event)
             weights.append(w)
             weight += _CARRIED_WEIGHT
-        popleft = self._buffer.popleft
+        # The sender's inner loop, once per event: locals only.
+        popleft, add_event, add_weight = self._buffer.popleft, events.append, weights.append
         try:
             while weight < _BATCH_ESTIMATE:
                 item = popleft()
-                self._held_events += 1
-                weight += item[1]
+                self._held_events += 1  # before building: offer() must see it held
+                n = item[1]
+                weight += n
                 try:
-                    events.append(item[0](item))
-                    weights.append(item[1])
+                    add_event(item[0](item))
                 except Exception:  # a bug in a builder must not stop the sender
                     self._build_failed(item)
-                    self._release([item[1]])
+                    self._release([n])
+                    continue
+                add_weight(n)
         except IndexError:  # the buffer is empty
             pass
         if not events:
