@@ -5,6 +5,8 @@
 
 Each benchmark is a script in this directory that prints ``BENCH {...}`` lines
 (see report.py); they run one after another so they don't compete for the 2 cores.
+Each script's whole output (its tables and curves besides the figures) is kept in
+``<logs>/<script>.log``; the directory is printed at the end.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import json
 import pathlib
 import subprocess
 import sys
+import tempfile
 import time
 
 from report import PREFIX, meets
@@ -29,10 +32,11 @@ BENCHMARKS = [
 ]
 
 
-def run(script: str, quick: bool) -> tuple[list[dict], str]:
+def run(script: str, quick: bool, logs: pathlib.Path) -> tuple[list[dict], str]:
     cmd = [sys.executable, str(HERE / script)] + (["--quick"] if quick else [])
     t0 = time.monotonic()
     out = subprocess.run(cmd, capture_output=True, text=True)
+    (logs / f"{script}.log").write_text(out.stdout + out.stderr)
     figures = [json.loads(line[len(PREFIX):]) for line in out.stdout.splitlines()
                if line.startswith(PREFIX)]
     status = "ok" if out.returncode == 0 else f"exit {out.returncode}"
@@ -44,12 +48,15 @@ def run(script: str, quick: bool) -> tuple[list[dict], str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--logs", type=pathlib.Path, help="directory for each script's output")
     parser.add_argument("only", nargs="*", help="run only these scripts")
     args = parser.parse_args()
+    logs = args.logs or pathlib.Path(tempfile.mkdtemp(prefix="blackbox-bench-"))
+    logs.mkdir(parents=True, exist_ok=True)
     rows, failed = [], False
     for script in args.only or BENCHMARKS:
         print(f"running {script} ...", flush=True)
-        figures, status = run(script, args.quick)
+        figures, status = run(script, args.quick, logs)
         failed |= not status.startswith("ok") or not figures
         for f in figures:
             target, aim = meets(f, f["target"]), meets(f, f["aim"])
@@ -65,6 +72,7 @@ def main() -> int:
     print()
     for r in [header] + rows:
         print("  ".join(str(c).ljust(w) for c, w in zip(r, widths)))
+    print(f"\neach benchmark's whole output: {logs}/")
     return 1 if failed else 0
 
 
