@@ -70,6 +70,11 @@ SENDER_THREAD_PREFIX = "dask-blackbox-"
 _REQUEST_TIMEOUT = 10.0
 
 
+def _resolve(future: asyncio.Future) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
 def ready(item: tuple) -> dict:
     """Builder of an item whose payload is the finished event: ``(ready, n, event)``."""
     return item[2]
@@ -129,7 +134,7 @@ class Transport:
         self._closing = False
         self._close_deadline = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._wake: asyncio.Event | None = None
+        self._waiter: asyncio.Future | None = None  # what _sleep waits on
         self._thread = threading.Thread(
             target=self._thread_main, name=f"{SENDER_THREAD_PREFIX}{source}-sender", daemon=True
         )
@@ -234,12 +239,16 @@ class Transport:
         # Later offers are dropped: nothing drains the buffer after the sender stops.
         self._max_events = 0
         _LIVE.discard(self)
-        loop, wake = self._loop, self._wake
-        if loop is not None and wake is not None:
+        loop = self._loop
+        if loop is not None:
             try:
-                loop.call_soon_threadsafe(wake.set)
+                loop.call_soon_threadsafe(self._cut_sleep)
             except RuntimeError:  # the sender's loop already ended
                 pass
+
+    def _cut_sleep(self) -> None:
+        if self._waiter is not None:
+            _resolve(self._waiter)
 
     # ------------------------------------------------------------ sender thread
 
@@ -251,7 +260,6 @@ class Transport:
 
     async def _sender(self) -> None:
         self._loop = asyncio.get_running_loop()
-        self._wake = asyncio.Event()
         kafka = _KafkaLink(self)
         # built events not yet packed, with their buffer weight (None: not from the
         # buffer, like a DROPS report)
@@ -316,11 +324,16 @@ class Transport:
         if self._closing:
             await asyncio.sleep(max(min(seconds, self._close_deadline - time.monotonic()), 0))
             return
-        assert self._wake is not None
+        # A bare future and a timer: one loop wake-up per sleep (wait_for on an
+        # Event costs a task and three), and each wake-up takes the GIL from Dask.
+        loop = self._loop
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(seconds, _resolve, waiter)
         try:
-            await asyncio.wait_for(self._wake.wait(), seconds)
-        except asyncio.TimeoutError:
-            pass
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
 
     def _pack(self, carry: deque) -> tuple[bytes, int, list] | None:
         """The next envelope, its event count and its events' buffer weights, or None
@@ -460,10 +473,13 @@ class _KafkaLink:
                 await asyncio.wait_for(self.producer.start(), timeout)
             if self.key is None:
                 self.key = t.cluster_id.encode()
-            await asyncio.wait_for(
-                self.producer.send_and_wait(t.settings.raw_topic, envelope, key=self.key),
-                timeout,
-            )
+            # send() returns once the batch is queued (aiokafka bounds that wait by
+            # request_timeout_ms; a closing sender by its deadline too), then the
+            # acknowledgement is awaited: wait_for on a future needs no extra task,
+            # so fewer loop wake-ups, each of which takes the GIL from Dask.
+            queued = self.producer.send(t.settings.raw_topic, envelope, key=self.key)
+            acked = await (asyncio.wait_for(queued, timeout) if t._closing else queued)
+            await asyncio.wait_for(acked, timeout)
         except Exception as e:
             t.connected = False
             if self.failing_since is None:
