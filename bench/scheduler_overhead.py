@@ -22,7 +22,7 @@ Figures, each over all quads:
 
 Run-to-run noise on a 2-core machine is about +-10% of wall clock (the scheduler and
 two busy worker processes share the cores), larger than the effect measured, hence
-many short runs: 4 quads of an ~11k-task graph, about 6 minutes.
+many runs: 2 quads (4 A/B pairs) of a ~32k-task graph, about 9 minutes.
 
 Run: ``python bench/scheduler_overhead.py [quads]``.
 """
@@ -46,9 +46,9 @@ from local_broker import local_broker
 from report import report
 
 QUADS = (1 if "--quick" in sys.argv else
-         int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 4)
-SIDE = 1_860
-CHUNK = 20  # 93 x 93 chunks: ~11k tasks on the scheduler, 5 transitions each
+         int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 2)
+SIDE = 3_100
+CHUNK = 20  # 155 x 155 chunks: ~32k tasks on the scheduler, 5 transitions each
 
 
 def _sender_stats(dask_scheduler) -> dict:
