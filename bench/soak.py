@@ -95,8 +95,7 @@ async def replay(recording, replayers: int, seconds: float) -> collections.Count
 
     from dask_blackbox import config
 
-    producer = AIOKafkaProducer(**config.kafka_client_kwargs(), linger_ms=5,
-                                compression_type=config.compression(),
+    producer = AIOKafkaProducer(**config.kafka_producer_kwargs(), linger_ms=5,
                                 max_request_size=2**20)
     await producer.start()
     sent = collections.Counter()

@@ -146,6 +146,12 @@ def kafka_client_kwargs() -> dict[str, Any]:
     return kwargs
 
 
+def kafka_producer_kwargs() -> dict[str, Any]:
+    """:func:`kafka_client_kwargs` plus the ``compression_type`` of every blackbox
+    producer (raw envelopes, replays)."""
+    return {**kafka_client_kwargs(), "compression_type": compression()}
+
+
 def compression() -> str | None:
     """``blackbox.kafka.compression`` as aiokafka's ``compression_type`` (None for
     none), checked against the codecs this process has."""

@@ -31,7 +31,7 @@ class ProducerSettings:
 
     ``kafka`` is the whole ``blackbox.kafka`` section; the aiokafka keyword arguments
     (which may hold an ``ssl.SSLContext``, not picklable) are built from it in the
-    process that connects, by :meth:`kafka_client_kwargs`.
+    process that connects, by :meth:`kafka_producer_kwargs`.
     """
 
     cluster_name: str | None
@@ -69,8 +69,7 @@ class ProducerSettings:
 
     @classmethod
     def _from_current_config(cls) -> ProducerSettings:
-        config.kafka_client_kwargs()  # validates the whole kafka section now, not remotely
-        config.compression()
+        config.kafka_producer_kwargs()  # validates the whole kafka section now, not remotely
         name = config.get("cluster-name")
         max_value_bytes = config.get_bytes("producer.max-value-bytes")
         if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
@@ -108,15 +107,11 @@ class ProducerSettings:
             ),
         )
 
-    def kafka_client_kwargs(self) -> dict[str, Any]:
-        """aiokafka connection/security arguments, built in the calling process."""
+    def kafka_producer_kwargs(self) -> dict[str, Any]:
+        """aiokafka producer arguments (connection, security, compression), built in
+        the calling process."""
         with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
-            return config.kafka_client_kwargs()
-
-    def compression(self) -> str | None:
-        """aiokafka ``compression_type``, checked in the calling process."""
-        with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
-            return config.compression()
+            return config.kafka_producer_kwargs()
 
 
 def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

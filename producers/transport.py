@@ -99,8 +99,7 @@ class Transport:
         self.producer_id = f"{source}-{uuid.uuid4().hex}"
         self.cluster_id = cluster_id
         self.cluster_name = cluster_name
-        self._kafka_kwargs = settings.kafka_client_kwargs()
-        self._compression = settings.compression()
+        self._kafka_kwargs = settings.kafka_producer_kwargs()
 
         self._buffer: deque[tuple] = deque()
         self._max_events = settings.buffer_max_events
@@ -466,7 +465,6 @@ class _KafkaLink:
                     client_id=t.producer_id,
                     acks="all",
                     linger_ms=0,
-                    compression_type=t._compression,
                     request_timeout_ms=int(_REQUEST_TIMEOUT * 1000),
                     max_request_size=MAX_ENVELOPE_BYTES + 100_000,
                 )

@@ -34,7 +34,7 @@ async def read_raw(idle: float = 1.0, timeout: float = 120.0) -> list[tuple[byte
 async def publish_raw(messages: Iterable[tuple[bytes | None, bytes]]) -> int:
     """Publish ``(key, value)`` messages to the raw topic, in order; return how many."""
     producer = AIOKafkaProducer(
-        **config.kafka_client_kwargs(), compression_type=config.compression(), linger_ms=20, max_batch_size=1 << 20,
+        **config.kafka_producer_kwargs(), linger_ms=20, max_batch_size=1 << 20,
         max_request_size=1 << 20,
     )
     await producer.start()
