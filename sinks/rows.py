@@ -200,23 +200,11 @@ def _int_or_none(value, field, now=None):
     return value
 
 
-def _int(value, field, now=None):
-    if value is None:
-        raise Invalid(f"{field}: missing")
-    return _int_or_none(value, field)
-
-
 def _count_or_none(value, field, now=None):
     n = _int_or_none(value, field)
     if n is not None and not 0 <= n < 2**32:
         raise Invalid(f"{field}: {value!r} is not a count (0 <= n < 2**32)")
     return n
-
-
-def _count(value, field, now=None):
-    if value is None:
-        raise Invalid(f"{field}: missing")
-    return _count_or_none(value, field)
 
 
 def _float_or_none(value, field, now=None):
@@ -227,10 +215,18 @@ def _float_or_none(value, field, now=None):
     return float(value)
 
 
-def _float(value, field, now=None):
-    if value is None:
-        raise Invalid(f"{field}: missing")
-    return _float_or_none(value, field)
+def _required(check):
+    """``check`` of a value that must be present: None is "missing"."""
+    def required(value, field, now=None):
+        if value is None:
+            raise Invalid(f"{field}: missing")
+        return check(value, field)
+    return required
+
+
+_int = _required(_int_or_none)
+_count = _required(_count_or_none)
+_float = _required(_float_or_none)
 
 
 def _json_text(value, field, now=None):
