@@ -9,7 +9,6 @@ import os
 import pathlib
 import signal
 import subprocess
-import time
 import urllib.request
 
 from aiokafka import AIOKafkaConsumer
@@ -72,18 +71,6 @@ class FaustWorker:
             return "".join(self.log.read_text().splitlines(True)[-n:])
         except FileNotFoundError:
             return ""
-
-
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.25):
-    """Poll ``predicate`` until it returns something true, and return that."""
-    deadline = time.monotonic() + timeout
-    while True:
-        out = predicate()
-        if out:
-            return out
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
 
 
 # ------------------------------------------------------------------ Dask's truth

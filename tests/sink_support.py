@@ -26,6 +26,7 @@ from sinks.schema import Target, migrate
 
 from conftest import subprocess_env
 from kafka_reader import read_records
+from polling import wait_for
 
 
 def envelope(events: list[dict], *, cluster_id: str = "c1", cluster_name: str = "test-cluster",
@@ -84,17 +85,6 @@ def produce(messages: list[tuple[bytes | None, bytes]], topic: str = contract.RA
     asyncio.run(_produce(config.topic(topic), messages))
 
 
-def wait_for(predicate, timeout: float = 60.0, interval: float = 0.1, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-        time.sleep(interval)
-
-
 class SinkProcess:
     """The real sink in a subprocess, with the test's blackbox settings."""
 
@@ -129,7 +119,7 @@ class SinkProcess:
     def wait_paused(self, point: str, timeout: float = 60.0) -> None:
         marker = self.data_dir / f"sink-paused-at-{point}"
         wait_for(lambda: marker.exists() or self.proc.poll() is not None, timeout,
-                 what=f"sink to pause at {point}")
+                 f"sink to pause at {point}", interval=0.1)
         assert self.proc.poll() is None, f"sink exited before pausing at {point}:\n{self.stderr()}"
         marker.unlink()
 
@@ -202,8 +192,8 @@ def lag() -> int:
 
 def wait_consumed(sink: "SinkProcess", timeout: float = 90.0) -> None:
     """Until the sink's group has committed every message of every blackbox topic."""
-    wait_for(lambda: lag() == 0 or sink.proc.poll() is not None, timeout, 0.3,
-             "the sink to commit everything")
+    wait_for(lambda: lag() == 0 or sink.proc.poll() is not None, timeout,
+             "the sink to commit everything", interval=0.3)
     assert sink.proc.poll() is None, f"the sink exited:\n{sink.stderr()}"
 
 

@@ -46,8 +46,9 @@ from dask_blackbox import contract, kafka
 from kafka_reader import read_json
 from processors_support import (
     FaustWorker, committed_clusters, dask_truth, env_for, latest_snapshots, prefix_totals,
-    span_differences, unique_partials, wait_for,
+    span_differences, unique_partials,
 )
+from polling import wait_for
 from stream_processors import replay
 from stream_processors.checkpoint import Journal, parse_key
 from stream_processors.cluster import ClusterState

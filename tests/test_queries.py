@@ -27,7 +27,8 @@ import producers
 from dask_blackbox import contract, kafka
 from sinks import queries
 
-from sink_support import SinkProcess, wait_consumed, wait_for
+from polling import wait_for
+from sink_support import SinkProcess, wait_consumed
 
 
 def inc(x):
@@ -103,11 +104,12 @@ def recorded(broker, tmp_path_factory):
                 # Two tasks pinned to the doomed worker (one thread): one runs, one waits.
                 running = [client.submit(block_until_released, str(flag), i, key=f"blocked-{i}",
                                          workers=[doomed], allow_other_workers=False) for i in range(2)]
-                wait_for(lambda: client.processing(workers=[doomed])[doomed], 30, what="tasks on the worker")
+                wait_for(lambda: client.processing(workers=[doomed])[doomed], 30, "tasks on the worker",
+                         interval=0.1)
                 time.sleep(0.5)  # a few metric samples while it works
                 os.kill(pid, signal.SIGKILL)
                 wait_for(lambda: doomed not in client.scheduler_info()["workers"], 30,
-                         what="the scheduler to remove the killed worker")
+                         "the scheduler to remove the killed worker", interval=0.1)
                 client.wait_for_workers(2, timeout=30)  # the nanny's replacement
                 flag.unlink()
                 out["doomed"] = doomed

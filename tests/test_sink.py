@@ -25,8 +25,9 @@ from sinks.schema import Target, migrate
 
 from sink_support import (
     SinkProcess, assert_same_rows, can_chattr, chattr, count, dump, envelope, lag, produce,
-    reference_dump, topic_messages, transition, wait_consumed, wait_for, workload,
+    reference_dump, topic_messages, transition, wait_consumed, workload,
 )
+from polling import wait_for
 
 NOW = time.time()
 
@@ -201,7 +202,7 @@ def test_sigkill_before_during_and_after_inserts_leaves_crash_free_rows(bb_confi
     sink = SinkProcess(bb_config, **small_batches)
     try:
         sink.wait_ready()
-        wait_for(lambda: lag() < before * 0.6, 90, 0.05, "some of the wave to load")
+        wait_for(lambda: lag() < before * 0.6, 90, "some of the wave to load", interval=0.05)
     finally:
         sink.kill()
     assert lag() > 0
@@ -238,7 +239,8 @@ def test_clickhouse_unable_to_write_delays_loading_and_loses_nothing(bb_config, 
         locked = list(paths[0][0])
         chattr(locked, "+i")
         produce(workload(30, 20, t0=NOW - 200))
-        wait_for(lambda: sink.stderr().count("did not take batch") >= 3, 60, 0.2, "failed attempts")
+        wait_for(lambda: sink.stderr().count("did not take batch") >= 3, 60, "failed attempts",
+                 interval=0.2)
         assert sink.proc.poll() is None
         assert lag() > 0  # nothing committed while ClickHouse fails
         assert count(backend, "transitions") == 5
