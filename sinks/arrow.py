@@ -10,7 +10,6 @@ bulk.
 
 from __future__ import annotations
 
-import itertools
 import re
 from collections.abc import Callable
 
@@ -101,8 +100,9 @@ def converter(ch_type: str) -> Callable[[list], pa.Array]:
 
     def convert(values) -> pa.Array:
         if isinstance(values, FlatLists):
-            offsets = pa.array(itertools.accumulate(values.lengths, initial=0), type=pa.int32())
-            return pa.ListArray.from_arrays(offsets, element(values.values))
+            offsets = np.zeros(len(values.lengths) + 1, dtype=np.int32)
+            np.cumsum(np.array(values.lengths, dtype=np.int32), out=offsets[1:])
+            return pa.ListArray.from_arrays(pa.array(offsets), element(values.values))
         array = pa.array(values, type=raw)
         return _finish(array, ch_type) if needs_finish else array
 

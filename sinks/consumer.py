@@ -185,6 +185,9 @@ class SinkConsumer(ConsumerRebalanceListener):
                 timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
                 # Few messages per call: converting them blocks the event loop.
                 fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=100)
+                # getmany does not suspend while it has prefetched records: let the
+                # heartbeats, fetches and the commit of the batch in flight run.
+                await asyncio.sleep(0)
                 async with self._lock:
                     if generation != self._generation:
                         # A rebalance happened: positions went back to committed offsets.
@@ -236,15 +239,19 @@ class SinkConsumer(ConsumerRebalanceListener):
         self.loader.prepare(batch)
         starts = {tp: self._next_start.get(tp, -1) for tp in batch.positions}
         self._next_start.update(batch.positions)
-        self._inflight = asyncio.create_task(self._load_and_commit(batch, starts))
+        # Submitted to the thread now: a task would only start once this coroutine
+        # suspends, and getmany does not while it has prefetched records, so the next
+        # batch would be converted before loading even began.
+        loading = asyncio.get_running_loop().run_in_executor(None, self.loader.load, batch, starts)
+        self._inflight = asyncio.create_task(self._commit_when_loaded(batch, loading))
 
     async def _finish_inflight(self) -> None:
         if self._inflight is not None:
             task, self._inflight = self._inflight, None
             await task
 
-    async def _load_and_commit(self, batch: Batch, starts: dict[tuple[str, int], int]) -> None:
-        if not await asyncio.to_thread(self.loader.load, batch, starts):
+    async def _commit_when_loaded(self, batch: Batch, loading: asyncio.Future) -> None:
+        if not await loading:
             return  # stopping while ClickHouse was unavailable: nothing committed
         offsets = {TopicPartition(t, p): offset for (t, p), offset in batch.positions.items()}
         if not await self._commit(offsets):

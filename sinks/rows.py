@@ -8,11 +8,17 @@ gaps, the processors' dead letters) one row each. Every value is checked on the 
 whatever fails a check becomes a ``dead_letters`` row naming the message, the event,
 the field and the problem, and the rest of the message is still loaded.
 
-Rows are kept as columns (one Python list per column, in :data:`COLUMNS` order):
-an envelope's events of one kind are converted a column at a time, which is what
-makes the sink fast, and only when a column holds an irregular value are that kind's
-events converted one by one to find out which event is wrong. Times are kept as float
-seconds; the loader turns them into ClickHouse's DateTime64 in bulk.
+A raw envelope takes one of two paths. The typed path decodes it with msgspec into
+structs whose field types are the checks (``_KINDS``), so that decoding and checking
+are one pass in C, and converts each kind's events a column at a time: this is what
+makes the sink fast, and what producers' envelopes take. Anything irregular (a wrong
+type, an unknown kind, a bad value) sends the whole envelope down the checked path
+instead: decoded with orjson and converted event by event, value by value, to find
+out which event is wrong and why. Both give the same rows for what both accept.
+
+Rows are kept as columns (one Python list per column, in :data:`COLUMNS` order).
+Times are kept as float seconds; the loader turns them into ClickHouse's DateTime64
+in bulk.
 
 Each row keeps a reference to the message (and event) it came from, so a row
 ClickHouse rejects can be dead-lettered precisely (see ``sinks.loader``).
@@ -21,14 +27,15 @@ ClickHouse rejects can be dead-lettered precisely (see ``sinks.loader``).
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import math
 import operator
+import sys
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from typing import Annotated, Any, Literal, Union
 
+import msgspec
 import orjson
 
 from dask_blackbox import contract
@@ -276,90 +283,55 @@ def _startstops(value, field, now=None):
 
 
 # --------------------------------------------------------- a column at a time
-# Each takes the list of values of one field and returns the column, or raises
-# _Irregular when a value is not of the common, valid kind.
+# The typed path: msgspec decodes a whole envelope into structs whose field types carry
+# the checks above (types, ranges; see _TYPED), so what remains per column is at most
+# one pass: '' for None, the upper bound of event times (which moves with the sink's
+# clock), JSON text. Each takes the values of one field and returns the column, or
+# raises _Irregular to send the message down the checked path.
 
 
-def _types(values) -> set:
-    return set(map(type, values))
-
-
-def _col_text(values, now):
-    types = _types(values)
-    if types <= {str}:
-        return values
-    if types <= {str, _NONE}:
-        return ["" if v is None else v for v in values]
-    raise _Irregular
-
-
-def _col_key(values, now):
-    if _types(values) <= {str}:
-        return values
-    raise _Irregular
-
-
-def _col_times(values, lo, hi):
-    if not values:
-        return values
-    if (not _types(values) <= {float, int} or not math.isfinite(sum(values))
-            or not lo <= min(values) or not max(values) <= hi):
-        raise _Irregular
+def _col_as_is(values, now):
     return values
 
 
+def _col_text(values, now):
+    return ["" if v is None else v for v in values] if None in values else values
+
+
+def _col_text_or_number(values, now):
+    return [_text(v, "") for v in values]
+
+
 def _col_event_time(values, now):
-    return _col_times(values, _EARLIEST, now + _LATEST_AHEAD)
-
-
-def _col_int_or_none(values, now):
-    types = _types(values)
-    if types <= {int, _NONE}:
-        present = [v for v in values if v is not None] if _NONE in types else values
-        if not present or (-(2**63) <= min(present) and max(present) < 2**63):
-            return values
-    raise _Irregular
-
-
-def _col_count_or_none(values, now):
-    types = _types(values)
-    if types <= {int, _NONE}:
-        present = [v for v in values if v is not None] if _NONE in types else values
-        if not present or (0 <= min(present) and max(present) < 2**32):
-            return values
-    raise _Irregular
-
-
-def _col_float_or_none(values, now):
-    if _types(values) <= {float, int, _NONE}:
-        return values
-    raise _Irregular
+    if values and max(values) > now + _LATEST_AHEAD:
+        raise _Irregular
+    return values
 
 
 def _col_json(values, now):
     return [_json(v) for v in values]
 
 
+def _col_map(values, now):
+    return [{} if v is None else v for v in values] if None in values else values
+
+
+_startstop_fields = operator.attrgetter("action", "start", "stop", "source")
+
+
 def _col_startstops(values, now):
-    types = _types(values)
-    if not types <= {list, _NONE}:
-        raise _Irregular
-    lists = [v or () for v in values] if _NONE in types else values
-    entries = [s for entries in lists for s in entries]
-    if not _types(entries) <= {dict}:
-        raise _Irregular
-    # All entries at once, kept flat with the row lengths: no list per row.
+    """Dask's startstops, all of an envelope's at once, kept flat with the row
+    lengths: no list per row."""
+    lists = [v or () for v in values] if None in values else values
     lengths = list(map(len, lists))
-    columns = []
-    for field, is_time in (("action", False), ("start", True), ("stop", True), ("source", False)):
-        flat = [s.get(field) for s in entries]
-        columns.append(FlatLists(_col_times(flat, 0, _TIME_MAX) if is_time else _col_text(flat, now),
-                                 lengths))
-    return columns
+    entries = [s for entries in lists for s in entries]
+    actions, starts, stops, sources = zip(*map(_startstop_fields, entries)) if entries else ((),) * 4
+    return [FlatLists(_col_text(actions, now), lengths), FlatLists(starts, lengths),
+            FlatLists(stops, lengths), FlatLists(_col_text(sources, now), lengths)]
 
 
 class FlatLists:
-    """A column of lists as one flat list of values and the length of each row's
+    """A column of lists as one flat sequence of values and the length of each row's
     list (what Arrow's ListArray is made of)."""
 
     __slots__ = ("values", "lengths")
@@ -401,8 +373,9 @@ class Field:
     """A column (or, for startstops, several) taken from an event field."""
 
     name: str
-    check: Callable            # one value: (value, field, now) -> stored value
-    column: Callable | None    # all values: (values, now) -> column, or _Irregular
+    check: Callable     # one value: (value, field, now) -> stored value, or Invalid
+    typed: Any          # the msgspec type that checks a value on the typed path
+    column: Callable    # all values, typed: (values, now) -> column, or _Irregular
     width: int = 1
 
 
@@ -410,16 +383,34 @@ def _field(name: str, kind: str) -> Field:
     return Field(name, *_KINDS[kind])
 
 
+_Time = Annotated[float, msgspec.Meta(ge=0, le=_TIME_MAX)]
+_Count = Annotated[int, msgspec.Meta(ge=0, lt=2**32)]
+_Int64 = Annotated[int, msgspec.Meta(ge=-(2**63), le=2**63 - 1)]
+# Finite: the checked path's orjson refuses a number like 1e400, msgspec makes it inf.
+_Number = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_info.max)]
+
+
+class _StartStop(msgspec.Struct, kw_only=True, gc=False):
+    action: str | None = None
+    start: _Time
+    stop: _Time
+    source: str | None = None
+
+
+#: Field kind -> (check, typed, column[, width]) of its Field. A typed value must be
+#: one the check accepts unchanged, or the two paths would give different rows.
 _KINDS: dict[str, tuple] = {
-    "text": (_text, _col_text),
-    "key": (_key, _col_key),
-    "event_time": (_event_time, _col_event_time),
-    "int?": (_int_or_none, _col_int_or_none),
-    "count?": (_count_or_none, _col_count_or_none),
-    "float?": (_float_or_none, _col_float_or_none),
-    "json": (_json_text, _col_json),
-    "map:count": (_mapping(_count), None),
-    "startstops": (_startstops, _col_startstops, 4),
+    "text": (_text, str | None, _col_text),
+    "text|number": (_text, str | int | float | None, _col_text_or_number),
+    "key": (_key, str, _col_as_is),
+    "event_time": (_event_time, Annotated[float, msgspec.Meta(ge=_EARLIEST, le=_TIME_MAX)],
+                   _col_event_time),
+    "int?": (_int_or_none, _Int64 | None, _col_as_is),
+    "count?": (_count_or_none, _Count | None, _col_as_is),
+    "float?": (_float_or_none, _Number | None, _col_as_is),
+    "json": (_json_text, Any, _col_json),
+    "map:count": (_mapping(_count), dict[str, _Count] | None, _col_map),
+    "startstops": (_startstops, list[_StartStop] | None, _col_startstops, 4),
 }
 
 #: Event kinds with one row per event: the table and, per column (or group of
@@ -455,17 +446,16 @@ EVENT_LAYOUTS: dict[str, tuple[str, tuple]] = {
         _field("gil_contention", "float?"),
     )),
     contract.LOG: ("logs", (
-        "$cluster_id", "$producer_id", "$source", _field("process", "text"), _field("ts", "event_time"),
+        "$cluster_id", "$producer_id", "$source", _field("process", "text|number"), _field("ts", "event_time"),
         "$seq", "$idx", _field("logger", "text"), _field("level", "text"), _field("message", "text"),
         _field("exc_text", "text"),
     )),
 }
 
 
-#: The event fields each layout reads, and a getter returning them as a tuple.
+#: The event fields each layout reads, in layout order (its typed struct's order).
 _FIELDS = {kind: tuple(s.name for s in layout if not isinstance(s, str))
            for kind, (_, layout) in EVENT_LAYOUTS.items()}
-_GETTERS = {kind: operator.itemgetter(*fields) for kind, fields in _FIELDS.items()}
 
 
 @dataclasses.dataclass(slots=True)
@@ -485,6 +475,20 @@ _TASK_FIELDS = ("key", "prefix", "group", "span_id", "dependencies")
 _task_fields = operator.itemgetter(*_TASK_FIELDS)
 
 
+def _types(values) -> set:
+    return set(map(type, values))
+
+
+def _texts(values: list) -> list:
+    """A column of text ('' for None), or _Irregular."""
+    types = _types(values)
+    if types <= {str}:
+        return values
+    if types <= {str, _NONE}:
+        return ["" if v is None else v for v in values]
+    raise _Irregular
+
+
 def _graph_task_columns(tasks: list) -> list:
     """The tasks of a graph event as columns (key, prefix, group, span_id,
     dependencies); raises Invalid naming the first bad task."""
@@ -492,9 +496,8 @@ def _graph_task_columns(tasks: list) -> list:
         try:
             keys, prefixes, groups, spans, dependencies = (list(c) for c in zip(*map(_task_fields, tasks)))
             lists = dependencies if _types(dependencies) <= {list} else [d or [] for d in dependencies]
-            if _types([d for ds in lists for d in ds]) <= {str}:
-                return [_col_key(keys, None), _col_text(prefixes, None), _col_text(groups, None),
-                        _col_text(spans, None), lists]
+            if _types(keys) <= {str} and _types([d for ds in lists for d in ds]) <= {str}:
+                return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists]
         except (KeyError, _Irregular, TypeError):
             pass
     rows = []
@@ -653,6 +656,80 @@ RECORD_CONVERTERS: dict[str, tuple[tuple[str, ...], Callable]] = {
 }
 
 
+# ------------------------------------------------------------ the typed envelope
+
+
+def _optional(field: Field) -> bool:
+    """Whether an event may leave ``field`` out (its check accepts None)."""
+    try:
+        field.check(None, field.name, 0.0)
+    except Invalid:
+        return False
+    return True
+
+
+def _event_struct(kind: str) -> type:
+    """The msgspec struct of one event kind, tagged by ``kind``. The fields of kinds
+    in EVENT_LAYOUTS are typed; the other kinds' converters check their own fields,
+    which take any JSON value here. Every kind has ``ts``, as the contract says."""
+    if kind in EVENT_LAYOUTS:  # fields in _FIELDS order, which _typed_columns relies on
+        fields = [(f.name, f.typed, None) if _optional(f) else (f.name, f.typed)
+                  for f in EVENT_LAYOUTS[kind][1] if isinstance(f, Field)]
+    else:
+        fields = [("ts", Any), *((name, Any, None) for name in contract.EVENT_FIELDS[kind])]
+    return msgspec.defstruct(f"Typed_{kind}", fields, tag_field="kind", tag=kind, kw_only=True,
+                             gc=False)
+
+
+#: Struct type -> event kind, for every kind the sink loads.
+_STRUCT_KINDS: dict[type, str] = {_event_struct(kind): kind
+                                  for kind in (*EVENT_LAYOUTS, *EVENT_CONVERTERS)}
+_TypedEvent = Union[tuple(_STRUCT_KINDS)]
+_NonEmpty = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class _TypedEnvelope(msgspec.Struct, gc=False):
+    """An envelope as contract.validate_envelope accepts it, each event of a known
+    kind and typed."""
+
+    schema: Literal[contract.SCHEMA_VERSION]
+    cluster_id: _NonEmpty
+    cluster_name: str
+    source: _NonEmpty
+    producer_id: _NonEmpty
+    seq: _Count
+    sent_at: _Time
+    events: list[_TypedEvent]
+
+
+_decode_envelope = msgspec.json.Decoder(_TypedEnvelope).decode
+_FINISH = COLUMNS["transitions"].index("finish")
+
+
+def _envelope_column(source: str, env: _Envelope, indexes: list[int]) -> list:
+    """The column of an EVENT_LAYOUTS ``"$<name>"`` source for events ``indexes``."""
+    if source == "$idx":
+        return indexes
+    return [getattr(env, source[1:])] * len(indexes)
+
+
+def _typed_columns(kind: str, env: _Envelope, events: list, indexes: list[int], now: float) -> list:
+    """The columns (EVENT_LAYOUTS order) of typed ``events`` of a kind, at ``indexes``
+    in their envelope; raises _Irregular if a column needs the checked path."""
+    layout = EVENT_LAYOUTS[kind][1]
+    # One C-level call per event, and one transposition for all of them.
+    by_field = dict(zip(_FIELDS[kind], zip(*map(msgspec.structs.astuple, events))))
+    columns = []
+    for source in layout:
+        if isinstance(source, str):
+            columns.append(_envelope_column(source, env, indexes))
+        elif source.width == 1:
+            columns.append(source.column(by_field[source.name], now))
+        else:
+            columns.extend(source.column(by_field[source.name], now))
+    return columns
+
+
 # ----------------------------------------------------------------------- batch
 
 
@@ -708,6 +785,8 @@ class Batch:
         self.positions: dict[tuple[str, int], int] = {}
         self.firsts: dict[tuple[str, int], tuple[int, int]] = {}
         self.n_messages = 0
+        #: Raw messages the typed path refused, converted event by event instead.
+        self.n_checked = 0
 
     @property
     def n_rows(self) -> int:
@@ -721,12 +800,15 @@ class Batch:
         if tp not in self.firsts:
             self.firsts[tp] = fingerprint(message)
         self.positions[tp] = message.offset + 1
+        if message.topic == contract.RAW and self._add_typed(message, now):
+            return
         try:
             decoded = orjson.loads(message.value)
         except orjson.JSONDecodeError as e:
             self.dead_letter(message, None, f"not JSON: {e}", now)
             return
         if message.topic == contract.RAW:
+            self.n_checked += 1
             self._add_envelope(message, decoded, now)
         else:
             self._add_records(message, decoded, now)
@@ -741,9 +823,69 @@ class Batch:
             reason if event is None else f"event {event}: {reason}", payload[:PAYLOAD_MAX], now,
         ), (message, event))
 
-    def _add_envelope(self, message: Message, decoded: Any, now: float) -> None:
+    # ------------------------------------------------------------- typed path
+
+    def _add_typed(self, message: Message, now: float) -> bool:
+        """Add the rows of a raw message whose every value has its type, a column at a
+        time. False, with nothing added, when anything in it is irregular (a wrong
+        type, an unknown kind, not JSON, ...): the checked path finds out what."""
         try:
-            envelope = _valid_envelope(decoded)
+            wire = _decode_envelope(message.value)
+            env = _Envelope(wire.cluster_id, wire.source, wire.producer_id, wire.seq)
+            converted = list(self._typed_rows(message, env, wire.events, now))
+        # (ValidationError is a DecodeError. JSONEncodeError: msgspec reads integers of
+        # any size, which orjson cannot write back; orjson reads them as floats.)
+        except (msgspec.DecodeError, _Irregular, Invalid, orjson.JSONEncodeError):
+            return False
+        finishes: Any = ()
+        for table, data, refs in converted:
+            if type(data) is _Block:
+                self.tables[table].extend(data.columns, refs)
+                if table == "transitions":
+                    finishes = data.columns[_FINISH]
+            else:
+                self.tables[table].append(data, refs)
+        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, len(wire.events),
+                               finishes)
+        return True
+
+    @staticmethod
+    def _typed_rows(message: Message, env: _Envelope, events: list, now: float):
+        """(table, row or _Block, ref or refs) of typed ``events``, a kind at a time."""
+        kinds = list(map(type, events))
+        distinct = set(kinds)
+        for struct in distinct:
+            kind = _STRUCT_KINDS[struct]
+            if len(distinct) == 1:
+                indexes, selected = list(range(len(events))), events
+            else:
+                indexes = [i for i, k in enumerate(kinds) if k is struct]
+                selected = [events[i] for i in indexes]
+            if kind in EVENT_LAYOUTS:
+                columns = _typed_columns(kind, env, selected, indexes, now)
+                yield (EVENT_LAYOUTS[kind][0], _Block(columns, len(indexes)),
+                       [(message, i) for i in indexes])
+                continue
+            for idx, event in zip(indexes, selected):
+                for table, row in EVENT_CONVERTERS[kind](env, msgspec.structs.asdict(event), now):
+                    ref = (message, idx)
+                    yield table, row, ([ref] * row.n_rows if type(row) is _Block else ref)
+
+    def _add_envelope_row(self, message: Message, env: _Envelope, cluster_name: str,
+                          sent_at: float, n_events: int, finishes) -> None:
+        self.tables["envelopes"].append((
+            env.cluster_id, cluster_name, env.source, env.producer_id, env.seq, sent_at,
+            n_events, len(message.value), len(finishes),
+            finishes.count("memory"), finishes.count("erred"), message.partition, message.offset,
+        ), (message, None))
+
+    # ----------------------------------------------------------- checked path
+
+    def _add_envelope(self, message: Message, decoded: Any, now: float) -> None:
+        """An envelope event by event: what cannot be loaded becomes a dead letter
+        that says why, and the rest is loaded."""
+        try:
+            envelope = contract.validate_envelope(decoded)
             env = _Envelope(envelope["cluster_id"], envelope["source"], envelope["producer_id"],
                             _count(envelope["seq"], "seq"))
             sent_at = _time(envelope["sent_at"], "sent_at")
@@ -752,70 +894,24 @@ class Batch:
             self.dead_letter(message, None, str(e), now)
             return
         events = envelope["events"]
-        kinds = [event["kind"] for event in events]
-        by_kind = {kind: [i for i, k in enumerate(kinds) if k == kind] for kind in set(kinds)}
-        finishes: list = []
-        for kind, indexes in by_kind.items():
-            if kind in EVENT_LAYOUTS:
-                self._add_rows(kind, message, env, events, indexes, now)
-            elif kind in EVENT_CONVERTERS:
-                for idx in indexes:
-                    self._add_converted(kind, message, env, events, idx, now)
-            else:
-                for idx in indexes:
-                    self.dead_letter(message, idx, f"unknown event kind {kind!r}", now, _json(events[idx]))
+        finishes = []
+        for idx, event in enumerate(events):
+            kind = event["kind"]
             if kind == contract.TRANSITION:
-                finishes = [events[i].get("finish") for i in indexes]
-        self.tables["envelopes"].append((
-            env.cluster_id, cluster_name, env.source, env.producer_id, env.seq, sent_at,
-            len(events), len(message.value), len(finishes),
-            finishes.count("memory"), finishes.count("erred"), message.partition, message.offset,
-        ), (message, None))
-
-    def _add_rows(self, kind: str, message: Message, env: _Envelope, events: list,
-                  indexes: list[int], now: float) -> None:
-        """Events of a one-row-per-event kind: a column at a time, or event by event
-        when a column is irregular."""
-        table, layout = EVENT_LAYOUTS[kind]
-        fields = _FIELDS[kind]
-        selected = [events[i] for i in indexes]
-        try:
-            try:
-                # Producers send every field of the contract: one C-level call per
-                # event, and one transposition for all of them.
-                by_field = dict(zip(fields, zip(*map(_GETTERS[kind], selected))))
-            except KeyError:
-                by_field = {name: [e.get(name) for e in selected] for name in fields}
-            columns = []
-            for source in layout:
-                if isinstance(source, str):
-                    columns.append(self._envelope_column(source, env, indexes))
-                    continue
-                values = by_field[source.name]
-                if source.column is None:
-                    column = [source.check(v, source.name, now) for v in values]
-                else:
-                    column = source.column(values, now)
-                if source.width == 1:
-                    columns.append(column)
-                else:
-                    columns.extend(column)
-        except (_Irregular, Invalid):
-            for idx in indexes:
+                finishes.append(event.get("finish"))
+            if kind in EVENT_LAYOUTS:
+                table, layout = EVENT_LAYOUTS[kind]
                 try:
-                    row = _layout_row(layout, env, events[idx], idx, now)
+                    row = _layout_row(layout, env, event, idx, now)
                 except Invalid as e:
-                    self.dead_letter(message, idx, f"{kind}: {e}", now, _json(events[idx]))
+                    self.dead_letter(message, idx, f"{kind}: {e}", now, _json(event))
                     continue
                 self.tables[table].append(row, (message, idx))
-            return
-        self.tables[table].extend(columns, [(message, i) for i in indexes])
-
-    @staticmethod
-    def _envelope_column(source: str, env: _Envelope, indexes: list[int]) -> list:
-        if source == "$idx":
-            return indexes
-        return [getattr(env, source[1:])] * len(indexes)
+            elif kind in EVENT_CONVERTERS:
+                self._add_converted(kind, message, env, events, idx, now)
+            else:
+                self.dead_letter(message, idx, f"unknown event kind {kind!r}", now, _json(event))
+        self._add_envelope_row(message, env, cluster_name, sent_at, len(events), finishes)
 
     def _add_converted(self, kind: str, message: Message, env: _Envelope, events: list,
                        idx: int, now: float) -> None:
@@ -848,19 +944,6 @@ class Batch:
                 continue
             for table, row in converted:
                 self.tables[table].append(row, (message, event))
-
-
-def _valid_envelope(obj: Any) -> dict:
-    """``contract.validate_envelope``, with the check of every event (an object with
-    kind and ts) done in bulk; when something is wrong, the contract's function says
-    what."""
-    events = obj.get("events") if type(obj) is dict else None
-    if (type(events) is list and _types(events) <= {dict}
-            and all(map(operator.contains, events, itertools.repeat("kind")))
-            and all(map(operator.contains, events, itertools.repeat("ts")))):
-        contract.validate_envelope({**obj, "events": []})
-        return obj
-    return contract.validate_envelope(obj)
 
 
 def _layout_row(layout: tuple, env: _Envelope, event: dict, idx: int, now: float) -> tuple:

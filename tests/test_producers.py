@@ -25,8 +25,8 @@ import producers
 from dask_blackbox import kafka
 from dask_blackbox.config import ConfigError
 from dask_blackbox.contract import (
-    EVENT_FIELDS, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, SCHEDULER_METRICS, SPAN,
-    TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
+    EVENT, EVENT_FIELDS, GRAPH, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, RAW, SCHEDULER_METRICS,
+    SPAN, TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
 )
 from dask_blackbox.tansu import free_port
 from kafka_reader import read_records
@@ -36,6 +36,7 @@ from producers.transport import Transport
 from producers_support import (
     published, scheduler_transitions, seqs_by_producer, story_by_key, wait_until,
 )
+from sinks.rows import COLUMNS, Batch, Message
 
 MAX_VALUE = 16 * 1024
 
@@ -171,6 +172,29 @@ def test_envelopes_follow_the_contract(recording):
         assert len(record.value) <= MAX_ENVELOPE_BYTES
     for event in recording["events"]:
         assert set(EVENT_FIELDS[event["kind"]]) <= set(event), event["kind"]
+
+
+def test_the_sink_takes_every_envelope_on_its_typed_path(recording, monkeypatch):
+    """What real producers send fits the sink's typed path (sinks.rows), which gives
+    the rows its checked, event-by-event path gives."""
+    messages = [Message(RAW, r.topic, r.partition, r.offset, r.key, r.value, r.timestamp)
+                for r in recording["records"]]
+    now = time.time()
+    typed = Batch()
+    for m in messages:
+        typed.add(m, now)
+    assert typed.n_checked == 0
+    assert len(typed.tables["dead_letters"]) == 0
+    kinds = {e["kind"] for e in recording["events"]}
+    assert kinds >= {TRANSITION, GRAPH, SPAN, EVENT, LIFECYCLE, SCHEDULER_METRICS, WORKER_METRICS,
+                     WORKER_DIGESTS, LOG}
+    monkeypatch.setattr(Batch, "_add_typed", lambda self, message, now: False)
+    checked = Batch()
+    for m in messages:
+        checked.add(m, now)
+    for table in COLUMNS:
+        assert list(zip(*typed.tables[table].columns)) == list(zip(*checked.tables[table].columns)), table
+    assert len(typed.tables["transitions"]) == len(_of_kind(recording, TRANSITION))
 
 
 def test_transitions_equal_scheduler_story(recording):

@@ -52,7 +52,7 @@ def test_an_envelope_becomes_rows_of_each_kind():
     ]
     batch = Batch()
     batch.add(message(envelope(events, seq=7)), NOW)
-    assert dead(batch) == []
+    assert dead(batch) == [] and batch.n_checked == 0  # the typed path takes every kind
     trans = rows(batch, "transitions")
     assert [(r["key"], r["start"], r["finish"], r["seq"], r["idx"]) for r in trans] == [
         ("('x-1', 0)", "waiting", "processing", 7, 0), ("('x-1', 0)", "processing", "memory", 7, 1)]
@@ -105,19 +105,56 @@ def test_a_bad_event_is_dead_lettered_and_its_neighbours_loaded(bad, reason):
     assert orjson.loads(letter["payload"])["key"] == events[2]["key"]
 
 
-def test_both_conversion_paths_give_the_same_rows():
-    # A None, an int where floats are usual, tuple keys: the fast path; then the same
-    # events next to one irregular event (a float nbytes), which sends the whole kind
-    # through the event-by-event path.
-    events = [transition(f"('k', {i})", "processing", "memory", NOW - 9 + i, nbytes=i, worker=None,
-                         startstops=[{"action": "compute", "start": NOW - 10, "stop": NOW - 9 + i}])
-              for i in range(5)]
-    fast, slow = Batch(), Batch()
-    fast.add(message(envelope(events)), NOW)
-    slow.add(message(envelope(events + [{**events[0], "nbytes": 4.0}])), NOW)
-    assert rows(slow, "transitions")[:5] == rows(fast, "transitions")
-    assert rows(slow, "transitions")[5]["nbytes"] == 4
-    assert dead(fast) == dead(slow) == []
+#: Events the typed path takes, and changes to one of them that it refuses (the
+#: checked path then converts, or dead-letters, them).
+REGULAR = [
+    *(transition(f"('k', {i})", "processing", "memory", NOW - 9 + i, nbytes=i, worker=None,
+                 startstops=[{"action": "compute", "start": NOW - 10, "stop": NOW - 9 + i}])
+      for i in range(5)),
+    {"kind": contract.LOG, "ts": NOW, "logger": "distributed", "level": "INFO", "message": "m",
+     "process": 99, "exc_text": None},
+    {"kind": contract.SCHEDULER_METRICS, "ts": NOW, "tasks_by_state": {"memory": 3}, "n_workers": 2,
+     "n_threads": None, "memory": 10, "memory_managed": None, "memory_unmanaged": None,
+     "memory_spilled": None, "event_loop_interval": 0.02},
+]
+IRREGULAR = [
+    {"worker": 5},                  # a number where text goes: written out
+    {"nbytes": 4.0},                # an integral float where an integer goes
+    {"ts": 1.0},                    # not a plausible time: a dead letter
+    {"startstops": [{"action": "compute", "start": "soon", "stop": NOW}]},
+    {"kind": "future-kind"},        # a dead letter too
+]
+
+
+def test_both_conversion_paths_give_the_same_rows(monkeypatch):
+    messages = [message(envelope(REGULAR), offset=0)]
+    messages += [message(envelope([*REGULAR, {**REGULAR[0], **change}]), offset=i + 1)
+                 for i, change in enumerate(IRREGULAR)]
+    # An integer beyond 64 bits: orjson reads it as a float, msgspec as an int that
+    # orjson cannot write back as JSON text.
+    big = {"kind": contract.EVENT, "ts": NOW, "topic": "t", "msg": {"n": "BIG"}}
+    messages.append(message(orjson.dumps(envelope([big])).replace(b'"BIG"', str(2**70).encode()),
+                            offset=len(messages)))
+    typed = Batch()
+    for m in messages:
+        typed.add(m, NOW)
+    assert typed.n_checked == len(messages) - 1  # all but the first
+    monkeypatch.setattr(Batch, "_add_typed", lambda self, message, now: False)
+    checked = Batch()
+    for m in messages:
+        checked.add(m, NOW)
+    assert checked.n_checked == len(messages)
+    for table in COLUMNS:
+        assert rows(typed, table) == rows(checked, table), table
+    # What the checked path made of the irregular values:
+    trans = rows(typed, "transitions")
+    assert len(trans) == 5 * len(IRREGULAR) + 5 + 2  # two changes load, three are dead letters
+    assert [t["worker"] for t in trans[5:11]] == [""] * 5 + ["5"]
+    assert trans[16]["key"] == "('k', 0)" and type(trans[16]["nbytes"]) is int and trans[16]["nbytes"] == 4
+    assert [r["process"] for r in rows(typed, "logs")][:1] == ["99"]
+    assert orjson.loads(rows(typed, "events")[0]["msg"]) == {"n": float(2**70)}
+    assert [r["reason"].split(":")[0] for r in rows(typed, "dead_letters")] == [
+        "event 7", "event 7", "event 7"]
 
 
 def test_unknown_event_kinds_are_kept_as_dead_letters():
