@@ -4,8 +4,8 @@ The sink inserts with clickhouse-connect's ``insert_arrow`` (Arrow IPC, encoded 
 and decoded by ClickHouse -- the same for chDB and an HTTP server). The Arrow type of
 each column is derived from the ClickHouse column type read from ``system.columns``,
 so the schema has one source of truth: the SQL. Time columns arrive as float seconds
-(see sinks.rows) and become DateTime64 microseconds (or DateTime seconds) here, in
-bulk.
+(see sinks.rows) and become DateTime64 microseconds (or DateTime seconds) here, and
+None in a text column becomes '', in bulk.
 """
 
 from __future__ import annotations
@@ -97,6 +97,8 @@ def converter(ch_type: str) -> Callable[[list], pa.Array]:
     if needs_finish and base.startswith("Array(Array("):
         raise UnsupportedType(f"nested arrays of times are not supported: {ch_type}")
     element = converter(base[6:-1]) if base.startswith("Array(") else None
+    # sinks.rows keeps None for '' in text columns; ClickHouse's String is not Nullable.
+    empty = "" if raw == pa.string() and "Nullable(" not in ch_type else None
 
     def convert(values) -> pa.Array:
         if isinstance(values, FlatLists):
@@ -104,6 +106,8 @@ def converter(ch_type: str) -> Callable[[list], pa.Array]:
             np.cumsum(np.array(values.lengths, dtype=np.int32), out=offsets[1:])
             return pa.ListArray.from_arrays(pa.array(offsets), element(values.values))
         array = pa.array(values, type=raw)
+        if empty is not None and array.null_count:
+            array = pc.fill_null(array, empty)
         return _finish(array, ch_type) if needs_finish else array
 
     return convert

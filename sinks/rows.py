@@ -17,8 +17,8 @@ instead: decoded with orjson and converted event by event, value by value, to fi
 out which event is wrong and why. Both give the same rows for what both accept.
 
 Rows are kept as columns (one Python list per column, in :data:`COLUMNS` order).
-Times are kept as float seconds; the loader turns them into ClickHouse's DateTime64
-in bulk.
+Times are kept as float seconds, and text columns hold None for the empty string; the
+loader turns them into ClickHouse's DateTime64 and '' in bulk (sinks.arrow).
 
 Each row keeps a reference to the message (and event) it came from, so a row
 ClickHouse rejects can be dead-lettered precisely (see ``sinks.loader``).
@@ -27,6 +27,7 @@ ClickHouse rejects can be dead-lettered precisely (see ``sinks.loader``).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 import operator
 import sys
@@ -181,11 +182,10 @@ def _event_time(value, field, now):
 
 
 def _text(value, field, now=None):
-    """A string column: None is '', numbers are written out, anything else is invalid."""
-    if type(value) is str:
+    """A string column: None stays None (''), numbers are written out, anything else is
+    invalid."""
+    if type(value) is str or value is None:
         return value
-    if value is None:
-        return ""
     if type(value) in (int, float):
         return repr(value)
     raise Invalid(f"{field}: expected a string, got {type(value).__name__}")
@@ -294,10 +294,6 @@ def _col_as_is(values, now):
     return values
 
 
-def _col_text(values, now):
-    return ["" if v is None else v for v in values] if None in values else values
-
-
 def _col_text_or_number(values, now):
     return [_text(v, "") for v in values]
 
@@ -316,18 +312,14 @@ def _col_map(values, now):
     return [{} if v is None else v for v in values] if None in values else values
 
 
-_startstop_fields = operator.attrgetter("action", "start", "stop", "source")
-
-
 def _col_startstops(values, now):
     """Dask's startstops, all of an envelope's at once, kept flat with the row
     lengths: no list per row."""
     lists = [v or () for v in values] if None in values else values
     lengths = list(map(len, lists))
     entries = [s for entries in lists for s in entries]
-    actions, starts, stops, sources = zip(*map(_startstop_fields, entries)) if entries else ((),) * 4
-    return [FlatLists(_col_text(actions, now), lengths), FlatLists(starts, lengths),
-            FlatLists(stops, lengths), FlatLists(_col_text(sources, now), lengths)]
+    columns = zip(*map(msgspec.structs.astuple, entries)) if entries else ((),) * 4
+    return [FlatLists(column, lengths) for column in columns]
 
 
 class FlatLists:
@@ -391,6 +383,7 @@ _Number = Annotated[float, msgspec.Meta(ge=-sys.float_info.max, le=sys.float_inf
 
 
 class _StartStop(msgspec.Struct, kw_only=True, gc=False):
+    # In the order of the startstops.* columns (see _col_startstops).
     action: str | None = None
     start: _Time
     stop: _Time
@@ -400,7 +393,7 @@ class _StartStop(msgspec.Struct, kw_only=True, gc=False):
 #: Field kind -> (check, typed, column[, width]) of its Field. A typed value must be
 #: one the check accepts unchanged, or the two paths would give different rows.
 _KINDS: dict[str, tuple] = {
-    "text": (_text, str | None, _col_text),
+    "text": (_text, str | None, _col_as_is),
     "text|number": (_text, str | int | float | None, _col_text_or_number),
     "key": (_key, str, _col_as_is),
     "event_time": (_event_time, Annotated[float, msgspec.Meta(ge=_EARLIEST, le=_TIME_MAX)],
@@ -480,12 +473,9 @@ def _types(values) -> set:
 
 
 def _texts(values: list) -> list:
-    """A column of text ('' for None), or _Irregular."""
-    types = _types(values)
-    if types <= {str}:
+    """A column of text, or _Irregular."""
+    if _types(values) <= {str, _NONE}:
         return values
-    if types <= {str, _NONE}:
-        return ["" if v is None else v for v in values]
     raise _Irregular
 
 
@@ -640,7 +630,7 @@ def _processor_dead_letter(rec: dict, now: float):
     yield "dead_letters", (
         "processor", _text(rec.get("topic"), "topic"), _count(rec.get("partition") or 0, "partition"),
         _int(-1 if offset is None else offset, "offset"), _text(rec.get("key"), "key"),
-        _text(rec["reason"], "reason"), _text(rec.get("payload"), "payload")[:PAYLOAD_MAX],
+        _text(rec["reason"], "reason"), (_text(rec.get("payload"), "payload") or "")[:PAYLOAD_MAX],
         _time(now if detected_at is None else detected_at, "detected_at"),
     )
 
@@ -859,12 +849,13 @@ class Batch:
             if len(distinct) == 1:
                 indexes, selected = list(range(len(events))), events
             else:
-                indexes = [i for i, k in enumerate(kinds) if k is struct]
-                selected = [events[i] for i in indexes]
+                mask = list(map(operator.is_, kinds, itertools.repeat(struct)))
+                indexes = list(itertools.compress(range(len(events)), mask))
+                selected = list(itertools.compress(events, mask))
             if kind in EVENT_LAYOUTS:
                 columns = _typed_columns(kind, env, selected, indexes, now)
                 yield (EVENT_LAYOUTS[kind][0], _Block(columns, len(indexes)),
-                       [(message, i) for i in indexes])
+                       list(zip(itertools.repeat(message), indexes)))
                 continue
             for idx, event in zip(indexes, selected):
                 for table, row in EVENT_CONVERTERS[kind](env, msgspec.structs.asdict(event), now):

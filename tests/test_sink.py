@@ -126,6 +126,9 @@ def test_sink_loads_every_topic_and_dead_letters_what_cannot_be_stored(bb_config
         assert count(backend, "transitions") == expected_transitions
         assert count(backend, "envelopes") == 10 + 1 + 1
         assert count(backend, "logs") == count(backend, "events") == 10
+        # Text an event leaves out (or sends as null) is '' in ClickHouse.
+        assert backend.query("SELECT worker, typename, cause FROM blackbox.transitions "
+                             "WHERE key = 'n-0'")[1] == [("", "", "")]
         _, letters = backend.query("SELECT origin, reason, payload FROM blackbox.dead_letters ORDER BY reason")
         reasons = [(origin, reason) for origin, reason, _ in letters]
         assert ("processor", "envelope lacks field(s) seq") in reasons

@@ -58,7 +58,7 @@ def test_an_envelope_becomes_rows_of_each_kind():
         ("('x-1', 0)", "waiting", "processing", 7, 0), ("('x-1', 0)", "processing", "memory", 7, 1)]
     assert trans[0]["nbytes"] is None and trans[1]["nbytes"] == 80
     assert trans[1]["startstops.action"] == ["compute", "transfer"]
-    assert trans[1]["startstops.source"] == ["", "tcp://w:2"]
+    assert trans[1]["startstops.source"] == [None, "tcp://w:2"]  # None: '' (sinks.arrow)
     assert trans[1]["startstops.start"] == [t, t - 1]
     assert rows(batch, "logs")[0]["process"] == "1234"
     assert orjson.loads(rows(batch, "events")[0]["msg"]) == {"start": 1.5, "stop": 2}
@@ -149,7 +149,7 @@ def test_both_conversion_paths_give_the_same_rows(monkeypatch):
     # What the checked path made of the irregular values:
     trans = rows(typed, "transitions")
     assert len(trans) == 5 * len(IRREGULAR) + 5 + 2  # two changes load, three are dead letters
-    assert [t["worker"] for t in trans[5:11]] == [""] * 5 + ["5"]
+    assert [t["worker"] for t in trans[5:11]] == [None] * 5 + ["5"]
     assert trans[16]["key"] == "('k', 0)" and type(trans[16]["nbytes"]) is int and trans[16]["nbytes"] == 4
     assert [r["process"] for r in rows(typed, "logs")][:1] == ["99"]
     assert orjson.loads(rows(typed, "events")[0]["msg"]) == {"n": float(2**70)}
