@@ -12,9 +12,10 @@ import json
 PREFIX = "BENCH "
 
 
-def report(metric: str, value: float, unit: str, target: float, aim: float | None = None,
+def report(metric: str, value: float, unit: str, target: float | None, aim: float | None = None,
            better: str = "lower") -> None:
-    """Print one figure against its target (``better`` is "lower" or "higher")."""
+    """Print one figure against its target (``better`` is "lower" or "higher"); a
+    ``target`` of None shows the figure for context only."""
     if better not in ("lower", "higher"):
         raise ValueError(f"better must be 'lower' or 'higher', not {better!r}")
     print(PREFIX + json.dumps({"metric": metric, "value": value, "unit": unit,

@@ -45,6 +45,13 @@ def run(script: str, quick: bool, logs: pathlib.Path) -> tuple[list[dict], str]:
     return figures, f"{status}, {time.monotonic() - t0:.0f}s"
 
 
+def bound(figure: dict) -> str:
+    """The target as "<= 1.05" / ">= 1e+05", or "-" for a figure shown for context."""
+    if figure["target"] is None:
+        return "-"
+    return ("<= " if figure["better"] == "lower" else ">= ") + f"{figure['target']:g}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
@@ -61,9 +68,8 @@ def main() -> int:
         for f in figures:
             target, aim = meets(f, f["target"]), meets(f, f["aim"])
             failed |= target is False
-            rows.append((script, f["metric"], f"{f['value']:.4g} {f['unit']}",
-                         ("<= " if f["better"] == "lower" else ">= ") + f"{f['target']:g}",
-                         "met" if target else "MISSED",
+            rows.append((script, f["metric"], f"{f['value']:.4g} {f['unit']}", bound(f),
+                         "-" if target is None else ("met" if target else "MISSED"),
                          "-" if aim is None else ("met" if aim else "not yet")))
         if not figures:
             rows.append((script, "(no figures)", status, "", "", ""))
