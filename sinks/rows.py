@@ -829,12 +829,9 @@ class Batch:
             return False
         finishes: Any = ()
         for table, data, refs in converted:
-            if type(data) is _Block:
-                self.tables[table].extend(data.columns, refs)
-                if table == "transitions":
-                    finishes = data.columns[_FINISH]
-            else:
-                self.tables[table].append(data, refs)
+            self._put(table, data, refs)
+            if table == "transitions" and type(data) is _Block:
+                finishes = data.columns[_FINISH]
         self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, len(wire.events),
                                finishes)
         return True
@@ -858,9 +855,14 @@ class Batch:
                        list(zip(itertools.repeat(message), indexes)))
                 continue
             for idx, event in zip(indexes, selected):
-                for table, row in EVENT_CONVERTERS[kind](env, msgspec.structs.asdict(event), now):
-                    ref = (message, idx)
-                    yield table, row, ([ref] * row.n_rows if type(row) is _Block else ref)
+                yield from _converted(kind, message, env, msgspec.structs.asdict(event), idx, now)
+
+    def _put(self, table: str, data, refs) -> None:
+        """Add a row (``refs``: its reference) or a _Block (a reference per row)."""
+        if type(data) is _Block:
+            self.tables[table].extend(data.columns, refs)
+        else:
+            self.tables[table].append(data, refs)
 
     def _add_envelope_row(self, message: Message, env: _Envelope, cluster_name: str,
                           sent_at: float, n_events: int, finishes) -> None:
@@ -907,15 +909,12 @@ class Batch:
     def _add_converted(self, kind: str, message: Message, env: _Envelope, events: list,
                        idx: int, now: float) -> None:
         try:
-            converted = list(EVENT_CONVERTERS[kind](env, events[idx], now))
+            converted = list(_converted(kind, message, env, events[idx], idx, now))
         except Invalid as e:
             self.dead_letter(message, idx, f"{kind}: {e}", now, _json(events[idx]))
             return
-        for table, row in converted:
-            if isinstance(row, _Block):
-                self.tables[table].extend(row.columns, [(message, idx)] * row.n_rows)
-            else:
-                self.tables[table].append(row, (message, idx))
+        for table, data, refs in converted:
+            self._put(table, data, refs)
 
     def _add_records(self, message: Message, decoded: Any, now: float) -> None:
         required, convert = RECORD_CONVERTERS[message.topic]
@@ -935,6 +934,14 @@ class Batch:
                 continue
             for table, row in converted:
                 self.tables[table].append(row, (message, event))
+
+
+def _converted(kind: str, message: Message, env: _Envelope, event: dict, idx: int, now: float):
+    """(table, row or _Block, reference or references) of event ``idx`` of a kind in
+    EVENT_CONVERTERS; raises Invalid."""
+    ref = (message, idx)
+    for table, row in EVENT_CONVERTERS[kind](env, event, now):
+        yield table, row, ([ref] * row.n_rows if type(row) is _Block else ref)
 
 
 def _layout_row(layout: tuple, env: _Envelope, event: dict, idx: int, now: float) -> tuple:
