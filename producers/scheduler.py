@@ -189,31 +189,27 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         else:
             prefix, group, span_id = tg.prefix.name, tg.name, tg.span_id
         ts = logged if type(logged) is float else logged[5]  # Transition.timestamp
-        if not kwargs:  # most transitions carry nothing
-            return {
-                "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix,
-                "group": group, "span_id": span_id, "start": start, "finish": finish,
-                "stimulus_id": stimulus_id, "worker": None, "nbytes": None,
-                "typename": None, "startstops": None, "exception": None,
-                "traceback": None, "cause": None,
-            }
-        exception = traceback = cause = None
-        max_chars = self.settings.max_value_bytes
-        if isinstance(text := kwargs.get("exception_text"), str):
-            exception = cap_text(text, max_chars)
-        elif (raised := kwargs.get("exception")) is not None:
-            # The scheduler's own errors (KilledWorker) come pickled, without text.
-            exception = cap_text(_exception_text(raised), max_chars)
-        if isinstance(text := kwargs.get("traceback_text"), str):
-            traceback = cap_text(text, max_chars)
-        if (blamed := kwargs.get("cause")) is not None:
-            cause = encode_key(blamed)
+        worker = nbytes = typename = startstops = exception = traceback = cause = None
+        if kwargs:  # most transitions carry nothing: skip the lookups
+            worker = kwargs.get("worker")
+            nbytes = kwargs.get("nbytes")
+            typename = kwargs.get("typename")
+            startstops = kwargs.get("startstops")
+            max_chars = self.settings.max_value_bytes
+            if isinstance(text := kwargs.get("exception_text"), str):
+                exception = cap_text(text, max_chars)
+            elif (raised := kwargs.get("exception")) is not None:
+                # The scheduler's own errors (KilledWorker) come pickled, without text.
+                exception = cap_text(_exception_text(raised), max_chars)
+            if isinstance(text := kwargs.get("traceback_text"), str):
+                traceback = cap_text(text, max_chars)
+            if (blamed := kwargs.get("cause")) is not None:
+                cause = encode_key(blamed)
         return {
             "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix, "group": group,
             "span_id": span_id, "start": start, "finish": finish,
-            "stimulus_id": stimulus_id, "worker": kwargs.get("worker"),
-            "nbytes": kwargs.get("nbytes"), "typename": kwargs.get("typename"),
-            "startstops": kwargs.get("startstops"), "exception": exception,
+            "stimulus_id": stimulus_id, "worker": worker, "nbytes": nbytes,
+            "typename": typename, "startstops": startstops, "exception": exception,
             "traceback": traceback, "cause": cause,
         }
 
