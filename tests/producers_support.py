@@ -1,11 +1,10 @@
 """Helpers for the producers' tests: reading what the producers published, a broker
-of a test's own (to kill and restart), and waiting for a condition."""
+of a test's own (to kill and restart), and waiting for the scheduler's deliveries."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections import defaultdict
 
 import dask.config
@@ -14,6 +13,7 @@ from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, validate_envelope
 from dask_blackbox.tansu import free_port, start_broker
 from kafka_reader import read_json
+from polling import wait_for
 
 
 def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
@@ -52,15 +52,6 @@ def story_by_key(transition_log) -> dict[str, list[tuple]]:
     for key, start, finish, _recs, stimulus_id, _ts in transition_log:
         out[encode_key(key)].append((start, finish, stimulus_id))
     return dict(out)
-
-
-def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, what: str = "") -> None:
-    """Poll ``predicate`` until true; fail the test if it never becomes true."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what or predicate}")
-        time.sleep(interval)
 
 
 class OwnBroker:
@@ -116,5 +107,5 @@ def wait_scheduler_delivered(client, timeout: float = 60.0) -> None:
     called (polling adds events of its own: run_function logs, so "buffer empty"
     is no criterion)."""
     target = client.run_on_scheduler(scheduler_plugin_stats)["accepted_events"]
-    wait_until(lambda: client.run_on_scheduler(_scheduler_delivered, target),
-               timeout=timeout, what=f"delivery of the scheduler's first {target} events")
+    wait_for(lambda: client.run_on_scheduler(_scheduler_delivered, target), timeout,
+             f"delivery of the scheduler's first {target} events", interval=0.05)

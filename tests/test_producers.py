@@ -30,11 +30,12 @@ from dask_blackbox.contract import (
 )
 from dask_blackbox.tansu import free_port
 from kafka_reader import read_records
+from polling import wait_for
 from producers.encode import sanitize
 from producers.settings import ProducerSettings
 from producers.transport import Transport
 from producers_support import (
-    published, scheduler_transitions, seqs_by_producer, story_by_key, wait_until,
+    published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
 from sinks.rows import COLUMNS, Batch, Message
 
@@ -132,8 +133,8 @@ def recording(broker):
                 with Client(cluster) as second:
                     out["second_client"] = second.id
                 cluster.scale(2)
-                wait_until(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2,
-                           what="scale down to 2 workers")
+                wait_for(lambda: len(client.scheduler_info(n_workers=-1)["workers"]) == 2, 30,
+                         "scale down to 2 workers", interval=0.05)
                 out["snapshot"] = client.run_on_scheduler(_snapshot)
                 out["get_events"] = client.get_events()
                 del y

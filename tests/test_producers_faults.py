@@ -24,9 +24,10 @@ import producers
 from conftest import subprocess_env
 from dask_blackbox.contract import DROPS, LOG, TRANSITION, WORKER_METRICS, encode_key
 from dask_blackbox.tansu import free_port
+from polling import wait_for
 from producers_support import (
     own_broker, published, scheduler_plugin_stats, scheduler_transitions,
-    seqs_by_producer, story_by_key, wait_scheduler_delivered, wait_until,
+    seqs_by_producer, story_by_key, wait_scheduler_delivered,
 )
 
 FAST = {
@@ -177,7 +178,7 @@ def test_sigkilled_scheduler_loses_at_most_its_last_flush(bb_config):
         client.wait_for_workers(1, timeout=60)
         cluster_id = client.scheduler_info()["id"]
         busy = client.map(_inc_slowly, range(3000))  # keeps it busy through the kill
-        wait_until(lambda: sum(f.done() for f in busy) > 100, what="work under way")
+        wait_for(lambda: sum(f.done() for f in busy) > 100, 30, "work under way", interval=0.05)
         snapshot = client.run_on_scheduler(_logged_transitions)
         time.sleep(2.0)
         procs[0].send_signal(signal.SIGKILL)
