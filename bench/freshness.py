@@ -38,9 +38,9 @@ def main() -> None:
     args = parser.parse_args()
     seconds = 15.0 if args.quick else args.seconds
 
-    import producers
-    from dask_blackbox.local import LocalPipeline
-    from sinks import queries
+    from dask_blackbox import producers
+    from dask_blackbox.cli.supervisor import LocalPipeline
+    from dask_blackbox.read import queries
 
     with tempfile.TemporaryDirectory() as data_dir:
         dask.config.set({"blackbox.data-dir": data_dir})

@@ -9,7 +9,7 @@ import uuid
 import dask.config
 
 from dask_blackbox import kafka
-from dask_blackbox.tansu import start_broker
+from dask_blackbox.cli.tansu import start_broker
 
 
 @contextlib.contextmanager

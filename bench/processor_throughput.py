@@ -6,7 +6,7 @@
    ``ClusterState``s in this process, checkpointing like a worker does.
 3. B, end to end: ``--copies`` copies of the recording, each under a new cluster id
    and new producer ids (so they count as distinct clusters), are published to a
-   fresh raw topic; then one ``faust -A stream_processors.app worker`` is started and
+   fresh raw topic; then one ``faust -A dask_blackbox.stream_processors.app worker`` is started and
    processes them as fast as it goes. Measured from the moment its first batch began
    to the moment its last batch was done (its ``/blackbox/stats/``): events per
    second of wall clock, and per second of the worker process's CPU time (per core).
@@ -35,13 +35,13 @@ import dask.array as da
 import orjson
 from distributed import Client, LocalCluster, span
 
-import producers
+from dask_blackbox import producers
 from dask_blackbox import kafka
-from dask_blackbox.tansu import free_port, start_broker
+from dask_blackbox.cli.tansu import free_port, start_broker
 from report import report
-from stream_processors import envelopes, replay
-from stream_processors.checkpoint import Journal
-from stream_processors.cluster import ClusterState
+from dask_blackbox.stream_processors import envelopes, replay
+from dask_blackbox.stream_processors.checkpoint import Journal
+from dask_blackbox.stream_processors.cluster import ClusterState
 
 TARGET, AIM = 50_000, 200_000
 
@@ -104,7 +104,7 @@ def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
     port = free_port()
     with open(os.path.join(workdir, "faust.log"), "w") as log:
         worker = subprocess.Popen(
-            ["faust", "-A", "stream_processors.app", "--datadir", os.path.join(workdir, "d"),
+            ["faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", os.path.join(workdir, "d"),
              "-l", "warn", "worker", "--web-port", str(port), "--web-host", "127.0.0.1"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -16,7 +16,7 @@ consumer runs per batch) into a fresh chDB directory. Then it prints:
   span tree, and top prefixes over the last day across all clusters.
 
 ``--e2e N`` additionally loads N transitions end to end: a Tansu broker, the sink as a
-subprocess (``python -m sinks.service``), the envelopes produced to Kafka as the
+subprocess (``python -m dask_blackbox.cli.sink``), the envelopes produced to Kafka as the
 producers send them (zstd). Twice: produced while the sink runs, timed from the first
 message produced to the last row loaded (the bench's producer shares the two cores);
 and as a backlog in Kafka before the sink starts, timed from the first loaded batch to
@@ -48,11 +48,12 @@ import dask.config
 import orjson
 
 from dask_blackbox import config, contract, kafka
-from sinks import clickhouse, queries
-from sinks.loader import Loader
-from sinks.rows import Batch, Message
-from sinks.schema import Target, migrate
-from sinks.service import tune_gc
+from dask_blackbox import clickhouse
+from dask_blackbox.read import backends, queries
+from dask_blackbox.sinks.loader import Loader
+from dask_blackbox.sinks.rows import Batch, Message
+from dask_blackbox.sinks.schema import Target, migrate
+from dask_blackbox.sinks.service import tune_gc
 
 from report import report
 
@@ -414,7 +415,7 @@ def in_process(args, directory: pathlib.Path) -> dict:
     result["optimize_s"] = time.perf_counter() - t
     result["bytes_transitions_merged"], _ = disk_bytes(client, "blackbox", "transitions")
 
-    backend = queries.DirectBackend(client, "blackbox")
+    backend = backends.DirectBackend(client, "blackbox")
     rng = random.Random(7)
     picks = [rng.choice(samples) for _ in range(args.repeat)]
     it = iter(picks * 3)
@@ -445,7 +446,7 @@ def end_to_end(args, root: pathlib.Path) -> dict:
     """N transitions through Tansu and the sink subprocess, twice: produced while the
     sink runs (the bench's producer shares the two cores with broker and sink), and as
     a backlog the sink drains on its own."""
-    from dask_blackbox.tansu import start_broker
+    from dask_blackbox.cli.tansu import start_broker
     from aiokafka import AIOKafkaProducer
 
     broker, port = start_broker()
@@ -468,11 +469,11 @@ def end_to_end(args, root: pathlib.Path) -> dict:
         env = dict(os.environ)
         env.update({"DASK_" + k.upper().replace(".", "__").replace("-", "_"): v
                     for k, v in settings(name).items()})
-        sink = subprocess.Popen([sys.executable, "-m", "sinks.service"], env=env,
+        sink = subprocess.Popen([sys.executable, "-m", "dask_blackbox.cli.sink"], env=env,
                                 stdout=subprocess.PIPE, stderr=open(root / f"{name}-sink.log", "wb"))
         sinks.append(sink)
         assert b"sink ready" in sink.stdout.readline(), (root / f"{name}-sink.log").read_text()
-        return sink, queries.running_sink()
+        return sink, backends.running_sink()
 
     def produce(messages):
         async def send():

@@ -41,7 +41,7 @@ import dask.config
 import psutil
 from distributed import Client, LocalCluster
 
-import producers
+from dask_blackbox import producers
 from local_broker import local_broker
 from report import report
 

@@ -53,7 +53,7 @@ def record(seconds: float) -> list[tuple[float, dict]]:
     import pandas as pd
     from distributed import Client, LocalCluster, span
 
-    import producers
+    from dask_blackbox import producers
 
     def boom(x):
         raise ValueError(x)
@@ -81,7 +81,7 @@ def record(seconds: float) -> list[tuple[float, dict]]:
 
 
 def _read_raw() -> list[tuple[float, dict]]:
-    from stream_processors.replay import read_raw
+    from dask_blackbox.stream_processors.replay import read_raw
 
     envelopes = sorted((orjson.loads(value) for _, value in asyncio.run(read_raw(idle=3))),
                        key=lambda e: e["sent_at"])
@@ -147,9 +147,9 @@ def main() -> None:
     args = parser.parse_args()
     seconds, rec_seconds = (60.0, 10.0) if args.quick else (args.seconds, args.record)
 
-    from dask_blackbox.demo import quiet_dask_console
-    from dask_blackbox.local import LocalPipeline, wait_drained
-    from sinks import queries
+    from dask_blackbox.cli.demo import quiet_dask_console
+    from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
+    from dask_blackbox.read import queries
 
     quiet_dask_console()  # the recording's failing tasks fail on purpose
     with tempfile.TemporaryDirectory() as data_dir:

@@ -24,8 +24,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 
 from local_broker import local_broker
 from report import report
-from producers.scheduler import BlackboxSchedulerPlugin
-from producers.settings import ProducerSettings
+from dask_blackbox.producers.scheduler import BlackboxSchedulerPlugin
+from dask_blackbox.producers.settings import ProducerSettings
 
 BATCH = 1_000  # calls between two waits for the sender to drain
 BATCHES_PER_ROUND = 20

@@ -9,8 +9,10 @@ way Dask's own subprojects do it. Users override them in their Dask YAML files, 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import pathlib
+import re
 import ssl
 from typing import Any
 from urllib.parse import urlparse
@@ -41,8 +43,10 @@ def get(key: str, default: Any = ...) -> Any:
         raise ConfigError(f"blackbox.{key} is not set") from None
 
 
-def get_seconds(key: str) -> float:
-    """A duration setting in seconds ("100ms", "1s", 5 are all accepted)."""
+def get_seconds(key: str, minimum: float = 0.0) -> float:
+    """A duration setting in seconds ("100ms", "1s", 5 are all accepted), at least
+    ``minimum`` seconds. Pass a positive ``minimum`` where 0 makes no sense (an
+    interval, a timeout): then 0 is refused here, and callers need not re-check."""
     value = get(key)
     try:
         seconds = parse_timedelta(value, default="seconds")
@@ -50,6 +54,8 @@ def get_seconds(key: str) -> float:
         raise ConfigError(f"blackbox.{key}: {value!r} is not a duration") from None
     if seconds is None or seconds < 0:
         raise ConfigError(f"blackbox.{key}: {value!r} must be a positive duration")
+    if seconds < minimum:
+        raise ConfigError(f"blackbox.{key}: {value!r} must be at least {minimum:g}s")
     return seconds
 
 
@@ -84,9 +90,29 @@ def data_dir() -> pathlib.Path:
 
 def topic(name: str) -> str:
     """Full Kafka topic name for a contract topic (see ``dask_blackbox.contract``)."""
-    from dask_blackbox.contract import topic_name
+    return KafkaSettings.from_config().topic(name)
 
-    return topic_name(str(get("kafka.topic-prefix") or ""), name)
+
+# ------------------------------------------------------------------ secrets
+
+_SECRET_PATTERNS = (
+    # scheme://user:password@host
+    (re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]*)(?P<post>@)"), "***"),
+    # password=..., token=..., secret=... in query strings, key=value text and JSON
+    (re.compile(r"(?P<pre>(?:password|passwd|pwd|token|secret|sasl[-_]password)\"?\s*[=:]\s*\"?)"
+                r"(?P<secret>[^&\s\",}]+)(?P<post>)", re.I), "***"),
+)
+
+
+def redact(text: Any) -> str:
+    """``text`` with every password, token and secret replaced by ``***``: user
+    info in URLs (``http://bob:secret@host``), and ``password=``, ``token=``,
+    ``secret=`` values in query strings, settings and JSON. The one redaction used
+    for anything printed, logged, raised or written where others can read it."""
+    out = str(text)
+    for pattern, replacement in _SECRET_PATTERNS:
+        out = pattern.sub(lambda m: m.group("pre") + replacement + m.group("post"), out)
+    return out
 
 
 # ----------------------------------------------------------------------- Kafka
@@ -96,9 +122,26 @@ _SASL_MECHANISMS = ("PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512")
 _COMPRESSIONS = ("none", "gzip", "snappy", "lz4", "zstd")
 
 
+#: The broker used when none is configured and no local pipeline runs.
+DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
+
+
+def running_up() -> dict | None:
+    """The run file of a live ``dask-blackbox up`` on this data directory, or None."""
+    from dask_blackbox import runfiles
+
+    return runfiles.read(data_dir(), runfiles.UP)
+
+
 def bootstrap_servers() -> list[str]:
-    """``blackbox.kafka.bootstrap-servers`` as a list of ``host:port``."""
+    """``blackbox.kafka.bootstrap-servers`` as a list of ``host:port``.
+
+    When it is not set (null, the default), the broker of a live ``dask-blackbox up``
+    on the same data directory is used, and failing that ``127.0.0.1:9092``: a
+    configured value always wins."""
     value = get("kafka.bootstrap-servers")
+    if value is None:
+        value = (running_up() or {}).get("kafka") or DEFAULT_BOOTSTRAP
     servers = value.split(",") if isinstance(value, str) else list(value or ())
     servers = [s.strip() for s in servers if str(s).strip()]
     if not servers:
@@ -142,7 +185,8 @@ def kafka_client_kwargs() -> dict[str, Any]:
             sasl_plain_password=str(password),
         )
     if protocol in ("SSL", "SASL_SSL"):
-        kwargs["ssl_context"] = _ssl_context()
+        kwargs["ssl_context"] = _ssl_context(
+            *(get(f"kafka.ssl-{k}") for k in ("cafile", "certfile", "keyfile")))
     return kwargs
 
 
@@ -170,10 +214,7 @@ def compression() -> str | None:
     return name
 
 
-def _ssl_context() -> ssl.SSLContext:
-    cafile, certfile, keyfile = (
-        get(f"kafka.ssl-{k}") for k in ("cafile", "certfile", "keyfile")
-    )
+def _ssl_context(cafile: str | None, certfile: str | None, keyfile: str | None) -> ssl.SSLContext:
     for key, path in (("cafile", cafile), ("certfile", certfile), ("keyfile", keyfile)):
         if path and not os.path.isfile(os.path.expanduser(path)):
             raise ConfigError(f"blackbox.kafka.ssl-{key}: no file at {path!r}")
@@ -188,6 +229,80 @@ def _ssl_context() -> ssl.SSLContext:
             os.path.expanduser(keyfile) if keyfile else None,
         )
     return context
+
+
+def topic_prefix() -> str:
+    """``blackbox.kafka.topic-prefix``; when no broker is configured and a local
+    ``up`` runs, that pipeline's prefix (see :func:`bootstrap_servers`)."""
+    if get("kafka.bootstrap-servers") is None and (up := running_up()) is not None:
+        return str(up.get("topic_prefix") or "")
+    return str(get("kafka.topic-prefix") or "")
+
+
+@dataclasses.dataclass(frozen=True)
+class KafkaSettings:
+    """The ``blackbox.kafka`` section, resolved and validated once; plain picklable
+    data (the SSL context is built by :meth:`client_kwargs` where it is used).
+    Secrets stay out of ``repr``."""
+
+    bootstrap_servers: tuple[str, ...]
+    topic_prefix: str
+    security_protocol: str = "PLAINTEXT"
+    sasl_mechanism: str | None = None
+    sasl_username: str | None = None
+    sasl_password: str | None = dataclasses.field(default=None, repr=False)
+    ssl_cafile: str | None = None
+    ssl_certfile: str | None = None
+    ssl_keyfile: str | None = None
+    compression: str | None = "zstd"
+    partitions: int = 1
+    replication_factor: int = 1
+    retention_seconds: float = 86400.0
+
+    @classmethod
+    def from_config(cls) -> KafkaSettings:
+        """Read and validate ``blackbox.kafka.*`` (ConfigError naming the key)."""
+        client = kafka_client_kwargs()
+        return cls(
+            bootstrap_servers=tuple(client["bootstrap_servers"]),
+            topic_prefix=topic_prefix(),
+            security_protocol=client["security_protocol"],
+            sasl_mechanism=client.get("sasl_mechanism"),
+            sasl_username=client.get("sasl_plain_username"),
+            sasl_password=client.get("sasl_plain_password"),
+            ssl_cafile=get("kafka.ssl-cafile"),
+            ssl_certfile=get("kafka.ssl-certfile"),
+            ssl_keyfile=get("kafka.ssl-keyfile"),
+            compression=compression(),
+            partitions=get_int("kafka.partitions"),
+            replication_factor=get_int("kafka.replication-factor"),
+            retention_seconds=get_seconds("kafka.retention", minimum=1.0),
+        )
+
+    def topic(self, name: str) -> str:
+        """Full Kafka topic name for a contract topic."""
+        from dask_blackbox.contract import topic_name
+
+        return topic_name(self.topic_prefix, name)
+
+    def client_kwargs(self) -> dict[str, Any]:
+        """Connection and security keyword arguments for any aiokafka client."""
+        kwargs: dict[str, Any] = {
+            "bootstrap_servers": list(self.bootstrap_servers),
+            "security_protocol": self.security_protocol,
+        }
+        if self.security_protocol.startswith("SASL"):
+            kwargs.update(sasl_mechanism=self.sasl_mechanism,
+                          sasl_plain_username=self.sasl_username,
+                          sasl_plain_password=self.sasl_password)
+        if self.security_protocol in ("SSL", "SASL_SSL"):
+            kwargs["ssl_context"] = _ssl_context(self.ssl_cafile, self.ssl_certfile,
+                                                 self.ssl_keyfile)
+        return kwargs
+
+    def producer_kwargs(self) -> dict[str, Any]:
+        """:meth:`client_kwargs` plus the ``compression_type`` of blackbox producers."""
+        return {**self.client_kwargs(), "compression_type": self.compression}
 
 
 # ------------------------------------------------------------------ ClickHouse

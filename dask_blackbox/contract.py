@@ -15,15 +15,23 @@ gap seen downstream means envelopes were lost, never reordered (messages are key
 ``cluster_id`` and a producer has a single in-flight sender). Every event is a mapping
 with at least ``kind`` and ``ts`` (seconds since the epoch, the producer's clock).
 
-Which fields each kind carries is listed in :data:`EVENT_FIELDS`; ``None`` means
-"unknown here", never an error. Readers must ignore fields they don't know, so adding
-an optional field does not bump :data:`SCHEMA_VERSION`; removing or re-typing one does.
+Each event kind and each derived record is declared once, with its field types, as a
+``TypedDict`` below (:data:`EVENTS`, :data:`RECORDS`); the field-name tuples
+(:data:`EVENT_FIELDS`, :data:`SPAN_STATE_FIELDS`, ...) are derived from them. ``None``
+means "unknown here", never an error. Readers must ignore fields they don't know, so
+adding an optional field does not bump :data:`SCHEMA_VERSION`; removing or re-typing
+one does.
+
+Adding a field: declare it in its TypedDict here (producers build events through
+these declarations, the sink's column layouts are checked against them at import),
+add its column in a new ``sinks/sql/NNN_*.sql`` migration, and read it in a query
+(``read/``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from typing import Any, Final
+from typing import Any, Final, TypedDict, get_type_hints
 
 SCHEMA_VERSION: Final = 1
 
@@ -105,29 +113,190 @@ LOG: Final = "log"
 #: is reachable again: ``{"dropped_events", "dropped_bytes", "since", "until"}``.
 DROPS: Final = "drops"
 
-#: Fields each event kind carries besides ``kind`` and ``ts``.
+class StartStop(TypedDict, total=False):
+    """One entry of a transition's ``startstops``, as Dask passes it."""
+
+    action: str
+    start: float
+    stop: float
+    #: the worker a transfer came from (transfers only)
+    source: str
+
+
+class Event(TypedDict):
+    """What every event carries."""
+
+    kind: str
+    #: seconds since the epoch, the producer's clock
+    ts: float
+
+
+class Transition(Event):
+    """TRANSITION: one call of ``SchedulerPlugin.transition`` (or the worker's)."""
+
+    key: str
+    prefix: str | None
+    group: str | None
+    span_id: str | None
+    start: str
+    finish: str
+    stimulus_id: str | None
+    worker: str | None
+    nbytes: int | None
+    typename: str | None
+    startstops: list[StartStop] | None
+    exception: str | None
+    traceback: str | None
+    cause: str | None
+
+
+class GraphTask(TypedDict):
+    """One entry of a graph event's ``tasks``."""
+
+    key: str
+    prefix: str | None
+    group: str | None
+    span_id: str | None
+    dependencies: list[str]
+
+
+class _GraphBase(Event):
+    client: str | None
+    stimulus_id: str | None
+    n_tasks: int
+    keys: list[str]
+    tasks: list[GraphTask]
+    annotations: dict[str, list[dict[str, Any]]]
+
+
+class Graph(_GraphBase, total=False):
+    """GRAPH: a graph submission; ``n_keys`` is optional."""
+
+    n_keys: int
+
+
+class Span(Event):
+    """SPAN: a span as it appears in ``scheduler.extensions["spans"]``. ``name`` is
+    Dask's tuple of tags (a list on the wire)."""
+
+    span_id: str
+    name: list[str]
+    parent_id: str | None
+    enqueued: float
+
+
+class StructuredEvent(Event):
+    """EVENT: one ``log_event`` record; ``msg`` is the sanitized payload."""
+
+    topic: str
+    msg: Any
+
+
+class _LifecycleBase(Event):
+    action: str
+    worker: str | None
+    client: str | None
+    reason: str | None
+    stimulus_id: str | None
+    detail: Any
+
+
+class Lifecycle(_LifecycleBase, total=False):
+    """LIFECYCLE: ``action`` is one of :data:`LIFECYCLE_ACTIONS`.
+
+    ``total_nthreads`` (scheduler_start, worker_added, worker_removed) holds the
+    entries ``[time, nthreads]`` of ``Scheduler.total_nthreads_history`` appended since
+    the producer's previous lifecycle event, exactly as Dask recorded them (all of them
+    in scheduler_start): what ``Span.nthreads_intervals`` is computed from.
+    """
+
+    total_nthreads: list[list[float]]
+
+
+class SchedulerMetrics(Event):
+    """SCHEDULER_METRICS: a periodic sample of the scheduler."""
+
+    tasks_by_state: dict[str, int]
+    n_workers: int | None
+    n_threads: int | None
+    memory: int | None
+    memory_managed: int | None
+    memory_unmanaged: int | None
+    memory_spilled: int | None
+    event_loop_interval: float | None
+
+
+class WorkerMetrics(Event):
+    """WORKER_METRICS: a periodic sample of one worker."""
+
+    worker: str
+    memory: int | None
+    memory_managed: int | None
+    memory_unmanaged: int | None
+    memory_spilled: int | None
+    cpu: float | None
+    executing: int | None
+    ready: int | None
+    in_flight: int | None
+    event_loop_interval: float | None
+    gil_contention: float | None
+
+
+class WorkerDigests(Event):
+    """WORKER_DIGESTS: rows shaped as :data:`DIGEST_ROW`."""
+
+    worker: str
+    digests: list[list[Any]]
+
+
+class Log(Event):
+    """LOG: one logging record."""
+
+    logger: str
+    level: str
+    message: str
+    process: str | int | None
+    exc_text: str | None
+
+
+class Drops(Event):
+    """DROPS: envelopes a producer dropped, published once the broker is back."""
+
+    dropped_events: int
+    dropped_bytes: int
+    since: float
+    until: float
+
+
+#: Event kind -> its declaration.
+EVENTS: Final[Mapping[str, type]] = {
+    TRANSITION: Transition,
+    GRAPH: Graph,
+    SPAN: Span,
+    EVENT: StructuredEvent,
+    LIFECYCLE: Lifecycle,
+    SCHEDULER_METRICS: SchedulerMetrics,
+    WORKER_METRICS: WorkerMetrics,
+    WORKER_DIGESTS: WorkerDigests,
+    LOG: Log,
+    DROPS: Drops,
+}
+
+
+def fields(declaration: type) -> tuple[str, ...]:
+    """The field names of a declaration, in declaration order (inherited first)."""
+    return tuple(get_type_hints(declaration))
+
+
+def field_types(declaration: type) -> dict[str, Any]:
+    """Field name -> type of a declaration (the TypedDict's resolved annotations)."""
+    return get_type_hints(declaration)
+
+
+#: Fields each event kind carries besides ``kind`` and ``ts`` (derived from EVENTS).
 EVENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
-    TRANSITION: (
-        "key", "prefix", "group", "span_id", "start", "finish", "stimulus_id",
-        "worker", "nbytes", "typename", "startstops", "exception", "traceback",
-        "cause",
-    ),
-    GRAPH: ("client", "stimulus_id", "n_tasks", "keys", "tasks", "annotations", "n_keys"),
-    SPAN: ("span_id", "name", "parent_id", "enqueued"),
-    EVENT: ("topic", "msg"),
-    LIFECYCLE: ("action", "worker", "client", "reason", "stimulus_id", "detail"),
-    SCHEDULER_METRICS: (
-        "tasks_by_state", "n_workers", "n_threads", "memory", "memory_managed",
-        "memory_unmanaged", "memory_spilled", "event_loop_interval",
-    ),
-    WORKER_METRICS: (
-        "worker", "memory", "memory_managed", "memory_unmanaged", "memory_spilled",
-        "cpu", "executing", "ready", "in_flight", "event_loop_interval",
-        "gil_contention",
-    ),
-    WORKER_DIGESTS: ("worker", "digests"),
-    LOG: ("logger", "level", "message", "process", "exc_text"),
-    DROPS: ("dropped_events", "dropped_bytes", "since", "until"),
+    kind: tuple(f for f in fields(decl) if f not in ("kind", "ts"))
+    for kind, decl in EVENTS.items()
 }
 
 #: ``LIFECYCLE.action`` values.
@@ -144,42 +313,99 @@ DIGEST_ROW: Final = ("context", "span_id", "prefix", "activity", "unit", "value"
 
 # ----------------------------------------------------------------- derived records
 
-#: A span snapshot on SPAN_STATE. Values are those of ``distributed.spans.Span`` for the
-#: span *tree* rooted at ``span_id`` (a parent rolls up its children), as the
-#: processors have rebuilt them. ``version`` increases per (cluster_id, span_id); a
-#: consumer keeps the highest. ``states``/``all_durations`` are ``{name: number}``;
-#: ``cumulative_worker_metrics`` is a list of ``[context, prefix, activity, unit,
-#: value]`` rows (Dask's key tuple with the span id removed).
-SPAN_STATE_FIELDS: Final = (
-    "cluster_id", "cluster_name", "span_id", "name", "parent_id", "version",
-    "enqueued", "start", "stop", "duration", "nbytes_total", "states",
-    "all_durations", "cumulative_worker_metrics", "done", "updated_at",
-)
+class SpanState(TypedDict):
+    """A span snapshot on SPAN_STATE. Values are those of ``distributed.spans.Span``
+    for the span *tree* rooted at ``span_id`` (a parent rolls up its children), as the
+    processors have rebuilt them. ``version`` increases per (cluster_id, span_id); a
+    consumer keeps the highest. ``states``/``all_durations`` are ``{name: number}``;
+    ``cumulative_worker_metrics`` is a list of ``[context, prefix, activity, unit,
+    value]`` rows (Dask's key tuple with the span id removed)."""
 
-#: A prefix partial on PREFIX_STATS for (cluster_id, span_id, prefix, window_start),
-#: window_start being the start of a 1-minute tumbling window of the transition ``ts``.
-#: ``partial_id`` identifies the partial uniquely and deterministically (same input,
-#: same id), so a replayed partial can be recognised and not counted twice.
-#: ``finished`` counts transitions by finish state, ``durations`` sums startstop
-#: seconds by action (compute, transfer, ...), ``max_duration`` is the longest single
-#: compute in the window.
-PREFIX_STATS_FIELDS: Final = (
-    "cluster_id", "cluster_name", "span_id", "prefix", "window_start", "partial_id",
-    "finished", "durations", "nbytes", "n_erred", "max_duration",
-)
+    cluster_id: str
+    cluster_name: str | None
+    span_id: str
+    name: list[str]
+    parent_id: str | None
+    version: int
+    enqueued: float
+    start: float
+    stop: float
+    duration: float
+    nbytes_total: int
+    states: dict[str, int]
+    all_durations: dict[str, float]
+    cumulative_worker_metrics: list[list[Any]]
+    done: bool
+    updated_at: float
+    #: ``Span.nthreads_intervals``: ``[begin, end, total_nthreads]`` while the tree ran
+    nthreads_intervals: list[list[float]]
+    #: ``Span.active_cpu_seconds``: the thread-seconds the cluster offered meanwhile
+    active_cpu_seconds: float
 
-#: A gap on GAPS: envelopes ``missing_from``..``missing_to`` (inclusive) of a producer
-#: never arrived.
-GAP_FIELDS: Final = (
-    "cluster_id", "producer_id", "source", "missing_from", "missing_to",
-    "detected_at",
-)
 
-#: A dead letter on DEAD_LETTER. ``payload`` is the raw message, decoded as UTF-8 with
-#: replacement and cut to 64 KiB; ``reason`` says what is wrong with it.
-DEAD_LETTER_FIELDS: Final = (
-    "topic", "partition", "offset", "key", "reason", "payload", "detected_at",
-)
+class PrefixStats(TypedDict):
+    """A prefix partial on PREFIX_STATS for (cluster_id, span_id, prefix,
+    window_start), window_start being the start of a tumbling window of the
+    transition ``ts``. ``partial_id`` identifies the partial uniquely and
+    deterministically (same input, same id), so a replayed partial can be recognised
+    and not counted twice. ``finished`` counts transitions by finish state,
+    ``durations`` sums startstop seconds by action (compute, transfer, ...),
+    ``max_duration`` is the longest single compute in the window."""
+
+    cluster_id: str
+    cluster_name: str | None
+    span_id: str | None
+    prefix: str
+    window_start: float
+    partial_id: str
+    finished: dict[str, int]
+    durations: dict[str, float]
+    nbytes: int
+    n_erred: int
+    max_duration: float
+
+
+class Gap(TypedDict):
+    """A gap on GAPS: envelopes ``missing_from``..``missing_to`` (inclusive) of a
+    producer never arrived."""
+
+    cluster_id: str
+    producer_id: str
+    source: str
+    missing_from: int
+    missing_to: int
+    detected_at: float
+
+
+class DeadLetter(TypedDict):
+    """A dead letter on DEAD_LETTER. ``payload`` is the raw message, decoded as UTF-8
+    with replacement and cut to :data:`DEAD_LETTER_PAYLOAD_MAX` bytes; ``reason``
+    says what is wrong with it."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: str | None
+    reason: str
+    payload: str
+    detected_at: float
+
+
+#: Cap on a dead letter's payload text.
+DEAD_LETTER_PAYLOAD_MAX: Final = 64 * 1024
+
+#: Derived topic -> the declaration of its records.
+RECORDS: Final[Mapping[str, type]] = {
+    SPAN_STATE: SpanState,
+    PREFIX_STATS: PrefixStats,
+    GAPS: Gap,
+    DEAD_LETTER: DeadLetter,
+}
+
+SPAN_STATE_FIELDS: Final = fields(SpanState)
+PREFIX_STATS_FIELDS: Final = fields(PrefixStats)
+GAP_FIELDS: Final = fields(Gap)
+DEAD_LETTER_FIELDS: Final = fields(DeadLetter)
 
 
 # ------------------------------------------------------------------------- helpers

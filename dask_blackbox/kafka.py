@@ -1,4 +1,6 @@
-"""Kafka plumbing every layer shares: reaching the broker and creating the topics."""
+"""Kafka plumbing every layer shares: reaching the broker, creating the topics,
+measuring consumer lag. Each function takes the caller's resolved
+:class:`~dask_blackbox.config.KafkaSettings` (None: resolve the current config)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from aiokafka.admin import AIOKafkaAdminClient, NewTopic
 from aiokafka.errors import KafkaError
 
 from dask_blackbox import config
+from dask_blackbox.config import KafkaSettings
 from dask_blackbox.contract import TOPICS
 
 # Kafka's "Topic with this name already exists"
@@ -18,9 +21,9 @@ class KafkaUnreachable(ConnectionError):
     """No broker answered at the configured bootstrap servers."""
 
 
-async def connect_admin(timeout: float = 10.0) -> AIOKafkaAdminClient:
+async def connect_admin(timeout: float = 10.0, settings: KafkaSettings | None = None) -> AIOKafkaAdminClient:
     """An admin client connected to the configured broker, or KafkaUnreachable."""
-    kwargs = config.kafka_client_kwargs()
+    kwargs = (settings or KafkaSettings.from_config()).client_kwargs()
     deadline = asyncio.get_running_loop().time() + timeout
     last: Exception | None = None
     while True:
@@ -39,13 +42,14 @@ async def connect_admin(timeout: float = 10.0) -> AIOKafkaAdminClient:
         await asyncio.sleep(0.2)
 
 
-async def ensure_topics(timeout: float = 10.0) -> list[str]:
+async def ensure_topics(timeout: float = 10.0, settings: KafkaSettings | None = None) -> list[str]:
     """Create every contract topic that does not exist yet; return their full names."""
-    partitions = config.get_int("kafka.partitions")
-    replication = config.get_int("kafka.replication-factor")
-    retention_ms = str(int(config.get_seconds("kafka.retention") * 1000))
-    names = [config.topic(t) for t in TOPICS]
-    admin = await connect_admin(timeout)
+    settings = settings or KafkaSettings.from_config()
+    partitions = settings.partitions
+    replication = settings.replication_factor
+    retention_ms = str(int(settings.retention_seconds * 1000))
+    names = [settings.topic(t) for t in TOPICS]
+    admin = await connect_admin(timeout, settings)
     try:
         response = await admin.create_topics(
             [
@@ -61,15 +65,17 @@ async def ensure_topics(timeout: float = 10.0) -> list[str]:
     return names
 
 
-async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0) -> dict[str, int]:
+async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
+                       settings: KafkaSettings | None = None) -> dict[str, int]:
     """Messages of each topic that the consumer group has not committed yet.
 
     A partition the group never committed counts from its first retained offset.
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
-    admin = await connect_admin(timeout)
-    consumer = AIOKafkaConsumer(**config.kafka_client_kwargs(), group_id=None)
+    settings = settings or KafkaSettings.from_config()
+    admin = await connect_admin(timeout, settings)
+    consumer = AIOKafkaConsumer(**settings.client_kwargs(), group_id=None)
     try:
         await consumer.start()
         partitions = [

@@ -2,8 +2,8 @@
 
 Three ways to attach, following Dask's conventions:
 
-- ``dask scheduler --preload producers.scheduler`` and
-  ``dask worker --preload producers.worker`` (each process's ``blackbox.*`` config);
+- ``dask scheduler --preload dask_blackbox.producers.scheduler`` and
+  ``dask worker --preload dask_blackbox.producers.worker`` (each process's ``blackbox.*`` config);
 - ``client.register_plugin(BlackboxSchedulerPlugin(...))`` /
   ``client.register_plugin(BlackboxWorkerPlugin(...))``;
 - :func:`attach` (one call, everything, settings from the client's config).
@@ -18,9 +18,9 @@ from typing import Any
 
 from distributed.protocol.pickle import dumps
 
-from producers.scheduler import PLUGIN_NAME, BlackboxSchedulerPlugin
-from producers.settings import ProducerSettings
-from producers.worker import BlackboxWorkerPlugin
+from dask_blackbox.producers.scheduler import PLUGIN_NAME, BlackboxSchedulerPlugin
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.worker import BlackboxWorkerPlugin
 
 __all__ = [
     "PLUGIN_NAME", "BlackboxSchedulerPlugin", "BlackboxWorkerPlugin",

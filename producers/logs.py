@@ -17,8 +17,8 @@ import logging
 import threading
 
 from dask_blackbox.contract import LOG
-from producers.encode import cap_text
-from producers.transport import SENDER_THREAD_PREFIX, Transport, ready
+from dask_blackbox.producers.encode import cap_text
+from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX, Transport, ready
 
 #: The logger whose records (and its children's) are shipped.
 SHIPPED_LOGGER = "distributed"

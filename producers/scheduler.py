@@ -1,6 +1,6 @@
 """The scheduler producer: a SchedulerPlugin publishing what the scheduler sees.
 
-Attach it with ``dask scheduler --preload producers.scheduler`` (configured by the
+Attach it with ``dask scheduler --preload dask_blackbox.producers.scheduler`` (configured by the
 scheduler's own ``blackbox.*`` settings) or with :func:`producers.attach`.
 
 What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELDS`):
@@ -41,10 +41,10 @@ from tornado.ioloop import PeriodicCallback
 from dask_blackbox.contract import (
     EVENT, GRAPH, LIFECYCLE, SCHEDULER_METRICS, SPAN, TRANSITION, encode_key,
 )
-from producers import logs
-from producers.encode import cap_text, sanitize
-from producers.settings import ProducerSettings
-from producers.transport import Transport, ready
+from dask_blackbox.producers import logs
+from dask_blackbox.producers.encode import cap_text, sanitize
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import Transport, ready
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -458,7 +458,7 @@ def _versions() -> dict[str, str]:
 
 
 def dask_setup(scheduler: Scheduler) -> None:
-    """``dask scheduler --preload producers.scheduler``: attach the plugin, configured
+    """``dask scheduler --preload dask_blackbox.producers.scheduler``: attach the plugin, configured
     by this process's ``blackbox.*`` settings."""
     scheduler.add_plugin(
         BlackboxSchedulerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME, idempotent=True

@@ -50,8 +50,8 @@ import orjson
 from aiokafka import AIOKafkaProducer
 
 from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION
-from producers.encode import describe, encode_event, type_name
-from producers.settings import ProducerSettings
+from dask_blackbox.producers.encode import describe, encode_event, type_name
+from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
 

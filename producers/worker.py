@@ -1,6 +1,6 @@
 """The worker producer: a WorkerPlugin publishing worker metrics and digests.
 
-Attach it with ``dask worker --preload producers.worker`` (configured by the worker's
+Attach it with ``dask worker --preload dask_blackbox.producers.worker`` (configured by the worker's
 own ``blackbox.*`` settings) or with :func:`producers.attach`.
 
 Every ``metrics-interval`` it publishes:
@@ -38,10 +38,10 @@ from distributed.spans import CONTEXTS_WITH_SPAN_ID
 from tornado.ioloop import PeriodicCallback
 
 from dask_blackbox.contract import TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key
-from producers import logs
-from producers.scheduler import PLUGIN_NAME
-from producers.settings import ProducerSettings
-from producers.transport import Transport, ready
+from dask_blackbox.producers import logs
+from dask_blackbox.producers.scheduler import PLUGIN_NAME
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import Transport, ready
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -221,6 +221,6 @@ def _text(value: Any) -> str | None:
 
 
 async def dask_setup(worker: Worker) -> None:
-    """``dask worker --preload producers.worker``: attach the plugin, configured by
+    """``dask worker --preload dask_blackbox.producers.worker``: attach the plugin, configured by
     this process's ``blackbox.*`` settings."""
     await worker.plugin_add(BlackboxWorkerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME)

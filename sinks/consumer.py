@@ -21,9 +21,9 @@ from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
 from dask_blackbox import config, contract
-from sinks import clickhouse
-from sinks.loader import Loaded, Loader
-from sinks.rows import Batch, Message, fingerprint
+from dask_blackbox import clickhouse
+from dask_blackbox.sinks.loader import Loaded, Loader
+from dask_blackbox.sinks.rows import Batch, Message, fingerprint
 
 logger = logging.getLogger("sinks.consumer")
 

@@ -21,7 +21,7 @@ matches it exactly.
 While ClickHouse cannot take rows, :meth:`Loader.load` retries with exponential
 backoff up to ``blackbox.sink.retry-backoff-max`` -- abandoning the failed attempt
 first, so an insert that half happened leaves nothing behind. Rows ClickHouse rejects
-(:func:`sinks.clickhouse.is_rejection`) are isolated by splitting the insert in halves
+(:func:`dask_blackbox.clickhouse.is_rejection`) are isolated by splitting the insert in halves
 and go to ``dead_letters`` with ClickHouse's message.
 """
 
@@ -36,9 +36,10 @@ import threading
 import time
 
 from dask_blackbox import config
-from sinks import arrow, clickhouse
-from sinks.rows import COLUMNS, TABLES, Batch, Message, TableData, payload_of
-from sinks.schema import Target
+from dask_blackbox import clickhouse
+from dask_blackbox.sinks import arrow
+from dask_blackbox.sinks.rows import COLUMNS, TABLES, Batch, Message, TableData, payload_of
+from dask_blackbox.sinks.schema import Target
 
 logger = logging.getLogger("sinks.loader")
 

@@ -23,6 +23,7 @@ import re
 from collections.abc import Iterator
 
 from dask_blackbox import config
+from dask_blackbox.clickhouse import IDENTIFIER as _IDENTIFIER, Target
 
 SQL_DIR = pathlib.Path(__file__).with_name("sql")
 
@@ -31,68 +32,11 @@ PLACEHOLDERS = ("database", "ttl", "on_cluster", "replicated", "local", "cluster
 
 _CLUSTER_LINE = "--cluster: "
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
-_IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
 
 class MigrationError(RuntimeError):
     """A migration cannot be applied; the message names the file and the problem."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Target:
-    """Where and how the schema lives: the database, the retention, and the
-    ClickHouse cluster name (None for a single node)."""
-
-    database: str
-    retention_seconds: int
-    cluster: str | None = None
-
-    @classmethod
-    def from_config(cls) -> Target:
-        """The target described by ``blackbox.clickhouse.*``, validated."""
-        database = str(config.get("clickhouse.database") or "")
-        if not _IDENTIFIER.match(database):
-            raise config.ConfigError(
-                f"blackbox.clickhouse.database: {database!r} is not a plain identifier "
-                "(letters, digits and _, not starting with a digit)"
-            )
-        retention = config.get_seconds("clickhouse.retention")
-        if retention < 3600:
-            raise config.ConfigError(
-                f"blackbox.clickhouse.retention: {config.get('clickhouse.retention')!r} "
-                "is shorter than an hour; rows would expire while they are still loaded"
-            )
-        cluster = config.get("clickhouse.cluster")
-        if cluster is not None and not _IDENTIFIER.match(str(cluster)):
-            raise config.ConfigError(
-                f"blackbox.clickhouse.cluster: {cluster!r} is not a plain identifier"
-            )
-        return cls(database, int(retention), str(cluster) if cluster else None)
-
-    @property
-    def placeholders(self) -> dict[str, str]:
-        clustered = self.cluster is not None
-        return {
-            "database": self.database,
-            "ttl": f"{self.retention_seconds} SECOND",
-            "on_cluster": f"ON CLUSTER '{self.cluster}'" if clustered else "",
-            "replicated": "Replicated" if clustered else "",
-            "local": "_local" if clustered else "",
-            "cluster": f"'{self.cluster}'" if clustered else "",
-        }
-
-    def table(self, name: str) -> str:
-        """The table to insert into and read from: ``database.name`` (in cluster mode
-        the Distributed table of that name)."""
-        return f"{self.database}.{name}"
-
-    def storage_table(self, name: str) -> str:
-        """The table that holds the rows on a node, with the ON CLUSTER clause to
-        address every node: what row deletions must target."""
-        if self.cluster is None:
-            return f"{self.database}.{name}"
-        return f"{self.database}.{name}_local ON CLUSTER '{self.cluster}'"
 
 
 @dataclasses.dataclass(frozen=True)

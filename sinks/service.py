@@ -1,39 +1,43 @@
-"""``dask-blackbox sink``: the sink as a foreground process.
+"""The sink as a service: :func:`serve` runs it until SIGTERM or SIGINT.
 
 Start-up, in order: validate the configuration (data dir and chDB dir writable, DSN
-well formed, ClickHouse reachable), apply the schema migrations, create the Kafka
-topics, start the consumer and -- for a ``chdb://`` DSN, which only this process may
-open -- a loopback query server. Then ``<data-dir>/sink.json`` is written atomically
+well formed, ClickHouse reachable), apply the schema migrations, start the
+*companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
+query server for a ``chdb://`` DSN, which only this process may open), create the
+Kafka topics, start the consumer. Then ``<data-dir>/sink.json`` is written
 (``{"pid", "query_url", "dsn", "started_at", "token"}``; mode 0600, the token guards
-the query server) and one line ``sink ready ...`` goes to stdout.
+the query server; see :mod:`dask_blackbox.runfiles`) and one line ``sink ready ...``
+goes to stdout.
 
 SIGTERM or SIGINT stops it cleanly: a batch being inserted is finished and committed,
 a batch waiting for ClickHouse is given up uncommitted, then everything is closed and
 sink.json removed.
+
+The ``dask-blackbox sink`` command itself is :mod:`dask_blackbox.cli.sink`.
 """
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import gc
 import logging
 import os
 import secrets
 import signal
-import sys
 import time
+from collections.abc import Callable
+from typing import Protocol
 
-import orjson
+from dask_blackbox import clickhouse, config, kafka, runfiles
+from dask_blackbox.sinks.consumer import SinkConsumer
+from dask_blackbox.sinks.loader import Loader, PausePoint
+from dask_blackbox.sinks.schema import MigrationError, Target, migrate
 
-from dask_blackbox import config, kafka
-from sinks import clickhouse, queries
-from sinks.consumer import SinkConsumer
-from sinks.loader import Loader, PausePoint
-from sinks.query_server import QueryServer
-from sinks.schema import MigrationError, Target, migrate
+#: Errors that stop the sink at start-up with a one-line message.
+START_ERRORS = (config.ConfigError, clickhouse.ClickHouseUnavailable, kafka.KafkaUnreachable,
+                MigrationError)
 
-logger = logging.getLogger("sinks.service")
+logger = logging.getLogger("dask_blackbox.sinks.service")
 
 
 def _settings() -> dict:
@@ -71,25 +75,23 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 20, 100)
 
 
-def _write_sink_file(info: dict) -> None:
-    path = queries.sink_file()
-    tmp = path.with_name(f".sink.json.{os.getpid()}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(orjson.dumps(info))
-    os.replace(tmp, path)
+class Companion(Protocol):
+    """Something served beside the sink on its ClickHouse client (the query server)."""
+
+    url: str
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
 
 
-def _remove_sink_file() -> None:
-    path = queries.sink_file()
-    try:
-        if orjson.loads(path.read_bytes()).get("pid") == os.getpid():
-            path.unlink()
-    except (OSError, orjson.JSONDecodeError, AttributeError):
-        pass
+#: Builds the companion from (a client of the sink's own ClickHouse, the port setting,
+#: the token that guards it); may raise OSError (port in use).
+CompanionFactory = Callable[[object, int, str], Companion]
 
 
-async def _serve() -> None:
+async def serve(companion: CompanionFactory | None = None) -> None:
+    """Run the sink until SIGTERM/SIGINT; raises one of START_ERRORS if it cannot start."""
     s = _settings()
     client = await asyncio.to_thread(clickhouse.open_client, s["dsn"])
     tune_gc()
@@ -99,10 +101,10 @@ async def _serve() -> None:
         if applied:
             logger.info("applied migrations %s", ", ".join(applied))
         token = secrets.token_urlsafe(24)
-        if config.chdb_path(s["dsn"]) is not None:
+        if companion is not None and config.chdb_path(s["dsn"]) is not None:
             reader = clickhouse.open_client(s["dsn"], owned=True, database=s["target"].database)
             try:
-                server = QueryServer(reader, s["port"], token)
+                server = companion(reader, s["port"], token)
             except OSError as e:
                 raise config.ConfigError(
                     f"blackbox.sink.query-port: cannot listen on 127.0.0.1:{s['port']}: "
@@ -115,7 +117,7 @@ async def _serve() -> None:
         consumer = SinkConsumer(loader, max_rows=s["max_rows"], max_wait=s["max_wait"],
                                 session_timeout=s["session_timeout"])
         await consumer.start()
-        _write_sink_file({
+        runfiles.write(s["data_dir"], runfiles.SINK, {
             "pid": os.getpid(), "query_url": server.url if server else None, "dsn": s["dsn"],
             "started_at": time.time(), "token": token,
         })
@@ -131,7 +133,7 @@ async def _serve() -> None:
         await consumer.run()
         logger.info("stopping after %d batches", consumer.batches_loaded)
     finally:
-        _remove_sink_file()
+        runfiles.remove(s["data_dir"], runfiles.SINK)
         if consumer is not None:
             await consumer.close()
         if server is not None:
@@ -139,28 +141,3 @@ async def _serve() -> None:
         if reader is not None:
             reader.close()
         client.close()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Run the sink until SIGTERM/SIGINT; 0 after a clean stop, 1 on a start-up error
-    (printed as one line on stderr)."""
-    parser = argparse.ArgumentParser(
-        prog="dask-blackbox sink",
-        description="Load the blackbox Kafka topics into ClickHouse until stopped. "
-                    "Configured by the blackbox.* Dask config (blackbox.sink.*, "
-                    "blackbox.clickhouse.*, blackbox.kafka.*).",
-    )
-    parser.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
-                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    try:
-        asyncio.run(_serve())
-    except (config.ConfigError, clickhouse.ClickHouseUnavailable, kafka.KafkaUnreachable,
-            MigrationError) as e:
-        print(f"dask-blackbox sink: error: {' '.join(str(e).split())}", file=sys.stderr)
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

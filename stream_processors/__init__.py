@@ -1,5 +1,5 @@
 """dask-blackbox stream processors: a faust app that rebuilds span trees and
-per-prefix aggregates from the raw topic (``faust -A stream_processors.app worker``).
+per-prefix aggregates from the raw topic (``faust -A dask_blackbox.stream_processors.app worker``).
 
 Modules, from the wire inwards:
 

@@ -1,4 +1,4 @@
-"""The faust app: ``faust -A stream_processors.app worker``.
+"""The faust app: ``faust -A dask_blackbox.stream_processors.app worker``.
 
 Everything comes from ``dask.config`` (``blackbox.*``; environment variables such as
 ``DASK_BLACKBOX__KAFKA__BOOTSTRAP_SERVERS`` work): the broker and its credentials
@@ -6,7 +6,7 @@ Everything comes from ``dask.config`` (``blackbox.*``; environment variables suc
 names (``kafka.topic-prefix``), and the processing settings (``processors.*``)::
 
     DASK_BLACKBOX__KAFKA__BOOTSTRAP_SERVERS=127.0.0.1:9092 \\
-        faust -A stream_processors.app worker --web-port 6066 --datadir /tmp/p -l info
+        faust -A dask_blackbox.stream_processors.app worker --web-port 6066 --datadir /tmp/p -l info
 
 Run as many workers as the raw topic has partitions; they share the work by
 partition, hence by cluster. State lives in the changelog of the ``cluster-state``

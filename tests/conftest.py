@@ -11,7 +11,7 @@ import dask.config
 import pytest
 
 from dask_blackbox import kafka
-from dask_blackbox.tansu import start_broker
+from dask_blackbox.cli.tansu import start_broker
 
 
 @pytest.fixture(scope="session")

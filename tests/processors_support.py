@@ -14,7 +14,7 @@ import urllib.request
 from aiokafka import AIOKafkaConsumer
 
 from dask_blackbox import config
-from dask_blackbox.tansu import free_port
+from dask_blackbox.cli.tansu import free_port
 
 SPAN_FIELDS = ("name", "parent_id", "enqueued", "start", "stop", "duration",
                "nbytes_total", "states", "all_durations", "cumulative_worker_metrics",
@@ -22,7 +22,7 @@ SPAN_FIELDS = ("name", "parent_id", "enqueued", "start", "stop", "duration",
 
 
 class FaustWorker:
-    """``faust -A stream_processors.app worker`` in a subprocess of its own."""
+    """``faust -A dask_blackbox.stream_processors.app worker`` in a subprocess of its own."""
 
     def __init__(self, env: dict[str, str], workdir: pathlib.Path, name: str = "w"):
         self.env = env
@@ -32,7 +32,7 @@ class FaustWorker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> FaustWorker:
-        cmd = ["faust", "-A", "stream_processors.app", "--datadir", str(self.datadir),
+        cmd = ["faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", str(self.datadir),
                "-l", "info", "worker", "--web-port", str(self.port),
                "--web-host", "127.0.0.1"]
         with open(self.log, "a") as log:
@@ -184,7 +184,7 @@ def env_for(settings: dict) -> dict[str, str]:
 def committed_clusters(app_id: str) -> set[str]:
     """Clusters with a checkpoint on the processors' changelog topic (a marker that
     no tombstone followed)."""
-    from stream_processors.checkpoint import parse_key
+    from dask_blackbox.stream_processors.checkpoint import parse_key
 
     async def read() -> set[str]:
         consumer = AIOKafkaConsumer(

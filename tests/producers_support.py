@@ -11,7 +11,7 @@ import dask.config
 
 from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, validate_envelope
-from dask_blackbox.tansu import free_port, start_broker
+from dask_blackbox.cli.tansu import free_port, start_broker
 from kafka_reader import read_json
 from polling import wait_for
 

@@ -1,5 +1,5 @@
 """Helpers for the sink tests: contract envelopes, publishing them to the real broker,
-and running the real sink (``python -m sinks.service``) as a subprocess."""
+and running the real sink (``python -m dask_blackbox.cli.sink``) as a subprocess."""
 
 from __future__ import annotations
 
@@ -18,11 +18,11 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from dask_blackbox import config, contract
-from sinks import queries
-from sinks.consumer import TOPICS
-from sinks.loader import Loader
-from sinks.rows import TABLES, Batch, Message
-from sinks.schema import Target, migrate
+from dask_blackbox.read import backends, queries
+from dask_blackbox.sinks.consumer import TOPICS
+from dask_blackbox.sinks.loader import Loader
+from dask_blackbox.sinks.rows import TABLES, Batch, Message
+from dask_blackbox.sinks.schema import Target, migrate
 
 from conftest import subprocess_env
 from kafka_reader import read_records
@@ -99,7 +99,7 @@ class SinkProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self._log_file = open(self.log, "wb")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "sinks.service"], env=env,
+            [sys.executable, "-m", "dask_blackbox.cli.sink"], env=env,
             stdout=subprocess.PIPE, stderr=self._log_file,
         )
 
@@ -138,8 +138,8 @@ class SinkProcess:
             self.kill()
         return code
 
-    def backend(self) -> queries.RemoteBackend:
-        backend = queries.running_sink()
+    def backend(self) -> backends.RemoteBackend:
+        backend = backends.running_sink()
         assert backend is not None, "the sink's query server is not reachable"
         return backend
 

@@ -5,11 +5,11 @@ import sys
 
 import pytest
 
-from dask_blackbox.tansu import free_port
+from dask_blackbox.cli.tansu import free_port
 
 
 def run_cli(*args, timeout=60):
-    return subprocess.run([sys.executable, "-m", "dask_blackbox", *args],
+    return subprocess.run([sys.executable, "-m", "dask_blackbox.cli", *args],
                           capture_output=True, text=True, timeout=timeout)
 
 

@@ -8,7 +8,7 @@ import sys
 
 
 def cli(*args, timeout=600):
-    out = subprocess.run([sys.executable, "-m", "dask_blackbox", *args],
+    out = subprocess.run([sys.executable, "-m", "dask_blackbox.cli", *args],
                          capture_output=True, text=True, timeout=timeout)
     assert out.returncode == 0, out.stderr
     return out.stdout

@@ -16,8 +16,8 @@ import pytest
 from distributed import Client, LocalCluster, span
 from distributed.scheduler import KilledWorker
 
-import producers
-from dask_blackbox.local import LocalPipeline, wait_drained
+from dask_blackbox import producers
+from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
 
 KILLER = "complex-computation-f970d1bd"
 
@@ -39,7 +39,7 @@ def exceed_memory(limit_bytes: int) -> int:
 
 def cli_json(data_dir, *args):
     out = subprocess.run(
-        [sys.executable, "-m", "dask_blackbox", *args, "--format", "json",
+        [sys.executable, "-m", "dask_blackbox.cli", *args, "--format", "json",
          "--data-dir", str(data_dir)],
         capture_output=True, text=True, timeout=120,
     )

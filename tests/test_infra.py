@@ -9,9 +9,9 @@ import subprocess
 import pytest
 import yaml
 
-from dask_blackbox.cli import build_parser
+from dask_blackbox.cli.main import build_parser
 from dask_blackbox.config import DEFAULTS
-from dask_blackbox.local import PROCESSOR_ARGS, SINK_ARGS
+from dask_blackbox.cli.supervisor import PROCESSOR_ARGS, SINK_ARGS
 
 ROOT = pathlib.Path(__file__).parent.parent
 COMPOSE = ROOT / "infra" / "docker-compose.yml"

@@ -15,11 +15,11 @@ import time
 import psutil
 import pytest
 
-from dask_blackbox.tansu import port_open
+from dask_blackbox.cli.tansu import port_open
 
 
 def cli(*args, timeout=120, **kwargs):
-    return subprocess.run([sys.executable, "-m", "dask_blackbox", *args],
+    return subprocess.run([sys.executable, "-m", "dask_blackbox.cli", *args],
                           capture_output=True, text=True, timeout=timeout, **kwargs)
 
 
@@ -29,7 +29,7 @@ class Up:
     def __init__(self, data_dir, *extra):
         self.data_dir = data_dir
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dask_blackbox", "up", "--data-dir", str(data_dir), *extra],
+            [sys.executable, "-m", "dask_blackbox.cli", "up", "--data-dir", str(data_dir), *extra],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
         )
         self.lines: queue.Queue[str] = queue.Queue()
@@ -84,7 +84,7 @@ def test_up_serves_queries_and_stops_with_nothing_left(up):
     query_port = _sink_query_port(data_dir)
     children = psutil.Process(up.proc.pid).children(recursive=True)
     names = " ".join(" ".join(c.cmdline()) for c in children)
-    assert "tansu" in names and "stream_processors.app" in names and " sink" in names
+    assert "tansu" in names and "dask_blackbox.stream_processors.app" in names and " sink" in names
 
     # While up runs, the sink owns the chDB directory: queries go through it.
     out = cli("query", "SELECT 1 AS one", "--format", "json", "--data-dir", str(data_dir))

@@ -41,7 +41,7 @@ import pytest
 from aiokafka.partitioner import murmur2
 from distributed import Client, LocalCluster, span, wait
 
-import producers
+from dask_blackbox import producers
 from dask_blackbox import contract, kafka
 from kafka_reader import read_json
 from processors_support import (
@@ -49,9 +49,9 @@ from processors_support import (
     span_differences, unique_partials,
 )
 from polling import wait_for
-from stream_processors import replay
-from stream_processors.checkpoint import Journal, parse_key
-from stream_processors.cluster import ClusterState
+from dask_blackbox.stream_processors import replay
+from dask_blackbox.stream_processors.checkpoint import Journal, parse_key
+from dask_blackbox.stream_processors.cluster import ClusterState
 
 PARTITIONS = 2
 PROCESSOR_SETTINGS = {

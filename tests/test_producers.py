@@ -21,23 +21,23 @@ import pytest
 from distributed import Client, LocalCluster, get_worker, span, wait
 from distributed.spans import CONTEXTS_WITH_SPAN_ID
 
-import producers
+from dask_blackbox import producers
 from dask_blackbox import kafka
 from dask_blackbox.config import ConfigError
 from dask_blackbox.contract import (
     EVENT, EVENT_FIELDS, GRAPH, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, RAW, SCHEDULER_METRICS,
     SPAN, TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
 )
-from dask_blackbox.tansu import free_port
+from dask_blackbox.cli.tansu import free_port
 from kafka_reader import read_records
 from polling import wait_for
-from producers.encode import sanitize
-from producers.settings import ProducerSettings
-from producers.transport import Transport
+from dask_blackbox.producers.encode import sanitize
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import Transport
 from producers_support import (
     published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
-from sinks.rows import COLUMNS, Batch, Message
+from dask_blackbox.sinks.rows import COLUMNS, Batch, Message
 
 MAX_VALUE = 16 * 1024
 
@@ -568,7 +568,7 @@ def test_producers_import_without_the_pipeline_packages(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(blocker)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     check = (
-        "import producers, producers.scheduler, producers.worker, sys\n"
+        "import producers, dask_blackbox.producers.scheduler, dask_blackbox.producers.worker, sys\n"
         "import importlib.util\n"
         "assert 'faust' not in sys.modules and 'chdb' not in sys.modules\n"
         "try:\n    import faust\nexcept ImportError:\n    print('blocked')\n"

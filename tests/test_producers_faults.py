@@ -20,10 +20,10 @@ import dask.config
 import pytest
 from distributed import Client, LocalCluster
 
-import producers
+from dask_blackbox import producers
 from conftest import subprocess_env
 from dask_blackbox.contract import DROPS, LOG, TRANSITION, WORKER_METRICS, encode_key
-from dask_blackbox.tansu import free_port
+from dask_blackbox.cli.tansu import free_port
 from polling import wait_for
 from producers_support import (
     own_broker, published, scheduler_plugin_stats, scheduler_transitions,
@@ -164,14 +164,14 @@ def test_sigkilled_scheduler_loses_at_most_its_last_flush(bb_config):
     address = f"tcp://127.0.0.1:{port}"
     procs = [subprocess.Popen(
         ["dask", "scheduler", "--host", "127.0.0.1", "--port", str(port),
-         "--no-dashboard", "--preload", "producers.scheduler"],
+         "--no-dashboard", "--preload", "dask_blackbox.producers.scheduler"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )]
     client = None
     try:
         procs.append(subprocess.Popen(
             ["dask", "worker", address, "--nthreads", "1", "--no-nanny",
-             "--no-dashboard", "--preload", "producers.worker"],
+             "--no-dashboard", "--preload", "dask_blackbox.producers.worker"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         ))
         client = Client(address, timeout=60)

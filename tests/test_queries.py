@@ -23,9 +23,9 @@ import dask.config
 import pytest
 from distributed import Client, LocalCluster, span, wait
 
-import producers
+from dask_blackbox import producers
 from dask_blackbox import contract, kafka
-from sinks import queries
+from dask_blackbox.read import queries
 
 from polling import wait_for
 from sink_support import SinkProcess, wait_consumed

@@ -19,9 +19,10 @@ import orjson
 import pytest
 
 from dask_blackbox import config, contract
-from dask_blackbox.tansu import free_port
-from sinks import queries, service
-from sinks.schema import Target, migrate
+from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.read import backends, queries
+from dask_blackbox.cli import sink as service
+from dask_blackbox.sinks.schema import Target, migrate
 
 from sink_support import (
     SinkProcess, assert_same_rows, can_chattr, chattr, count, dump, envelope, lag, produce,
@@ -167,7 +168,7 @@ def test_sink_loads_every_topic_and_dead_letters_what_cannot_be_stored(bb_config
             backend.query("INSERT INTO blackbox.logs (cluster_id) VALUES ('x')")
         with pytest.raises(queries.QueryError, match="only read-only statements"):
             backend.query("SELECT 1 INTO OUTFILE '/tmp/x'")
-        forged = queries.RemoteBackend(backend.url, "wrong-token", "blackbox")
+        forged = backends.RemoteBackend(backend.url, "wrong-token", "blackbox")
         with pytest.raises(queries.QueryError, match="X-Blackbox-Token"):
             forged.query("SELECT 1")
 
@@ -177,7 +178,7 @@ def test_sink_loads_every_topic_and_dead_letters_what_cannot_be_stored(bb_config
         sink.kill()
     direct = queries.connect()
     try:
-        assert isinstance(direct, queries.DirectBackend)
+        assert isinstance(direct, backends.DirectBackend)
         assert queries.story(direct, "inc-3-5") == remote_story
         assert direct.query("SELECT count() FROM envelopes") == unqualified == (["count()"], [(12,)])
         assert remote_story[1][0][:3] == ("inc-3-5", "waiting", "processing")

@@ -11,7 +11,7 @@ import orjson
 import pytest
 
 from dask_blackbox import contract
-from sinks.rows import COLUMNS, Batch, Message
+from dask_blackbox.sinks.rows import COLUMNS, Batch, Message
 
 from sink_support import envelope, transition
 

@@ -11,9 +11,10 @@ import dask.config
 import pytest
 
 from dask_blackbox import config
-from sinks import arrow, clickhouse, schema
-from sinks.loader import Loader
-from sinks.rows import COLUMNS, TABLES
+from dask_blackbox import clickhouse
+from dask_blackbox.sinks import arrow, schema
+from dask_blackbox.sinks.loader import Loader
+from dask_blackbox.sinks.rows import COLUMNS, TABLES
 
 
 @pytest.fixture

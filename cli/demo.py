@@ -19,7 +19,7 @@ import pandas as pd
 from distributed import Client, LocalCluster, span
 
 from dask_blackbox import config
-from dask_blackbox.local import LocalPipeline, running_pipeline, wait_drained
+from dask_blackbox.cli.supervisor import LocalPipeline, running_pipeline, wait_drained
 
 
 class DemoFailure(Exception):
@@ -75,7 +75,7 @@ def quiet_dask_console() -> None:
 
 
 def _record(name: str, workload) -> object:
-    import producers
+    from dask_blackbox import producers
 
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
@@ -84,8 +84,8 @@ def _record(name: str, workload) -> object:
 
 
 def run(timeout: float = 120.0, progress=print) -> int:
-    from dask_blackbox.cli import print_result
-    from sinks import queries
+    from dask_blackbox.cli.formatting import print_result
+    from dask_blackbox.read import queries
 
     quiet_dask_console()
     pipeline = None

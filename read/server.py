@@ -26,7 +26,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 
-logger = logging.getLogger("sinks.query_server")
+logger = logging.getLogger("dask_blackbox.read.server")
 
 TOKEN_HEADER = "X-Blackbox-Token"
 _MAX_BODY = 1 << 20

@@ -13,9 +13,11 @@ disk, permissions, too many parts) -- the sink waits and retries, losing nothing
 
 from __future__ import annotations
 
+import dataclasses
 import fcntl
 import os
 import pathlib
+import re
 import struct
 from urllib.parse import urlparse, urlunparse
 
@@ -45,6 +47,10 @@ REJECTION_CODES = frozenset({
 #: What a ClickHouse call raises when ClickHouse is (perhaps only for now) unable to
 #: do it: every clickhouse-connect error, and I/O errors (chDB writes a temp file).
 UNAVAILABLE = (ClickHouseError, OSError)
+
+
+#: A plain ClickHouse identifier (database, cluster names).
+IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
 class ClickHouseUnavailable(ConnectionError):
@@ -129,3 +135,59 @@ def is_rejection(error: BaseException) -> bool:
     if isinstance(error, DatabaseError):
         return getattr(error, "code", None) in REJECTION_CODES
     return isinstance(error, (TypeError, ValueError, AttributeError, OverflowError, struct.error))
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """Where and how the schema lives: the database, the retention, and the
+    ClickHouse cluster name (None for a single node)."""
+
+    database: str
+    retention_seconds: int
+    cluster: str | None = None
+
+    @classmethod
+    def from_config(cls) -> Target:
+        """The target described by ``blackbox.clickhouse.*``, validated."""
+        database = str(config.get("clickhouse.database") or "")
+        if not IDENTIFIER.match(database):
+            raise config.ConfigError(
+                f"blackbox.clickhouse.database: {database!r} is not a plain identifier "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        retention = config.get_seconds("clickhouse.retention")
+        if retention < 3600:
+            raise config.ConfigError(
+                f"blackbox.clickhouse.retention: {config.get('clickhouse.retention')!r} "
+                "is shorter than an hour; rows would expire while they are still loaded"
+            )
+        cluster = config.get("clickhouse.cluster")
+        if cluster is not None and not IDENTIFIER.match(str(cluster)):
+            raise config.ConfigError(
+                f"blackbox.clickhouse.cluster: {cluster!r} is not a plain identifier"
+            )
+        return cls(database, int(retention), str(cluster) if cluster else None)
+
+    @property
+    def placeholders(self) -> dict[str, str]:
+        clustered = self.cluster is not None
+        return {
+            "database": self.database,
+            "ttl": f"{self.retention_seconds} SECOND",
+            "on_cluster": f"ON CLUSTER '{self.cluster}'" if clustered else "",
+            "replicated": "Replicated" if clustered else "",
+            "local": "_local" if clustered else "",
+            "cluster": f"'{self.cluster}'" if clustered else "",
+        }
+
+    def table(self, name: str) -> str:
+        """The table to insert into and read from: ``database.name`` (in cluster mode
+        the Distributed table of that name)."""
+        return f"{self.database}.{name}"
+
+    def storage_table(self, name: str) -> str:
+        """The table that holds the rows on a node, with the ON CLUSTER clause to
+        address every node: what row deletions must target."""
+        if self.cluster is None:
+            return f"{self.database}.{name}"
+        return f"{self.database}.{name}_local ON CLUSTER '{self.cluster}'"

@@ -19,9 +19,9 @@ import sys
 import dask.config
 
 from dask_blackbox import config
-from dask_blackbox.formatting import FORMATS, render
+from dask_blackbox.cli.formatting import FORMATS, print_result
 
-# Commands that read ClickHouse through sinks.queries: name -> (help, extra arguments)
+# Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
 _QUERY_COMMANDS = {
     "story": "the transitions of a task key, like Scheduler.story",
     "spans": "span trees with durations, task counts, bytes and compute by action",
@@ -123,7 +123,7 @@ def apply_settings(args: argparse.Namespace) -> None:
 
 
 def _run_query_command(args: argparse.Namespace) -> int:
-    from sinks import queries
+    from dask_blackbox.read import queries
 
     backend = queries.connect()
     filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
@@ -142,20 +142,9 @@ def _run_query_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def print_result(result, fmt: str) -> None:
-    """Print ``(columns, rows)`` or a mapping of titled ``(columns, rows)`` sections."""
-    if isinstance(result, dict):
-        for title, (columns, rows) in result.items():
-            print(f"== {title}" if fmt == "table" else f"# {title}")
-            print(render(columns, rows, fmt))
-            print()
-    else:
-        print(render(*result, fmt))
-
-
 def _status(args: argparse.Namespace) -> int:
-    from dask_blackbox.local import pipeline_lag
-    from sinks import queries
+    from dask_blackbox.cli.supervisor import pipeline_lag
+    from dask_blackbox.read import queries
 
     lag = asyncio.run(pipeline_lag())
     print_result({
@@ -172,7 +161,7 @@ def _status(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     import time
 
-    from dask_blackbox.local import LocalPipeline
+    from dask_blackbox.cli.supervisor import LocalPipeline
 
     pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors)
     print(f"dask-blackbox: starting the local pipeline in {config.data_dir()}", flush=True)
@@ -196,8 +185,8 @@ def main(argv: list[str] | None = None) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from dask_blackbox.kafka import KafkaUnreachable
-    from dask_blackbox.local import PipelineError, use_running_pipeline
-    from sinks.queries import QueryError, UnknownCluster
+    from dask_blackbox.cli.supervisor import PipelineError, use_running_pipeline
+    from dask_blackbox.read.queries import QueryError, UnknownCluster
 
     if args.command != "sink":
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
@@ -210,9 +199,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "up":
             return _up(args)
         if args.command == "sink":
-            from sinks import service
+            from dask_blackbox.cli import sink
 
-            return service.main([])
+            return sink.main([])
         if args.command == "topics":
             from dask_blackbox import kafka
 
@@ -220,13 +209,13 @@ def main(argv: list[str] | None = None) -> int:
                 print(name)
             return 0
         if args.command == "demo":
-            from dask_blackbox import demo
+            from dask_blackbox.cli import demo
 
             return demo.run(timeout=args.timeout)
         if args.command == "status":
             return _status(args)
         if args.command == "query":
-            from sinks import queries
+            from dask_blackbox.read import queries
 
             print_result(queries.connect().query(args.sql), args.format)
             return 0

@@ -53,3 +53,14 @@ def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table")
     lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
     lines.append(f"({len(cells)} row{'s' if len(cells) != 1 else ''})")
     return "\n".join(lines)
+
+
+def print_result(result, fmt: str) -> None:
+    """Print ``(columns, rows)`` or a mapping of titled ``(columns, rows)`` sections."""
+    if isinstance(result, dict):
+        for title, (columns, rows) in result.items():
+            print(f"== {title}" if fmt == "table" else f"# {title}")
+            print(render(columns, rows, fmt))
+            print()
+    else:
+        print(render(*result, fmt))

@@ -1,11 +1,7 @@
-"""Reading the flight recorder: a backend and the named queries the CLI runs.
+"""The named queries the CLI, the UI and Python users run on the recorded history.
 
-:func:`connect` returns a :class:`Backend`: while a sink runs and owns the configured
-chDB directory (``<data-dir>/sink.json`` names it), queries go through that sink's
-loopback query server; otherwise the DSN is opened directly with clickhouse-connect
-(chDB or a ClickHouse server). ``Backend.query(sql, parameters)`` returns ``(columns,
-rows)``; parameters use clickhouse-connect's server-side binding (``{name:Type}``);
-unqualified table names are those of ``blackbox.clickhouse.database`` either way.
+Each takes a :class:`~dask_blackbox.read.backends.Backend` (``connect()``, re-exported
+here, gives the right one for the configuration).
 
 Every named query takes ``cluster`` (a cluster name or id; None: all clusters),
 ``since`` and ``until`` (datetime, seconds since the epoch, or None), and returns
@@ -18,162 +14,22 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import os
-import pathlib
-import urllib.error
-import urllib.request
 from collections import defaultdict
-from typing import Any, Protocol
+from typing import Any
 
-import orjson
+from dask_blackbox.read.backends import Backend, QueryError, Result, connect
 
-from dask_blackbox import config
-from sinks import clickhouse, query_server
-from sinks.rows import TABLES
-from sinks.schema import Target
+__all__ = ["Backend", "QueryError", "Result", "UnknownCluster", "connect", "story", "spans",
+           "prefixes", "clusters", "failures", "compare", "table_counts", "gaps_and_drops"]
 
-Result = tuple[list[str], list[tuple]]
 TimeBound = datetime.datetime | float | int | None
 
 #: Tables where the latest version / one copy per key wins (read with FINAL).
 _REPLACING = frozenset({"span_state", "prefix_stats", "gaps", "schema_migrations"})
 
 
-class QueryError(RuntimeError):
-    """A query failed; the message is ClickHouse's (or the query server's)."""
-
-
 class UnknownCluster(LookupError):
     """``--cluster`` names no cluster that was ever recorded."""
-
-
-# ------------------------------------------------------------------ backends
-
-
-class Backend(Protocol):
-    database: str
-
-    def query(self, sql: str, parameters: dict | None = None) -> Result: ...
-
-    def close(self) -> None: ...
-
-
-class DirectBackend:
-    """Runs queries on a clickhouse-connect client of its own."""
-
-    def __init__(self, client, database: str) -> None:
-        self.client = client
-        self.database = database
-
-    def query(self, sql: str, parameters: dict | None = None) -> Result:
-        try:
-            result = self.client.query(sql, parameters=parameters or None)
-        except Exception as e:
-            raise QueryError(str(e)) from e
-        return list(result.column_names), result.result_rows
-
-    def close(self) -> None:
-        self.client.close()
-
-
-class RemoteBackend:
-    """Sends queries to a running sink's query server (see sinks.query_server)."""
-
-    def __init__(self, url: str, token: str, database: str, timeout: float = 300.0) -> None:
-        self.url = url.rstrip("/")
-        self.token = token
-        self.database = database
-        self.timeout = timeout
-
-    def _request(self, path: str, body: bytes | None, timeout: float) -> bytes:
-        request = urllib.request.Request(
-            self.url + path, data=body, method="POST" if body is not None else "GET",
-            headers={query_server.TOKEN_HEADER: self.token, "Content-Type": "application/json"},
-        )
-        try:
-            with urllib.request.urlopen(request, timeout=timeout) as response:
-                return response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read()
-            try:
-                message = orjson.loads(detail)["error"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                message = detail.decode("utf-8", "replace") or str(e)
-            raise QueryError(message) from None
-
-    def ping(self) -> bool:
-        try:
-            return orjson.loads(self._request("/ping", None, 2.0)).get("ok") is True
-        except (OSError, QueryError, orjson.JSONDecodeError):
-            return False
-
-    def query(self, sql: str, parameters: dict | None = None) -> Result:
-        body = orjson.dumps({"sql": sql, "parameters": parameters or {}},
-                            default=query_server._json_default)
-        try:
-            return query_server.decode_result(self._request("/query", body, self.timeout))
-        except OSError as e:
-            raise QueryError(f"the sink's query server at {self.url} did not answer: {e}") from e
-
-    def close(self) -> None:
-        pass
-
-
-def sink_file() -> pathlib.Path:
-    """Where a running sink describes itself (see sinks.service)."""
-    return config.data_dir() / "sink.json"
-
-
-def _same_dsn(a: str, b: str) -> bool:
-    pa, pb = config.chdb_path(a), config.chdb_path(b)
-    if pa is not None and pb is not None:
-        return os.path.realpath(pa) == os.path.realpath(pb)
-    return a == b
-
-
-def _pid_alive(pid: Any) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
-def running_sink() -> RemoteBackend | None:
-    """A backend for the live sink that owns the configured DSN, if there is one."""
-    path = sink_file()
-    try:
-        info = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
-        return None
-    if not (isinstance(info, dict) and info.get("query_url") and _pid_alive(info.get("pid"))
-            and _same_dsn(str(info.get("dsn")), config.clickhouse_dsn())):
-        return None
-    backend = RemoteBackend(info["query_url"], str(info.get("token", "")),
-                            Target.from_config().database)
-    return backend if backend.ping() else None
-
-
-def connect() -> Backend:
-    """The backend for the configured DSN: the running sink's query server when a sink
-    owns the chDB directory, otherwise a direct clickhouse-connect client."""
-    target = Target.from_config()
-    remote = running_sink()
-    if remote is not None:
-        return remote
-    dsn = config.clickhouse_dsn()
-    directory = config.chdb_path(dsn)
-    if directory is not None and not (directory / "metadata").exists():
-        raise clickhouse.ClickHouseUnavailable(
-            f"no chDB data at {directory} (blackbox.clickhouse.dsn): nothing was recorded "
-            "there yet -- start the pipeline with `dask-blackbox up` or the sink with "
-            "`dask-blackbox sink`"
-        )
-    return DirectBackend(clickhouse.open_client(dsn, database=target.database), target.database)
 
 
 # ------------------------------------------------------------------- helpers
@@ -608,10 +464,14 @@ def compare(backend: Backend, span_name: str, cluster: str | None = None,
 
 def table_counts(backend: Backend) -> Result:
     """Rows per table (one copy per key for the replacing tables)."""
+    # The tables the sink writes are those with its _batch column.
+    _, found = backend.query(
+        "SELECT table FROM system.columns WHERE database = {db:String} AND name = '_batch' "
+        "AND NOT endsWith(table, '_local') ORDER BY table", {"db": backend.database})
     parts = [
         f"SELECT '{table}' AS table, count() AS rows FROM {_t(backend, table)}"
         + (" FINAL" if table in _REPLACING else "")
-        for table in TABLES
+        for (table,) in found
     ]
     return backend.query(" UNION ALL ".join(parts) + " ORDER BY table")
 

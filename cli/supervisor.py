@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
-import json
 import os
 import pathlib
 import re
@@ -25,18 +24,16 @@ from dataclasses import dataclass, field
 
 import dask.config
 
-from dask_blackbox import config, kafka
+from dask_blackbox import config, kafka, runfiles
 from dask_blackbox.contract import RAW, TOPICS
-from dask_blackbox.tansu import broker_command, free_port, port_open
-from sinks.queries import sink_file
+from dask_blackbox.cli.tansu import broker_command, free_port, port_open
 
 #: Arguments of the two services, shared with infra/docker-compose.yml (a test checks
 #: the compose file runs these): ``faust <PROCESSOR_ARGS> [global options] worker
 #: [worker options]`` and ``dask-blackbox <SINK_ARGS>``.
-PROCESSOR_ARGS = ("-A", "stream_processors.app")
+PROCESSOR_ARGS = ("-A", "dask_blackbox.stream_processors.app")
 SINK_ARGS = ("sink",)
 
-STATE_FILE = "up.json"
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
 _PR_SET_PDEATHSIG = 1
 
@@ -72,12 +69,7 @@ def prepare_data_dir() -> pathlib.Path:
 
 def running_pipeline() -> dict | None:
     """The state of a live ``up`` using this data directory, or None."""
-    try:
-        state = json.loads((config.data_dir() / STATE_FILE).read_text())
-        os.kill(state["pid"], 0)
-    except (OSError, ValueError, KeyError):
-        return None
-    return state
+    return runfiles.read(config.data_dir(), runfiles.UP)
 
 
 def use_running_pipeline() -> dict | None:
@@ -184,11 +176,11 @@ class LocalPipeline:
             self._write_state(data)
             # Sink and processors start side by side; each spends most of its start
             # joining its consumer group.
-            sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox", *SINK_ARGS], data)
+            sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox.cli", *SINK_ARGS], data)
             workers = self._spawn_processors(data)
             # The sink describes itself in this file once it serves queries.
-            state_file = sink_file()
-            self._wait(sink, timeout, lambda: _sink_state_pid(state_file) == sink.proc.pid)
+            self._wait(sink, timeout, lambda: (runfiles.read(data, runfiles.SINK) or {}).get("pid")
+                       == sink.proc.pid)
             progress(f"sink       ready, ClickHouse at {config.clickhouse_dsn()}")
             for w in workers:
                 self._wait(w, timeout, lambda w=w: bool(_FAUST_READY.search(w.log_tail(400))))
@@ -262,9 +254,7 @@ class LocalPipeline:
             "clickhouse": config.clickhouse_dsn(),
             "started_at": time.time(),
         }
-        tmp = data / (STATE_FILE + ".tmp")
-        tmp.write_text(json.dumps(state))
-        tmp.replace(data / STATE_FILE)
+        runfiles.write(data, runfiles.UP, state)
 
     # ------------------------------------------------------------------- run
     def failed_child(self) -> Child | None:
@@ -310,13 +300,7 @@ class LocalPipeline:
             for child in self.children:
                 if child.name == name:
                     _terminate(child)
-        data = config.data_dir()
-        state = data / STATE_FILE
-        try:
-            if json.loads(state.read_text()).get("pid") == os.getpid():
-                state.unlink()
-        except (OSError, ValueError):
-            pass
+        runfiles.remove(config.data_dir(), runfiles.UP)
         return drained
 
 
@@ -328,10 +312,3 @@ def _terminate(child: Child, timeout: float = 15.0) -> None:
         except subprocess.TimeoutExpired:
             child.proc.kill()
             child.proc.wait()
-
-
-def _sink_state_pid(path: pathlib.Path) -> int | None:
-    try:
-        return json.loads(path.read_text()).get("pid")
-    except (OSError, ValueError):
-        return None

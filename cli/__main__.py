@@ -1,0 +1,3 @@
+from dask_blackbox.cli.main import main
+
+raise SystemExit(main())

@@ -1,3 +1,0 @@
-from dask_blackbox.cli import main
-
-raise SystemExit(main())

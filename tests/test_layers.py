@@ -1,0 +1,117 @@
+"""The house reads as the data flows: ground -> stages -> read side -> roof.
+
+Parses every module's imports (including those inside functions) and checks:
+
+- the ground (``dask_blackbox/``: contract, config, Kafka and ClickHouse helpers, run
+  files) imports no other part of the project;
+- the stages (``producers/``, ``stream_processors/``, ``sinks/``) import the ground
+  and themselves, never each other, the read side or the roof;
+- the read side (``read/``) imports the ground and itself only;
+- nothing imports the roof (``cli/``) but the roof;
+- no module imports, directly or through others, itself (no import circle).
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: folder -> (import name, floor)
+PARTS = {
+    "dask_blackbox": ("dask_blackbox", 0),
+    "producers": ("dask_blackbox.producers", 1),
+    "stream_processors": ("dask_blackbox.stream_processors", 1),
+    "sinks": ("dask_blackbox.sinks", 1),
+    "read": ("dask_blackbox.read", 2),
+    "cli": ("dask_blackbox.cli", 3),
+}
+
+
+def modules() -> dict[str, pathlib.Path]:
+    found = {}
+    for folder, (package, _) in PARTS.items():
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join((package, *parts))] = path
+    return found
+
+
+def part_of(module: str) -> str:
+    """The folder (part) a dotted module name belongs to."""
+    best = "dask_blackbox"
+    for folder, (package, _) in PARTS.items():
+        if (module == package or module.startswith(package + ".")) and len(package) > len(PARTS[best][0]):
+            best = folder
+    return best
+
+
+def imports(module: str, path: pathlib.Path, known: dict) -> set[str]:
+    """The project modules ``module`` imports (resolved to known module names)."""
+    out = set()
+    is_package = path.name == "__init__.py"
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = module.split(".")
+                anchor = anchor if is_package else anchor[:-1]
+                anchor = anchor[: len(anchor) - (node.level - 1)]
+                base = ".".join(anchor + ([base] if base else []))
+            names = [f"{base}.{a.name}" for a in node.names] + [base]
+        for name in names:
+            while name and name not in known:
+                name = name.rpartition(".")[0]
+            if name and name != module and name.startswith("dask_blackbox"):
+                out.add(name)
+    # importing a package runs its parents' __init__: not an arrow worth drawing
+    return {m for m in out if not module.startswith(m + ".")}
+
+
+def graph() -> dict[str, set[str]]:
+    known = modules()
+    return {m: imports(m, p, known) for m, p in known.items()}
+
+
+def test_every_part_is_found():
+    parts = {part_of(m) for m in modules()}
+    assert parts == set(PARTS)
+
+
+def test_no_import_runs_against_the_flow():
+    wrong = []
+    for module, targets in graph().items():
+        src = part_of(module)
+        for target in targets:
+            dst = part_of(target)
+            if dst == src:
+                continue
+            floor_src, floor_dst = PARTS[src][1], PARTS[dst][1]
+            if floor_dst >= floor_src or (src == "read" and floor_dst != 0):
+                wrong.append(f"{module} -> {target}")
+    assert not wrong, "imports against the flow:\n" + "\n".join(sorted(wrong))
+
+
+def test_no_import_circle():
+    g = graph()
+    state: dict[str, int] = {}
+    circles = []
+
+    def visit(node, stack):
+        state[node] = 1
+        for nxt in sorted(g.get(node, ())):
+            if state.get(nxt) == 1:
+                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+            elif nxt not in state:
+                visit(nxt, stack + [nxt])
+        state[node] = 2
+
+    for node in sorted(g):
+        if node not in state:
+            visit(node, [node])
+    assert not circles, "import circles:\n" + "\n".join(circles)
