@@ -1,4 +1,17 @@
-"""Rendering query results as a text table, JSON or CSV."""
+"""Rendering query results for a person (a table that fits the terminal), or for a
+program (JSON, CSV, or the plain wide table).
+
+``table`` (the default) is drawn by `rich`_ to fit :data:`DEFAULT_WIDTH` columns
+(or a narrower terminal): ids are shortened to :data:`ID_CHARS` characters, times
+shown as wall-clock times (with the date when it is not today, UTC), durations and
+bytes with units, mappings as their largest few entries, and a span tree (a result
+with a ``depth`` column) drawn as a tree. Columns a person rarely needs (a parent's
+id, raw start/stop times next to the elapsed time, tracebacks, depth) are left out.
+``wide`` prints every column and every value as it is, however wide; ``json`` and
+``csv`` carry every column with full values, for programs.
+
+.. _rich: https://rich.readthedocs.io
+"""
 
 from __future__ import annotations
 
@@ -6,9 +19,36 @@ import csv
 import datetime
 import io
 import json
+import math
+import os
+import sys
 from collections.abc import Sequence
 
-FORMATS = ("table", "json", "csv")
+from dask.utils import format_bytes
+from rich import box
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+FORMATS = ("table", "wide", "json", "csv")
+
+#: Widest default table, in columns.
+DEFAULT_WIDTH = 120
+#: Characters of an id shown in a table.
+ID_CHARS = 8
+
+#: Columns only the wide table, JSON and CSV show.
+_DETAIL_COLUMNS = frozenset({"parent_id", "depth", "traceback", "exc_text", "stimulus_id",
+                             "producer_id", "span_id"})
+_ID_COLUMNS = frozenset({"cluster_id", "span_id", "parent_id", "producer_id", "partial_id"})
+_BYTES_HINTS = ("nbytes", "bytes", "memory")
+#: Columns that say what a row is: squeezed last.
+_NAME_COLUMNS = frozenset({"name", "key", "cluster", "cluster_name", "prefix", "metric"})
+#: Columns at most this wide are never squeezed; wider ones shrink to it at least.
+_SHORT = 19
+
+
+# --------------------------------------------------------------- plain values
 
 
 def _plain(value):
@@ -34,7 +74,155 @@ def _cell(value) -> str:
     return str(value)
 
 
-def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table") -> str:
+def _wide(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
+    cells = [[_cell(v) for v in r] for r in rows]
+    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(),
+             "  ".join("-" * w for w in widths)]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
+    lines.append(_count(len(cells)))
+    return "\n".join(lines)
+
+
+def _count(n: int) -> str:
+    return f"({n} row{'s' if n != 1 else ''})"
+
+
+# ------------------------------------------------------------ human values
+
+
+def seconds(value: float) -> str:
+    """A duration with its unit: ``850 us``, ``12.3 ms``, ``4.56 s``, ``3m 07s``,
+    ``2h 05m``."""
+    if not math.isfinite(value):
+        return str(value)
+    sign, value = ("-" if value < 0 else ""), abs(value)
+    if value < 1e-3:
+        text = f"{value * 1e6:.0f} us"
+    elif value < 1:
+        text = f"{value * 1e3:.3g} ms"
+    elif value < 60:
+        text = f"{value:.3g} s"
+    elif value < 3600:
+        text = f"{int(value // 60)}m {int(value % 60):02d}s"
+    else:
+        text = f"{int(value // 3600)}h {int(value % 3600 // 60):02d}m"
+    return sign + text
+
+
+def _time(value: datetime.datetime, today: datetime.date) -> str:
+    if value.tzinfo is None:
+        value = value.replace(tzinfo=datetime.timezone.utc)
+    value = value.astimezone(datetime.timezone.utc)
+    if value.timestamp() <= 0:
+        return ""
+    return value.strftime("%H:%M:%S" if value.date() == today else "%Y-%m-%d %H:%M:%S")
+
+
+def _is_seconds(column: str) -> bool:
+    return column.endswith("_s") or column.startswith(("compute_s", "task_s")) or column in (
+        "duration", "elapsed", "max_duration")
+
+
+def _is_bytes(column: str) -> bool:
+    return any(h in column for h in _BYTES_HINTS)
+
+
+def _human(column: str, value, today: datetime.date) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, datetime.datetime):
+        return _time(value, today)
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if column == "ts" and isinstance(value, float):
+        return _time(datetime.datetime.fromtimestamp(value, datetime.timezone.utc), today)
+    if isinstance(value, (int, float)):
+        if _is_bytes(column):
+            return format_bytes(int(value))
+        if _is_seconds(column):
+            return seconds(float(value))
+        return f"{value:.4g}" if isinstance(value, float) else str(value)
+    if isinstance(value, dict):
+        top = sorted(value.items(), key=lambda kv: -kv[1] if isinstance(kv[1], (int, float)) else 0)
+        shown = [f"{k} {seconds(v) if _is_seconds(column) or column == 'by_action' else v}"
+                 for k, v in top[:3]]
+        return ", ".join(shown) + (f" +{len(top) - 3}" if len(top) > 3 else "")
+    if isinstance(value, (list, tuple)):
+        return " / ".join(map(str, value))
+    text = str(value)
+    if column in _ID_COLUMNS and len(text) > ID_CHARS:
+        return text[:ID_CHARS]
+    return text.splitlines()[0] if "\n" in text else text
+
+
+def _tree_labels(names: list[str], depths: list[int]) -> list[str]:
+    """Names drawn as a tree from their depths (rows in depth-first order)."""
+    labels = []
+    for i, (name, depth) in enumerate(zip(names, depths)):
+        if depth <= 0:
+            labels.append(name.strip())
+            continue
+        parts = []
+        for level in range(1, depth + 1):
+            # is there a later row at this level before the tree closes above it?
+            later = next((d for d in depths[i + 1:] if d <= level), None)
+            continues = later == level
+            if level < depth:
+                parts.append("│  " if continues else "   ")
+            else:
+                parts.append("├─ " if continues else "└─ ")
+        labels.append("".join(parts) + name.strip())
+    return labels
+
+
+def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
+    columns = list(columns)
+    today = datetime.datetime.now(datetime.timezone.utc).date()
+    keep = [i for i, c in enumerate(columns) if c not in _DETAIL_COLUMNS]
+    # raw start/stop times are noise next to an elapsed time
+    if "elapsed_s" in columns:
+        keep = [i for i in keep if columns[i] not in ("start", "stop")]
+    names = None
+    if "depth" in columns and "name" in columns:
+        d, n = columns.index("depth"), columns.index("name")
+        names = _tree_labels([str(r[n]) for r in rows], [int(r[d] or 0) for r in rows])
+    cells = [
+        [Text(names[r_index] if names is not None and columns[i] == "name"
+              else _human(columns[i], row[i], today), no_wrap=True, overflow="ellipsis")
+         for i in keep]
+        for r_index, row in enumerate(rows)
+    ]
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
+    for j, i in enumerate(keep):
+        natural = max([len(columns[i])] + [c[j].cell_len for c in cells])
+        numeric = any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+        # Short columns (numbers, times, short ids) keep their width; long text
+        # (names, messages, mappings) gives way when the table must shrink.
+        table.add_column(columns[i], justify="right" if numeric else "left",
+                         overflow="ellipsis", no_wrap=natural <= _SHORT,
+                         min_width=natural if natural <= _SHORT
+                         else min(natural, 24) if columns[i] in _NAME_COLUMNS else 8)
+    for row_cells in cells:
+        table.add_row(*row_cells)
+    console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False,
+                      emoji=False, highlight=False, soft_wrap=False)
+    console.print(table)
+    text = console.file.getvalue().rstrip("\n")
+    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n" + _count(len(rows))
+
+
+def terminal_width() -> int:
+    """The width tables are drawn to: the terminal's, at most DEFAULT_WIDTH."""
+    try:
+        columns = os.get_terminal_size(sys.stdout.fileno()).columns if sys.stdout.isatty() else 0
+    except (OSError, ValueError):
+        columns = 0
+    return min(columns or DEFAULT_WIDTH, DEFAULT_WIDTH)
+
+
+def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table",
+           width: int | None = None) -> str:
     """The result as text in ``fmt`` (one of FORMATS)."""
     if fmt == "json":
         return json.dumps([dict(zip(columns, map(_plain, r))) for r in rows], indent=1)
@@ -44,22 +232,18 @@ def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table")
         writer.writerow(columns)
         writer.writerows([_cell(v) for v in r] for r in rows)
         return out.getvalue().rstrip("\n")
+    if fmt == "wide":
+        return _wide(columns, rows)
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
-    cells = [[_cell(v) for v in r] for r in rows]
-    widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(),
-             "  ".join("-" * w for w in widths)]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(r, widths)).rstrip() for r in cells]
-    lines.append(f"({len(cells)} row{'s' if len(cells) != 1 else ''})")
-    return "\n".join(lines)
+    return _table(columns, rows, width or terminal_width())
 
 
 def print_result(result, fmt: str) -> None:
     """Print ``(columns, rows)`` or a mapping of titled ``(columns, rows)`` sections."""
     if isinstance(result, dict):
         for title, (columns, rows) in result.items():
-            print(f"== {title}" if fmt == "table" else f"# {title}")
+            print(f"== {title}" if fmt in ("table", "wide") else f"# {title}")
             print(render(columns, rows, fmt))
             print()
     else:

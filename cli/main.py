@@ -67,7 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="any blackbox.* setting, e.g. --set producer.flush-interval=50ms")
 
     fmt = argparse.ArgumentParser(add_help=False)
-    fmt.add_argument("--format", choices=FORMATS, default="table")
+    fmt.add_argument("--format", choices=FORMATS, default="table",
+                     help="table (fits the terminal, at most 120 columns; the default), "
+                          "wide (every column and value), json or csv")
+    fmt.add_argument("--wide", dest="format", action="store_const", const="wide",
+                     help="the same as --format wide")
 
     filters = argparse.ArgumentParser(add_help=False)
     filters.add_argument("--cluster", help="cluster name or id")

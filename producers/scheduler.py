@@ -16,6 +16,9 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
   it (what ``Client.get_events`` returns), the message sanitized
   (:func:`producers.encode.sanitize`);
 - ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed, restart;
+  scheduler_start, worker_added and worker_removed carry ``total_nthreads``, the
+  entries of ``Scheduler.total_nthreads_history`` appended since the previous one of
+  them (the whole history in scheduler_start);
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, one tuple, one deque append. Names
@@ -63,6 +66,10 @@ _MAX_ANNOTATION_VALUES = 20
 #: Share of an envelope one GRAPH event may take.
 _GRAPH_EVENT_BYTES = 600_000
 
+#: Lifecycle actions that carry the ``total_nthreads`` entries appended since the
+#: previous one (the history changes only when a worker comes or goes).
+_NTHREADS_ACTIONS = frozenset({"scheduler_start", "worker_added", "worker_removed"})
+
 _TRAILING_TIME = re.compile(r"-[0-9.e+]+$")
 
 
@@ -83,6 +90,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self.transport: Transport | None = None
         self._metrics: PeriodicCallback | None = None
         self._n_spans = 0
+        self._n_nthreads = 0  # entries of total_nthreads_history already published
         self._removals: dict[str, dict] = {}
         self._key_texts: dict[Hashable, str] = {}
         # Until start() binds them to the scheduler and the transport, hooks called
@@ -394,10 +402,26 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._lifecycle("restart")
 
     def _lifecycle(self, action: str, **fields: Any) -> None:
+        if self.scheduler is None:  # not started: nothing to publish with yet
+            return
         event = {"kind": LIFECYCLE, "ts": time.time(), "action": action, "worker": None,
                  "client": None, "reason": None, "stimulus_id": None, "detail": None}
         event.update(fields)
-        self._offer((ready, 400, event))
+        size = 400
+        if action in _NTHREADS_ACTIONS:
+            event["total_nthreads"] = entries = self._new_nthreads_entries()
+            size += 40 * len(entries)
+        self._offer((ready, size, event))
+
+    def _new_nthreads_entries(self) -> list[list]:
+        """The entries ``[time, nthreads]`` Dask appended to
+        ``Scheduler.total_nthreads_history`` since the previous call (all of them the
+        first time). Dask appends before it calls the plugins' add_worker /
+        remove_worker, so the entry of this very change is included."""
+        history = self.scheduler.total_nthreads_history
+        seen = self._n_nthreads if self._n_nthreads <= len(history) else 0
+        self._n_nthreads = len(history)
+        return [list(entry) for entry in history[seen:]]
 
     # ------------------------------------------------------------------ metrics
 

@@ -139,6 +139,7 @@ def recording(broker):
                 out["get_events"] = client.get_events()
                 del y
         out["transition_log"] = list(cluster.scheduler.transition_log)
+        out["nthreads_history"] = list(cluster.scheduler.total_nthreads_history)
         out["digests"] = {
             w.address: {k: v for k, v in w.digests_total.items()
                         if isinstance(k, tuple) and k[0] in CONTEXTS_WITH_SPAN_ID}
@@ -334,6 +335,25 @@ def test_lifecycle(recording):
     clients = [(e["action"], e["client"]) for e in events if e["client"]]
     assert ("client_added", recording["second_client"]) in clients
     assert ("client_removed", recording["second_client"]) in clients
+
+
+def test_lifecycle_total_nthreads_equal_the_schedulers_history(recording):
+    """scheduler_start (attach to a running cluster: the whole history so far),
+    worker_added and worker_removed carry the entries Dask appended since the previous
+    one; together they are Scheduler.total_nthreads_history, exactly."""
+    carrying = [e for e in _of_kind(recording, LIFECYCLE)
+                if e["action"] in ("scheduler_start", "worker_added", "worker_removed")]
+    assert all("total_nthreads" in e for e in carrying)
+    assert not any("total_nthreads" in e for e in _of_kind(recording, LIFECYCLE)
+                   if e not in carrying)
+    history = recording["nthreads_history"]
+    # the run added a worker and removed three (scale-down and close)
+    assert [n for _, n in history][-5:] == [2, 3, 2, 1, 0]
+    published_history = [entry for e in carrying for entry in e["total_nthreads"]]
+    assert published_history == [list(entry) for entry in history]
+    # each event carries its own change: worker_added/removed end with theirs
+    for e in carrying[1:]:
+        assert len(e["total_nthreads"]) == 1
 
 
 def test_worker_metrics_and_digests(recording):
