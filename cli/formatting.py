@@ -110,13 +110,25 @@ def seconds(value: float) -> str:
     return sign + text
 
 
-def _time(value: datetime.datetime, today: datetime.date) -> str:
+def _time(value: datetime.datetime, today: datetime.date, precise: bool = False) -> str:
+    """A UTC wall-clock time, with the date unless it is today; ``precise`` adds
+    milliseconds (event times in a story)."""
     if value.tzinfo is None:
         value = value.replace(tzinfo=datetime.timezone.utc)
     value = value.astimezone(datetime.timezone.utc)
     if value.timestamp() <= 0:
         return ""
-    return value.strftime("%H:%M:%S" if value.date() == today else "%Y-%m-%d %H:%M:%S")
+    text = value.strftime("%H:%M:%S" if value.date() == today else "%Y-%m-%d %H:%M:%S")
+    return text + f".{value.microsecond // 1000:03d}" if precise else text
+
+
+def short_id(text: str) -> str:
+    """The first ID_CHARS characters of an id's distinctive part: Dask's
+    ``Scheduler-<uuid>`` cluster ids lose their common ``Scheduler-``."""
+    head, sep, body = text.partition("-")
+    if sep and head.isalpha() and body:
+        text = body
+    return text[:ID_CHARS]
 
 
 def _is_seconds(column: str) -> bool:
@@ -132,11 +144,11 @@ def _human(column: str, value, today: datetime.date) -> str:
     if value is None:
         return ""
     if isinstance(value, datetime.datetime):
-        return _time(value, today)
+        return _time(value, today, precise=column == "ts")
     if isinstance(value, bool):
         return "yes" if value else "no"
     if column == "ts" and isinstance(value, float):
-        return _time(datetime.datetime.fromtimestamp(value, datetime.timezone.utc), today)
+        return _time(datetime.datetime.fromtimestamp(value, datetime.timezone.utc), today, True)
     if isinstance(value, (int, float)):
         if _is_bytes(column):
             return format_bytes(int(value))
@@ -151,8 +163,8 @@ def _human(column: str, value, today: datetime.date) -> str:
     if isinstance(value, (list, tuple)):
         return " / ".join(map(str, value))
     text = str(value)
-    if column in _ID_COLUMNS and len(text) > ID_CHARS:
-        return text[:ID_CHARS]
+    if column in _ID_COLUMNS:
+        return short_id(text)
     return text.splitlines()[0] if "\n" in text else text
 
 
@@ -176,6 +188,24 @@ def _tree_labels(names: list[str], depths: list[int]) -> list[str]:
     return labels
 
 
+def _fit(naturals: list[int], names: list[bool], width: int) -> list[int]:
+    """Column widths that fit ``width``: short columns (numbers, times, short ids) keep
+    their width; long text gives way, name-like columns last (down to 24), others
+    down to 8, the widest first."""
+    budget = width - 3 * (len(naturals) - 1)  # a separator and padding between columns
+    widths = list(naturals)
+    floors = [n if n <= _SHORT else (min(n, 24) if is_name else 8) for n, is_name in zip(naturals, names)]
+    while sum(widths) > budget:
+        shrinkable = [j for j in range(len(widths)) if widths[j] > floors[j]]
+        if not shrinkable:
+            break
+        # the widest non-name column first; names only when nothing else can give
+        others = [j for j in shrinkable if not names[j]] or shrinkable
+        j = max(others, key=lambda k: widths[k])
+        widths[j] -= 1
+    return widths
+
+
 def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     columns = list(columns)
     today = datetime.datetime.now(datetime.timezone.utc).date()
@@ -193,16 +223,13 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
          for i in keep]
         for r_index, row in enumerate(rows)
     ]
+    naturals = [max([len(columns[i])] + [c[j].cell_len for c in cells]) for j, i in enumerate(keep)]
+    widths = _fit(naturals, [columns[i] in _NAME_COLUMNS for i in keep], width)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
     for j, i in enumerate(keep):
-        natural = max([len(columns[i])] + [c[j].cell_len for c in cells])
         numeric = any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
-        # Short columns (numbers, times, short ids) keep their width; long text
-        # (names, messages, mappings) gives way when the table must shrink.
         table.add_column(columns[i], justify="right" if numeric else "left",
-                         overflow="ellipsis", no_wrap=natural <= _SHORT,
-                         min_width=natural if natural <= _SHORT
-                         else min(natural, 24) if columns[i] in _NAME_COLUMNS else 8)
+                         overflow="ellipsis", no_wrap=True, width=widths[j])
     for row_cells in cells:
         table.add_row(*row_cells)
     console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False,

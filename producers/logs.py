@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from dask_blackbox.contract import LOG
+from dask_blackbox.contract import LOG, Log
 from dask_blackbox.producers.encode import cap_text
 from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX, Transport, ready
 
@@ -24,7 +24,7 @@ from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX, Transport, r
 SHIPPED_LOGGER = "distributed"
 
 #: Records of these loggers are never shipped (they may come from the transport).
-_IGNORED_PREFIXES = ("aiokafka", "kafka", "producers")
+_IGNORED_PREFIXES = ("aiokafka", "kafka", "dask_blackbox")
 
 _LOCK = threading.Lock()  # guards installing/removing, never taken by emit
 
@@ -74,7 +74,7 @@ class BlackboxLogHandler(logging.Handler):
                     exc_text = None
             elif record.exc_text:
                 exc_text = cap_text(record.exc_text, max_chars)
-            event = {
+            event: Log = {
                 "kind": LOG,
                 "ts": record.created,
                 "logger": record.name,

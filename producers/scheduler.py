@@ -38,14 +38,15 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 from distributed.diagnostics.plugin import SchedulerPlugin
-from distributed.protocol import pickle
 from tornado.ioloop import PeriodicCallback
 
 from dask_blackbox.contract import (
-    EVENT, GRAPH, LIFECYCLE, SCHEDULER_METRICS, SPAN, TRANSITION, encode_key,
+    EVENT, GRAPH, SCHEDULER_METRICS, SPAN, Graph, GraphTask, SchedulerMetrics, Span,
+    StructuredEvent, encode_key,
 )
 from dask_blackbox.producers import logs
-from dask_blackbox.producers.encode import cap_text, sanitize
+from dask_blackbox.producers.encode import sanitize
+from dask_blackbox.producers.events import TransitionBuilder, lifecycle
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport, ready
 
@@ -59,8 +60,6 @@ PLUGIN_NAME = "dask-blackbox"
 
 #: Buffer weight estimate of one transition (the encoded event is ~300-500 bytes).
 _TRANSITION_BYTES = 400
-#: Encoded tuple keys remembered by the sender thread.
-_KEY_TEXT_CACHE = 100_000
 #: Distinct values listed per annotation in a GRAPH event.
 _MAX_ANNOTATION_VALUES = 20
 #: Share of an envelope one GRAPH event may take.
@@ -92,7 +91,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._n_spans = 0
         self._n_nthreads = 0  # entries of total_nthreads_history already published
         self._removals: dict[str, dict] = {}
-        self._key_texts: dict[Hashable, str] = {}
         # Until start() binds them to the scheduler and the transport, hooks called
         # on an unstarted plugin (scheduler.add_plugin on a running scheduler) are
         # no-ops rather than an exception per transition.
@@ -134,7 +132,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._offer = transport.offer
         self._tasks_get = scheduler.tasks.get  # Scheduler.tasks is never replaced
         self._transition_log = scheduler.transition_log
-        self._build_transition = self._transition_event
+        self._build_transition = TransitionBuilder(self.settings.max_value_bytes).build
         self._build_graph = self._graph_event
         self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes
 
@@ -188,49 +186,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             log[-1] if log else time.time(),
         ))
 
-    def _transition_event(self, item: tuple) -> dict:
-        _, _, key, start, finish, stimulus_id, kwargs, tg, logged = item
-        if type(key) is not str:
-            key = self._key_texts.get(key) or self._key_text(key)
-        if tg is None:
-            prefix = group = span_id = None
-        else:
-            prefix, group, span_id = tg.prefix.name, tg.name, tg.span_id
-        ts = logged if type(logged) is float else logged[5]  # Transition.timestamp
-        worker = nbytes = typename = startstops = exception = traceback = cause = None
-        if kwargs:  # most transitions carry nothing: skip the lookups
-            worker = kwargs.get("worker")
-            nbytes = kwargs.get("nbytes")
-            typename = kwargs.get("typename")
-            startstops = kwargs.get("startstops")
-            max_chars = self.settings.max_value_bytes
-            if isinstance(text := kwargs.get("exception_text"), str):
-                exception = cap_text(text, max_chars)
-            elif (raised := kwargs.get("exception")) is not None:
-                # The scheduler's own errors (KilledWorker) come pickled, without text.
-                exception = cap_text(_exception_text(raised), max_chars)
-            if isinstance(text := kwargs.get("traceback_text"), str):
-                traceback = cap_text(text, max_chars)
-            if (blamed := kwargs.get("cause")) is not None:
-                cause = encode_key(blamed)
-        return {
-            "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix, "group": group,
-            "span_id": span_id, "start": start, "finish": finish,
-            "stimulus_id": stimulus_id, "worker": worker, "nbytes": nbytes,
-            "typename": typename, "startstops": startstops, "exception": exception,
-            "traceback": traceback, "cause": cause,
-        }
-
-    def _key_text(self, key: Hashable) -> str:
-        """encode_key of a non-str key missing from the cache, remembered: a key has
-        several transitions and str() of a tuple costs more than the rest of the
-        event (sender thread only)."""
-        cache = self._key_texts
-        if len(cache) >= _KEY_TEXT_CACHE:
-            cache.clear()
-        text = cache[key] = encode_key(key)
-        return text
-
     # ------------------------------------------------------------ graphs, spans
 
     def update_graph(
@@ -264,12 +219,12 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             list(islice(keys, cap)), entries, annotations,
         ))
 
-    def _graph_event(self, item: tuple) -> dict:
+    def _graph_event(self, item: tuple) -> Graph:
         _, _, ts, client, stimulus_id, n_tasks, n_keys, keys, entries, annotations = item
-        tasks = []
+        tasks: list[GraphTask] = []
         size = 0
         for key, tg, deps, n_deps in entries:
-            entry = {
+            entry: GraphTask = {
                 "key": encode_key(key),
                 "prefix": tg.prefix.name,
                 "group": tg.name,
@@ -277,12 +232,12 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
                 "dependencies": [encode_key(d.key) for d in deps],
             }
             if n_deps > len(deps):
-                entry["n_dependencies"] = n_deps
+                entry["n_dependencies"] = n_deps  # type: ignore[typeddict-unknown-key]
             size += 80 + sum(len(v) for v in entry["dependencies"]) + 3 * len(entry["key"])
             if size > _GRAPH_EVENT_BYTES:
                 break  # n_tasks still says how many there were
             tasks.append(entry)
-        return {
+        event: Graph = {
             "kind": GRAPH,
             "ts": ts,
             "client": client,
@@ -293,6 +248,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             "tasks": tasks,
             "annotations": self._annotation_summary(annotations),
         }
+        return event
 
     def _annotation_summary(self, annotations: dict[str, dict]) -> dict[str, list]:
         """``{annotation: [{"value", "n_tasks"}, ...]}``: the distinct values of each
@@ -323,14 +279,15 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             return
         for span in list(islice(ext.spans.values(), self._n_spans, None)):
             parent = span.parent
-            self._offer((ready, 300, {
+            event: Span = {
                 "kind": SPAN,
                 "ts": span.enqueued,
                 "span_id": span.id,
                 "name": [str(tag) for tag in span.name],
                 "parent_id": parent.id if parent is not None else None,
                 "enqueued": span.enqueued,
-            }))
+            }
+            self._offer((ready, 300, event))
         self._n_spans = len(ext.spans)
 
     # ------------------------------------------------------------- events, life
@@ -345,9 +302,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _publish_event(self, topic: str, ts: float, msg: Any) -> None:
         clean, size = sanitize(msg, self.settings.max_value_bytes)
         topic_text = topic if isinstance(topic, str) else encode_key(topic)
-        self._offer((ready, 100 + size + len(topic_text), {
-            "kind": EVENT, "ts": ts, "topic": topic_text, "msg": clean,
-        }))
+        event: StructuredEvent = {"kind": EVENT, "ts": ts, "topic": topic_text, "msg": clean}
+        self._offer((ready, 100 + size + len(topic_text), event))
 
     def _publish_event_backlog(self) -> None:
         """The events Dask kept from before this plugin started (an ``attach`` to a
@@ -404,9 +360,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _lifecycle(self, action: str, **fields: Any) -> None:
         if self.scheduler is None:  # not started: nothing to publish with yet
             return
-        event = {"kind": LIFECYCLE, "ts": time.time(), "action": action, "worker": None,
-                 "client": None, "reason": None, "stimulus_id": None, "detail": None}
-        event.update(fields)
+        event = lifecycle(time.time(), action, **fields)
         size = 400
         if action in _NTHREADS_ACTIONS:
             event["total_nthreads"] = entries = self._new_nthreads_entries()
@@ -435,7 +389,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
                     if n and state != "forgotten":
                         states[state] += n
             memory = s.memory
-            self._offer((ready, 500, {
+            event: SchedulerMetrics = {
                 "kind": SCHEDULER_METRICS,
                 "ts": time.time(),
                 "tasks_by_state": dict(states),
@@ -446,7 +400,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
                 "memory_unmanaged": memory.unmanaged,
                 "memory_spilled": memory.spilled,
                 "event_loop_interval": s._tick_interval_observed,
-            }))
+            }
+            self._offer((ready, 500, event))
         except Exception:  # metrics must never break the scheduler
             logger.exception("dask-blackbox could not sample scheduler metrics")
 
@@ -487,17 +442,3 @@ def dask_setup(scheduler: Scheduler) -> None:
     scheduler.add_plugin(
         BlackboxSchedulerPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME, idempotent=True
     )
-
-
-def _exception_text(raised) -> str:
-    """``"Type: message"`` of an exception Dask passed as an object or pickled; a
-    description of it if it cannot be read here (its class lives in user code)."""
-    try:
-        if isinstance(raised, bytes):
-            raised = pickle.loads(raised)
-        if isinstance(raised, BaseException):
-            return f"{type(raised).__name__}: {raised}"
-    except Exception:  # unknown class, truncated pickle: say what it was instead
-        pass
-    size = f", {len(raised)} bytes" if isinstance(raised, bytes) else ""
-    return f"<{type(raised).__name__}{size}>"

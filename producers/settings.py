@@ -4,11 +4,17 @@ Plugins are pickled from the client to the scheduler and the workers, whose own 
 configuration may differ from the client's. So the ``blackbox.*`` values are read
 and validated where the plugin is *built* (the client for :func:`producers.attach`,
 the Dask process itself for ``--preload``) and travel with it as plain data.
+
+That includes the broker: with ``blackbox.kafka.bootstrap-servers`` unset (null, the
+default), :meth:`dask_blackbox.config.KafkaSettings.from_config` resolves it, where
+the plugin is built, to the broker and topic prefix of a live ``dask-blackbox up`` on
+the same ``blackbox.data-dir``, else ``127.0.0.1:9092``; a configured broker always
+wins. The SASL password travels inside :class:`~dask_blackbox.config.KafkaSettings`,
+which keeps it out of ``repr``.
 """
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -18,7 +24,7 @@ import dask.config
 
 from dask_blackbox import config
 from dask_blackbox.contract import MAX_ENVELOPE_BYTES, RAW
-from dask_blackbox.config import ConfigError
+from dask_blackbox.config import ConfigError, KafkaSettings
 
 #: Largest accepted ``blackbox.producer.max-value-bytes``: several capped values must
 #: fit in one envelope.
@@ -29,13 +35,13 @@ MAX_VALUE_BYTES_LIMIT = MAX_ENVELOPE_BYTES // 8
 class ProducerSettings:
     """Validated ``blackbox.*`` values a producer needs, as plain picklable data.
 
-    ``kafka`` is the whole ``blackbox.kafka`` section; the aiokafka keyword arguments
-    (which may hold an ``ssl.SSLContext``, not picklable) are built from it in the
-    process that connects, by :meth:`kafka_producer_kwargs`.
+    ``kafka`` is the resolved ``blackbox.kafka`` section; the aiokafka keyword
+    arguments (which may hold an ``ssl.SSLContext``, not picklable) are built from it
+    in the process that connects, by ``kafka.producer_kwargs()``.
     """
 
     cluster_name: str | None
-    kafka: dict
+    kafka: KafkaSettings
     raw_topic: str
     buffer_max_events: int
     buffer_max_bytes: int
@@ -69,7 +75,7 @@ class ProducerSettings:
 
     @classmethod
     def _from_current_config(cls) -> ProducerSettings:
-        config.kafka_producer_kwargs()  # validates the whole kafka section now, not remotely
+        kafka = KafkaSettings.from_config()  # validated here, not remotely
         name = config.get("cluster-name")
         max_value_bytes = config.get_bytes("producer.max-value-bytes")
         if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
@@ -77,12 +83,6 @@ class ProducerSettings:
                 f"blackbox.producer.max-value-bytes: {max_value_bytes} is larger than "
                 f"{MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)"
             )
-        flush_interval = config.get_seconds("producer.flush-interval")
-        if flush_interval <= 0:
-            raise ConfigError("blackbox.producer.flush-interval must be more than 0")
-        metrics_interval = config.get_seconds("producer.metrics-interval")
-        if metrics_interval <= 0:
-            raise ConfigError("blackbox.producer.metrics-interval must be more than 0")
         worker_transitions = config.get("producer.worker-transitions")
         if not isinstance(worker_transitions, bool):
             raise ConfigError(
@@ -91,27 +91,21 @@ class ProducerSettings:
             )
         return cls(
             cluster_name=str(name) if name else None,
-            kafka=copy.deepcopy(dict(config.get("kafka"))),
-            raw_topic=config.topic(RAW),
+            kafka=kafka,
+            raw_topic=kafka.topic(RAW),
             buffer_max_events=config.get_int("producer.buffer-max-events"),
             buffer_max_bytes=config.get_bytes("producer.buffer-max-bytes"),
-            flush_interval=flush_interval,
-            metrics_interval=metrics_interval,
+            flush_interval=config.get_seconds("producer.flush-interval", minimum=0.001),
+            metrics_interval=config.get_seconds("producer.metrics-interval", minimum=0.001),
             graph_max_tasks=config.get_int("producer.graph-max-tasks", minimum=0),
             max_value_bytes=max_value_bytes,
             worker_transitions=worker_transitions,
             log_level=_log_level(config.get("producer.log-level")),
             close_timeout=config.get_seconds("producer.close-timeout"),
-            reconnect_backoff_max=max(
-                config.get_seconds("producer.reconnect-backoff-max"), 0.1
+            reconnect_backoff_max=config.get_seconds(
+                "producer.reconnect-backoff-max", minimum=0.05
             ),
         )
-
-    def kafka_producer_kwargs(self) -> dict[str, Any]:
-        """aiokafka producer arguments (connection, security, compression), built in
-        the calling process."""
-        with dask.config.set({"blackbox.kafka": copy.deepcopy(self.kafka)}):
-            return config.kafka_producer_kwargs()
 
 
 def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -49,7 +49,7 @@ from typing import Any
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION
+from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, Drops
 from dask_blackbox.producers.encode import describe, encode_event, type_name
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -99,7 +99,7 @@ class Transport:
         self.producer_id = f"{source}-{uuid.uuid4().hex}"
         self.cluster_id = cluster_id
         self.cluster_name = cluster_name
-        self._kafka_kwargs = settings.kafka_producer_kwargs()
+        self._kafka_kwargs = settings.kafka.producer_kwargs()
 
         self._buffer: deque[tuple] = deque()
         self._max_events = settings.buffer_max_events
@@ -158,10 +158,6 @@ class Transport:
             self._last_drop = now = time.time()
             if self._first_unreported_drop is None:
                 self._first_unreported_drop = now
-
-    def offer_event(self, event: dict, nbytes: int = 256) -> None:
-        """Buffer a finished event mapping."""
-        self.offer((ready, nbytes, event))
 
     def set_identity(self, cluster_id: str, cluster_name: str) -> None:
         self.cluster_name = cluster_name
@@ -423,7 +419,7 @@ class Transport:
             return
         since = self._first_unreported_drop
         self._first_unreported_drop = None
-        event = {
+        event: Drops = {
             "kind": DROPS,
             "ts": time.time(),
             "dropped_events": dropped - self._reported_events,

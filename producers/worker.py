@@ -37,8 +37,11 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.spans import CONTEXTS_WITH_SPAN_ID
 from tornado.ioloop import PeriodicCallback
 
-from dask_blackbox.contract import TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key
+from dask_blackbox.contract import (
+    WORKER_DIGESTS, WORKER_METRICS, WorkerDigests, WorkerMetrics, encode_key,
+)
 from dask_blackbox.producers import logs
+from dask_blackbox.producers.events import TransitionBuilder
 from dask_blackbox.producers.scheduler import PLUGIN_NAME
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport, ready
@@ -92,7 +95,9 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             self.cluster_name or self.settings.cluster_name,
         )
         self._offer = transport.offer
-        self._build_transition = self._transition_event
+        self._build_transition = TransitionBuilder(
+            self.settings.max_value_bytes, worker=worker.address
+        ).build
         self._tasks_get = worker.state.tasks.get
         if self.cluster_id is None:
             self._identity_task = asyncio.create_task(self._learn_identity())
@@ -134,14 +139,15 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             self._offer((ready, 400, self._metrics_event()))
             rows = self._digest_rows()
             if rows:
-                self._offer((ready, 100 + 80 * len(rows), {
+                digests: WorkerDigests = {
                     "kind": WORKER_DIGESTS, "ts": time.time(),
                     "worker": self.worker.address, "digests": rows,
-                }))
+                }
+                self._offer((ready, 100 + 80 * len(rows), digests))
         except Exception:  # metrics must never break the worker
             logger.exception("dask-blackbox could not sample worker metrics")
 
-    def _metrics_event(self) -> dict:
+    def _metrics_event(self) -> WorkerMetrics:
         w = self.worker
         recent = w.monitor.recent()
         memory = recent.get("memory")
@@ -151,7 +157,7 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             spilled = 0
         # As Dask's MemoryState: managed is what sits in RAM, unmanaged the rest.
         managed = max(w.state.nbytes - spilled, 0)
-        return {
+        event: WorkerMetrics = {
             "kind": WORKER_METRICS,
             "ts": time.time(),
             "worker": w.address,
@@ -166,6 +172,7 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             "event_loop_interval": w._tick_interval_observed,
             "gil_contention": recent.get("gil_contention"),
         }
+        return event
 
     def _digest_rows(self) -> list[list]:
         """Increases of the span-keyed ``Worker.digests_total`` entries since last
@@ -187,19 +194,8 @@ class BlackboxWorkerPlugin(WorkerPlugin):
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         if not self.settings.worker_transitions or self.transport is None:
             return
-        self._offer((self._build_transition, 300, key, start, finish,
+        self._offer((self._build_transition, 300, key, start, finish, None, None,
                      self._tasks_get(key), time.time()))
-
-    def _transition_event(self, item: tuple) -> dict:
-        _, _, key, start, finish, ts, t = item
-        return {
-            "kind": TRANSITION, "ts": t, "key": encode_key(key),
-            "prefix": ts.prefix if ts is not None else None, "group": None,
-            "span_id": ts.span_id if ts is not None else None,
-            "start": start, "finish": finish, "stimulus_id": None,
-            "worker": self.worker.address, "nbytes": None, "typename": None,
-            "startstops": None, "exception": None, "traceback": None, "cause": None,
-        }
 
 
 def _digest_row(key: tuple, value: float) -> list:

@@ -12,6 +12,7 @@ import dask.config
 from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, validate_envelope
 from dask_blackbox.cli.tansu import free_port, start_broker
+from dask_blackbox.producers.transport import Transport, ready
 from kafka_reader import read_json
 from polling import wait_for
 
@@ -26,6 +27,11 @@ def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
         for ev in env["events"]
     ]
     return envelopes, events
+
+
+def offer_event(transport: Transport, event: dict, nbytes: int = 256) -> None:
+    """Buffer a finished event mapping on ``transport``, as the plugins' hooks do."""
+    transport.offer((ready, nbytes, event))
 
 
 def seqs_by_producer(envelopes: list[dict]) -> dict[str, list[int]]:

@@ -28,6 +28,8 @@ def test_demo_prints_what_clickhouse_knows_and_the_rows_stay(tmp_path):
                  "random_sample", "erred"):
         assert text in printed, text
     assert not (data_dir / "up.json").exists(), "demo stops the pipeline it started"
+    too_wide = [line for line in printed.splitlines() if len(line) > 120]
+    assert not too_wide, f"{len(too_wide)} lines wider than 120 columns, e.g. {too_wide[0]!r}"
 
     # Nothing runs any more: these queries open the chDB directory directly.
     clusters = {r["cluster_name"]: r for r in query(

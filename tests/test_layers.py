@@ -115,3 +115,27 @@ def test_no_import_circle():
         if node not in state:
             visit(node, [node])
     assert not circles, "import circles:\n" + "\n".join(circles)
+
+
+def test_a_users_own_modules_named_like_our_stages_do_not_shadow_them(tmp_path):
+    """Why everything installs under ``dask_blackbox.*``: the stage folders have
+    generic names that a user's project may well use itself (a Kafka project with its
+    own ``producers`` package, a ``sinks.py``...). Python puts the working directory
+    first on ``sys.path`` for ``python -c``/``-m`` and for ``dask worker --preload``
+    run from a project checkout, so top-level ``producers`` would have been theirs."""
+    import subprocess
+    import sys
+
+    for name in ("producers", "sinks", "stream_processors", "read", "cli"):
+        (tmp_path / f"{name}.py").write_text("raise ImportError('the user s own module')\n")
+    def run(code):
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=120)
+
+    ours = run("import dask_blackbox.producers, dask_blackbox.sinks.service, "
+               "dask_blackbox.stream_processors.cluster, dask_blackbox.read.queries, "
+               "dask_blackbox.cli.main")
+    assert ours.returncode == 0, ours.stderr
+    # the bare names are the user's, as they should be
+    theirs = run("import producers")
+    assert theirs.returncode != 0 and "the user s own module" in theirs.stderr

@@ -35,7 +35,7 @@ from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport
 from producers_support import (
-    published, scheduler_transitions, seqs_by_producer, story_by_key,
+    offer_event, published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
 from dask_blackbox.sinks.rows import COLUMNS, Batch, Message
 
@@ -450,11 +450,11 @@ def test_close_is_bounded_when_kafka_is_unreachable():
     })
     transport = Transport(settings, "worker", cluster_id="c-unreachable", cluster_name="x")
     for i in range(10):
-        transport.offer_event({"kind": "event", "ts": float(i), "topic": "t", "msg": i})
+        offer_event(transport, {"kind": "event", "ts": float(i), "topic": "t", "msg": i})
     asyncio.run(transport.close())
     assert not transport.sender_alive
     assert transport.lost_at_close == 10 and transport.sent_events == 0
-    transport.offer_event({"kind": "event", "ts": 11.0, "topic": "t", "msg": "late"})
+    offer_event(transport, {"kind": "event", "ts": 11.0, "topic": "t", "msg": "late"})
     assert transport.buffered_events == 0  # a closed transport takes nothing more
 
 
@@ -547,7 +547,7 @@ def test_transport_splits_batches_into_bounded_envelopes(bb_config):
     settings = ProducerSettings.resolve({"producer.flush-interval": "500ms"})
     transport = Transport(settings, "scheduler", cluster_id="c-split", cluster_name="split")
     for i in range(3000):
-        transport.offer_event({"kind": "event", "ts": float(i), "topic": "t", "msg": "m" * 1000})
+        offer_event(transport, {"kind": "event", "ts": float(i), "topic": "t", "msg": "m" * 1000})
     asyncio.run(transport.close())
     records = read_records("raw")
     envelopes = [orjson.loads(r.value) for r in records]
@@ -588,7 +588,7 @@ def test_producers_import_without_the_pipeline_packages(tmp_path):
     (tmp_path / "sitecustomize.py").write_text(blocker)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
     check = (
-        "import producers, dask_blackbox.producers.scheduler, dask_blackbox.producers.worker, sys\n"
+        "import dask_blackbox.producers, dask_blackbox.producers.scheduler, dask_blackbox.producers.worker, sys\n"
         "import importlib.util\n"
         "assert 'faust' not in sys.modules and 'chdb' not in sys.modules\n"
         "try:\n    import faust\nexcept ImportError:\n    print('blocked')\n"

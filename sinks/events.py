@@ -1,0 +1,288 @@
+"""Raw events to rows: one table (or two) per event kind.
+
+Most kinds are one row per event, described by a layout (:data:`EVENT_LAYOUTS`): per
+column, an event field with its kind (sinks.typed) or a value of the envelope. Those
+are converted a column at a time on the typed path (:func:`typed_columns`) and event
+by event on the checked path (:func:`layout_row`), with the same result. The other
+kinds (graphs with their tasks, spans, worker digests, drops) have a converter of
+their own (:data:`EVENT_CONVERTERS`), which checks its event field by field.
+
+What is read is checked against the contract at import (:func:`check_against_contract`):
+every field a layout or converter reads is declared for its kind in
+``contract.EVENTS`` with a type the field's kind accepts, and every declared field is
+either read or listed in :data:`NOT_STORED` with the reason.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import msgspec
+
+from dask_blackbox import contract
+from dask_blackbox.sinks import checks, typed
+from dask_blackbox.sinks.checks import Invalid
+from dask_blackbox.sinks.tables import Block, Envelope
+from dask_blackbox.sinks.typed import Field, Irregular, field
+
+#: Event kinds with one row per event: the table and, per column (or group of
+#: columns), where it comes from: an event field, or ``"$<name>"`` for a value of the
+#: envelope (cluster_id, source, producer_id, seq) or the event's index in it (idx).
+EVENT_LAYOUTS: dict[str, tuple[str, tuple]] = {
+    contract.TRANSITION: ("transitions", (
+        "$cluster_id", field("key", "key"), field("ts", "event_time"), field("start", "text"),
+        field("finish", "text"), field("stimulus_id", "text"), "$source", "$seq", "$idx",
+        field("prefix", "text"), field("group", "text"), field("span_id", "text"),
+        field("worker", "text"), field("nbytes", "int?"), field("typename", "text"),
+        field("startstops", "startstops"), field("exception", "text"),
+        field("traceback", "text"), field("cause", "text"),
+    )),
+    contract.EVENT: ("events", (
+        "$cluster_id", field("topic", "text"), field("ts", "event_time"), "$source", "$seq",
+        "$idx", field("msg", "json"),
+    )),
+    contract.LIFECYCLE: ("lifecycle", (
+        "$cluster_id", field("ts", "event_time"), field("action", "text"),
+        field("worker", "text"), field("client", "text"), field("reason", "text"),
+        field("stimulus_id", "text"), field("detail", "json"),
+        field("total_nthreads", "[time, count]"),
+    )),
+    contract.SCHEDULER_METRICS: ("scheduler_metrics", (
+        "$cluster_id", field("ts", "event_time"), field("tasks_by_state", "map:count"),
+        field("n_workers", "count?"), field("n_threads", "count?"), field("memory", "int?"),
+        field("memory_managed", "int?"), field("memory_unmanaged", "int?"),
+        field("memory_spilled", "int?"), field("event_loop_interval", "float?"),
+    )),
+    contract.WORKER_METRICS: ("worker_metrics", (
+        "$cluster_id", field("worker", "text"), "$producer_id", field("ts", "event_time"),
+        field("memory", "int?"), field("memory_managed", "int?"),
+        field("memory_unmanaged", "int?"), field("memory_spilled", "int?"),
+        field("cpu", "float?"), field("executing", "count?"), field("ready", "count?"),
+        field("in_flight", "count?"), field("event_loop_interval", "float?"),
+        field("gil_contention", "float?"),
+    )),
+    contract.LOG: ("logs", (
+        "$cluster_id", "$producer_id", "$source", field("process", "text|number"),
+        field("ts", "event_time"), "$seq", "$idx", field("logger", "text"),
+        field("level", "text"), field("message", "text"), field("exc_text", "text"),
+    )),
+}
+
+#: The typed fields of each layout, in layout order (its typed struct's order).
+FIELDS: dict[str, tuple[Field, ...]] = {
+    kind: tuple(s for s in layout if isinstance(s, Field))
+    for kind, (_, layout) in EVENT_LAYOUTS.items()
+}
+
+
+# ------------------------------------------------- kinds with their own shape
+
+_TASK_FIELDS = tuple(contract.fields(contract.GraphTask))  # key, prefix, group, span_id, dependencies
+_task_fields = operator.itemgetter(*_TASK_FIELDS)
+_NONE = type(None)
+
+
+def _types(values) -> set:
+    return set(map(type, values))
+
+
+def _texts(values: list) -> list:
+    """A column of text, or Irregular."""
+    if _types(values) <= {str, _NONE}:
+        return values
+    raise Irregular
+
+
+def _graph_task_columns(tasks: list) -> list:
+    """The tasks of a graph event as columns (key, prefix, group, span_id,
+    dependencies); raises Invalid naming the first bad task."""
+    if _types(tasks) <= {dict}:
+        try:
+            keys, prefixes, groups, spans, dependencies = (
+                list(c) for c in zip(*map(_task_fields, tasks))) if tasks else ([],) * 5
+            lists = dependencies if _types(dependencies) <= {list} else [d or [] for d in dependencies]
+            if _types(keys) <= {str} and _types([d for ds in lists for d in ds]) <= {str}:
+                return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists]
+        except (KeyError, Irregular, TypeError):
+            pass
+    rows = []
+    for i, task in enumerate(tasks):  # find the bad task, and say what is wrong with it
+        if type(task) is not dict:
+            raise Invalid(f"tasks[{i}]: each entry must be an object")
+        rows.append((checks.key(task.get("key"), f"tasks[{i}].key"),
+                     checks.text(task.get("prefix"), f"tasks[{i}].prefix"),
+                     checks.text(task.get("group"), f"tasks[{i}].group"),
+                     checks.text(task.get("span_id"), f"tasks[{i}].span_id"),
+                     checks.keys(task.get("dependencies"), f"tasks[{i}].dependencies")))
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in _TASK_FIELDS]
+
+
+def _graph(env: Envelope, ev: dict, now: float):
+    """A graph event: one ``graphs`` row, and a block of ``graph_tasks`` columns (none
+    when the producer sent no tasks: graph-max-tasks 0, or a first task too big)."""
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    stimulus_id = checks.text(ev.get("stimulus_id"), "stimulus_id")
+    tasks = checks.list_(ev.get("tasks"), "tasks")
+    key, prefix, group, span_id, dependencies = _graph_task_columns(tasks)
+    n_tasks = ev.get("n_tasks")
+    yield "graphs", (
+        env.cluster_id, ts, checks.text(ev.get("client"), "client"), stimulus_id,
+        checks.count(len(tasks) if n_tasks is None else n_tasks, "n_tasks"),
+        checks.keys(ev.get("keys"), "keys"), checks.json_text(ev.get("annotations")),
+    )
+    n = len(tasks)
+    if n:
+        yield "graph_tasks", Block([[env.cluster_id] * n, key, [ts] * n, [stimulus_id] * n,
+                                    prefix, group, span_id, dependencies], n)
+
+
+def _span(env: Envelope, ev: dict, now: float):
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    enqueued = ev.get("enqueued")
+    yield "spans", (
+        env.cluster_id, checks.text(ev.get("span_id"), "span_id"),
+        checks.name(ev.get("name"), "name"), checks.text(ev.get("parent_id"), "parent_id"),
+        ts if enqueued is None else checks.time_(enqueued, "enqueued"), ts,
+    )
+
+
+def _worker_digests(env: Envelope, ev: dict, now: float):
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    worker = checks.text(ev.get("worker"), "worker")
+    rows = []
+    for i, row in enumerate(checks.list_(ev.get("digests"), "digests")):
+        if type(row) is not list or len(row) != len(contract.DIGEST_ROW):
+            raise Invalid(f"digests[{i}]: each row must be a list {list(contract.DIGEST_ROW)}")
+        context, span_id, prefix, activity, unit, value = row
+        rows.append((
+            env.cluster_id, worker, ts, checks.text(context, "context"),
+            checks.text(span_id, "span_id"), checks.text(prefix, "prefix"),
+            checks.text(activity, "activity"), checks.text(unit, "unit"),
+            checks.float_(value, "value"),
+        ))
+    for row in rows:
+        yield "worker_digests", row
+
+
+def _drops(env: Envelope, ev: dict, now: float):
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    since, until = ev.get("since"), ev.get("until")
+    yield "drops", (
+        env.cluster_id, env.producer_id, env.source, ts,
+        checks.count(ev.get("dropped_events") or 0, "dropped_events"),
+        checks.count(ev.get("dropped_bytes") or 0, "dropped_bytes"),
+        ts if since is None else checks.time_(since, "since"),
+        ts if until is None else checks.time_(until, "until"),
+    )
+
+
+@dataclasses.dataclass(frozen=True)
+class Converter:
+    """An event kind's own conversion: the contract fields it reads, and a generator
+    of (table, row or Block) pairs from (envelope, event, now); raises Invalid."""
+
+    reads: tuple[str, ...]
+    convert: Callable[[Envelope, dict, float], Iterator[tuple[str, Any]]]
+
+
+#: Event kinds converted event by event, by a converter of their own.
+EVENT_CONVERTERS: dict[str, Converter] = {
+    contract.GRAPH: Converter(("ts", "client", "stimulus_id", "n_tasks", "keys", "tasks",
+                               "annotations"), _graph),
+    contract.SPAN: Converter(("ts", "span_id", "name", "parent_id", "enqueued"), _span),
+    contract.WORKER_DIGESTS: Converter(("ts", "worker", "digests"), _worker_digests),
+    contract.DROPS: Converter(("ts", "dropped_events", "dropped_bytes", "since", "until"),
+                              _drops),
+}
+
+#: Contract fields the sink does not store, per event kind, with the reason.
+#: (``kind`` is never stored as such: it picks the table.)
+NOT_STORED: dict[str, dict[str, str]] = {
+    contract.GRAPH: {
+        "n_keys": "the true count of the client's keys; the capped keys are stored",
+    },
+}
+
+
+def check_against_contract() -> None:
+    """Raise TypeError unless the layouts and converters read exactly the contract's
+    event fields (less :data:`NOT_STORED`), with kinds that accept their types."""
+    problems = []
+    kinds = {*EVENT_LAYOUTS, *EVENT_CONVERTERS}
+    if kinds != set(contract.EVENTS):
+        problems.append(f"kinds loaded {sorted(kinds)} != contract.EVENTS {sorted(contract.EVENTS)}")
+    for kind in sorted(kinds & set(contract.EVENTS)):
+        declared = contract.field_types(contract.EVENTS[kind])
+        if kind in EVENT_LAYOUTS:
+            read = [f.name for f in FIELDS[kind]]
+            for f in FIELDS[kind]:
+                if f.name in declared and declared[f.name] not in typed.ACCEPTS[f.kind]:
+                    problems.append(f"{kind}.{f.name}: kind {f.kind!r} does not store the "
+                                    f"contract's {declared[f.name]}")
+        else:
+            read = list(EVENT_CONVERTERS[kind].reads)
+        skipped = NOT_STORED.get(kind, {})
+        for name in read:
+            if name not in declared:
+                problems.append(f"{kind}.{name} is read but not declared in the contract")
+            if name in skipped:
+                problems.append(f"{kind}.{name} is read and also in NOT_STORED")
+        for name in skipped:
+            if name not in declared:
+                problems.append(f"{kind}.{name} is in NOT_STORED but not in the contract")
+        unread = set(declared) - set(read) - set(skipped) - {"kind"}
+        if unread:
+            problems.append(f"{kind}: contract field(s) {', '.join(sorted(unread))} are neither "
+                            "loaded nor in sinks.events.NOT_STORED")
+    if problems:
+        raise TypeError("sinks.events disagrees with dask_blackbox.contract: " + "; ".join(problems))
+
+
+check_against_contract()
+
+
+# ------------------------------------------------------------- the two paths
+
+#: Decodes and types a whole envelope; the event kind of each event struct.
+decode_envelope, STRUCT_KINDS = typed.envelope_decoder(FIELDS, EVENT_CONVERTERS)
+
+
+def _envelope_column(source: str, env: Envelope, indexes: list[int]) -> list:
+    """The column of a layout's ``"$<name>"`` source for events ``indexes``."""
+    if source == "$idx":
+        return indexes
+    return [getattr(env, source[1:])] * len(indexes)
+
+
+def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], now: float) -> list:
+    """The columns (layout order) of typed ``events`` of a kind, at ``indexes`` in
+    their envelope; raises Irregular if a column needs the checked path."""
+    layout = EVENT_LAYOUTS[kind][1]
+    # One C-level call per event, and one transposition for all of them.
+    by_field = dict(zip((f.name for f in FIELDS[kind]), zip(*map(msgspec.structs.astuple, events))))
+    columns = []
+    for source in layout:
+        if isinstance(source, str):
+            columns.append(_envelope_column(source, env, indexes))
+        elif source.width == 1:
+            columns.append(source.column(by_field[source.name], now))
+        else:
+            columns.extend(source.column(by_field[source.name], now))
+    return columns
+
+
+def layout_row(layout: tuple, env: Envelope, event: dict, idx: int, now: float) -> tuple:
+    """One event of a kind in EVENT_LAYOUTS, value by value (the checked path, which
+    names the field at fault)."""
+    row = []
+    for source in layout:
+        if isinstance(source, str):
+            row.append(idx if source == "$idx" else getattr(env, source[1:]))
+        elif source.width == 1:
+            row.append(source.check(event.get(source.name), source.name, now))
+        else:
+            row.extend(source.check(event.get(source.name), source.name, now))
+    return tuple(row)
