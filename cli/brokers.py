@@ -138,8 +138,9 @@ class LocalBroker:
         out = open(log, "ab") if log else subprocess.DEVNULL
         try:
             popen_kwargs.setdefault("stdin", subprocess.DEVNULL)
-            self.proc = subprocess.Popen(self.command(), stdout=out, stderr=subprocess.STDOUT,
-                                         env=self.env(), **popen_kwargs)
+            popen_kwargs.setdefault("stdout", out)
+            popen_kwargs.setdefault("stderr", subprocess.STDOUT)
+            self.proc = subprocess.Popen(self.command(), env=self.env(), **popen_kwargs)
         finally:
             if log:
                 out.close()
@@ -472,8 +473,6 @@ def start_broker(port: int | None = None, timeout: float = 20.0, **popen_kwargs
     """Start Tansu on 127.0.0.1 and wait until it accepts connections (the historical
     helper of tests and benchmarks; :class:`TansuBroker` is the same)."""
     broker = TansuBroker(port or 0)
-    popen_kwargs.pop("stdout", None)
-    popen_kwargs.pop("stderr", None)
     try:
         broker.start(timeout, **popen_kwargs)
     except BrokerError as e:

@@ -3,8 +3,12 @@
 Every command takes the same connection flags (``--kafka``, ``--clickhouse``,
 ``--data-dir``, ``--topic-prefix``, ``--set key=value``); they override the
 ``blackbox.*`` Dask config for this process and the processes it starts. Without
-``--kafka``, commands use the broker of a running ``dask-blackbox up`` on the same
-data directory, if there is one.
+``--kafka`` (and with ``blackbox.kafka.bootstrap-servers`` unset), commands use the
+broker of a running ``dask-blackbox up`` on the same data directory, if there is one:
+the same rule the producers follow (``dask_blackbox.config.bootstrap_servers``).
+
+Query results print as a table that fits the terminal (at most 120 columns);
+``--wide`` or ``--format wide|json|csv`` give every column and value.
 """
 
 from __future__ import annotations
@@ -87,6 +91,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help="run the local pipeline (broker, processors, sink) in the foreground")
     up.add_argument("--processors", type=int, default=1, help="faust workers (default 1)")
     up.add_argument("--timeout", type=float, default=90.0, help="seconds to wait for health")
+    up.add_argument("--broker", choices=("tansu", "kafka"),
+                    help="local broker (default blackbox.local.broker: tansu); kafka: "
+                         "Apache Kafka, bounded by retention, for long runs")
 
     demo = sub.add_parser("demo", parents=[common],
                           help="record two demo clusters and show what ClickHouse knows")
@@ -167,13 +174,18 @@ def _up(args: argparse.Namespace) -> int:
 
     from dask_blackbox.cli.supervisor import LocalPipeline
 
-    pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors)
+    pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors, broker=args.broker)
     print(f"dask-blackbox: starting the local pipeline in {config.data_dir()}", flush=True)
     pipeline.start(timeout=args.timeout, progress=lambda m: print("  " + m, flush=True))
     print(f"dask-blackbox: healthy in {time.monotonic() - pipeline.started:.1f}s. "
-          f"Attach a cluster with producers.attach(client) and "
-          f"--set kafka.bootstrap-servers={config.bootstrap_servers()[0]}; "
           "Ctrl-C stops.", flush=True)
+    server = config.bootstrap_servers()[0]
+    print(f"  record a cluster on this machine: producers.attach(client) finds this "
+          f"pipeline (same data dir: {config.data_dir()})", flush=True)
+    print(f"  from another machine (through ssh -L {server.rpartition(':')[2]}:{server}):",
+          flush=True)
+    print(f"    export DASK_BLACKBOX__KAFKA__BOOTSTRAP_SERVERS={server} "
+          f"DASK_BLACKBOX__KAFKA__TOPIC_PREFIX={config.topic_prefix()}", flush=True)
     code = pipeline.run_until_signal()
     print("dask-blackbox: stopping", flush=True)
     drained = pipeline.stop(progress=lambda m: print("  " + m, flush=True))
@@ -189,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     from clickhouse_connect.driver.exceptions import ClickHouseError
 
     from dask_blackbox.kafka import KafkaUnreachable
-    from dask_blackbox.cli.supervisor import PipelineError, use_running_pipeline
+    from dask_blackbox.cli.supervisor import PipelineError
     from dask_blackbox.read.queries import QueryError, UnknownCluster
 
     if args.command != "sink":
@@ -198,8 +210,6 @@ def main(argv: list[str] | None = None) -> int:
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
     try:
         apply_settings(args)
-        if args.command not in ("up", "sink") and args.kafka is None:
-            use_running_pipeline()
         if args.command == "up":
             return _up(args)
         if args.command == "sink":

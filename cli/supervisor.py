@@ -1,24 +1,47 @@
 """The local pipeline behind ``dask-blackbox up``: broker, stream processors and sink
 as child processes of one supervisor.
 
-The supervisor writes ``<data-dir>/up.json`` while it runs, so other commands
-(``demo``, ``status``, ``query``, the query commands) find the broker it started.
+The broker is Tansu (``blackbox.local.broker: tansu``, the default: in memory, nothing
+to install) or Apache Kafka (``--broker kafka``: data under ``<data-dir>/kafka``,
+applies retention; see :mod:`dask_blackbox.cli.brokers`), unless ``--kafka`` names a
+broker that runs elsewhere. The topics are created explicitly (never auto-created),
+with the retention of ``blackbox.kafka.retention``.
+
+One supervisor per data directory: ``up`` holds an exclusive ``flock`` on
+``<data-dir>/up.lock`` for as long as it runs, so a second ``up`` on the same
+directory fails at once, whatever the timing. While it runs it writes
+``<data-dir>/up.json``, so other commands (``demo``, ``status``, ``query``, the query
+commands, the producers) find the broker it started. The data directory, its
+``logs/`` and the chDB store are created readable by their owner only (0700).
+
+Children write to pipes the supervisor reads: each child's lines go to
+``<data-dir>/logs/<child>.log``, rotated at ``blackbox.local.log-max-bytes`` (two older
+files kept), and readiness is judged from the lines of this run only (never from a
+previous run's log). Supervisor messages (the Tansu memory warning) also go to
+``logs/up.log``. On Tansu, ``up`` warns once when the broker's memory passes
+``blackbox.local.tansu-memory-warning``: Tansu keeps everything it ever received.
+
 Children die with the supervisor (``PR_SET_PDEATHSIG``), so even a supervisor killed
 with SIGKILL leaves no orphans. A clean stop drains first: the processors finish the
-raw topic, the sink loads everything, and only then does the memory-only broker stop,
-so nothing Kafka acknowledged is lost.
+raw topic, the sink loads everything, and only then does the broker stop, so nothing
+Kafka acknowledged is lost (the memory-only Tansu loses everything when it stops).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import ctypes
+import fcntl
+import logging
+import logging.handlers
 import os
 import pathlib
 import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 
@@ -26,7 +49,8 @@ import dask.config
 
 from dask_blackbox import config, kafka, runfiles
 from dask_blackbox.contract import RAW, TOPICS
-from dask_blackbox.cli.tansu import broker_command, free_port, port_open
+from dask_blackbox.cli import brokers
+from dask_blackbox.cli.brokers import BrokerError, free_port
 
 #: Arguments of the two services, shared with infra/docker-compose.yml (a test checks
 #: the compose file runs these): ``faust <PROCESSOR_ARGS> [global options] worker
@@ -52,11 +76,16 @@ def _detach_and_die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
+def _private_dir(path: pathlib.Path) -> None:
+    """Create ``path`` (and missing parents) readable by its owner only."""
+    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+
+
 def prepare_data_dir() -> pathlib.Path:
-    """Create the data directory, or raise PipelineError saying why it can't be used."""
+    """Create the data directory (0700), or raise PipelineError saying why it can't be used."""
     path = config.data_dir()
     try:
-        path.mkdir(parents=True, exist_ok=True)
+        _private_dir(path)
         probe = path / f".write-test-{os.getpid()}"
         probe.write_text("")
         probe.unlink()
@@ -65,6 +94,30 @@ def prepare_data_dir() -> pathlib.Path:
             f"data directory {path} (blackbox.data-dir) is not writable: {e.strerror or e}"
         ) from None
     return path
+
+
+LOCK = "up.lock"
+
+
+def lock_data_dir(data: pathlib.Path):
+    """Hold the exclusive lock of one ``up`` on ``data`` (an open file; the lock goes
+    when it is closed or the process dies), or PipelineError if another holds it."""
+    f = open(data / LOCK, "a+")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        f.seek(0)
+        holder = f.read().strip() or "?"
+        f.close()
+        raise PipelineError(
+            f"a pipeline already runs on {data} (pid {holder}); "
+            "stop it first or use another --data-dir"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(str(os.getpid()))
+    f.flush()
+    return f
 
 
 def running_pipeline() -> dict | None:
@@ -130,30 +183,69 @@ def wait_drained(timeout: float, settle: float = 1.0) -> bool:
     return False
 
 
-@dataclass
 class Child:
-    name: str
-    proc: subprocess.Popen
-    log: pathlib.Path
+    """A child process whose output the supervisor reads: into a size-rotated log
+    file, and into memory (the last lines, and the patterns seen in this run)."""
+
+    def __init__(self, name: str, proc: subprocess.Popen, log: pathlib.Path,
+                 max_bytes: int) -> None:
+        self.name, self.proc, self.log = name, proc, log
+        self.recent: collections.deque[str] = collections.deque(maxlen=200)
+        self._watches: list[tuple[re.Pattern, threading.Event]] = []
+        self._lock = threading.Lock()
+        self._handler = logging.handlers.RotatingFileHandler(
+            log, maxBytes=max_bytes, backupCount=2, encoding="utf-8", delay=True)
+        self._handler.setFormatter(logging.Formatter("%(message)s"))
+        self._reader = threading.Thread(target=self._pump, name=f"log-{name}", daemon=True)
+        self._reader.start()
+
+    def _pump(self) -> None:
+        for raw in self.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            with self._lock:
+                self.recent.append(line)
+                watches = list(self._watches)
+            for pattern, seen in watches:
+                if not seen.is_set() and pattern.search(line):
+                    seen.set()
+            self._handler.emit(logging.makeLogRecord({"msg": line, "args": None}))
+        self.proc.stdout.close()
+        self._handler.close()
+
+    def watch(self, pattern: re.Pattern) -> threading.Event:
+        """An event set once a line of this run's output matches ``pattern``."""
+        seen = threading.Event()
+        with self._lock:
+            if any(pattern.search(line) for line in self.recent):
+                seen.set()
+            self._watches.append((pattern, seen))
+        return seen
 
     def alive(self) -> bool:
         return self.proc.poll() is None
 
     def log_tail(self, lines: int = 15) -> str:
-        try:
-            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        """The last lines this child printed in this run."""
+        if not self.alive():
+            self._reader.join(2)
+        with self._lock:
+            return "\n".join(list(self.recent)[-lines:])
 
 
 @dataclass
 class LocalPipeline:
-    """Broker (unless ``kafka`` names one), ``processors`` faust workers and a sink."""
+    """Broker (unless ``kafka`` names one; ``broker``: tansu or kafka, default
+    ``blackbox.local.broker``), ``processors`` faust workers and a sink."""
 
     kafka: str | None = None
     processors: int = 1
+    broker: str | None = None
     children: list[Child] = field(default_factory=list)
     started: float = 0.0
+    local_broker: brokers.LocalBroker | None = None
+    _lock: object = None
+    _log: logging.Logger | None = None
+    _memory_warned: bool = False
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 60.0, progress=print) -> None:
@@ -162,17 +254,15 @@ class LocalPipeline:
         self.started = time.monotonic()
         data = prepare_data_dir()
         config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
-        if (other := running_pipeline()) is not None:
-            raise PipelineError(
-                f"a pipeline already runs on {data} (pid {other['pid']}); "
-                "stop it first or use another --data-dir"
-            )
-        (data / "logs").mkdir(exist_ok=True)
+        self._max_bytes = config.get_bytes("local.log-max-bytes")
+        self._lock = lock_data_dir(data)
         try:
-            self._start_broker(data)
-            progress(f"kafka      {config.bootstrap_servers()[0]}"
-                     + ("" if self.kafka else " (local Tansu broker)"))
-            asyncio.run(kafka.ensure_topics(timeout=10))
+            _private_dir(data / "logs")
+            self._log = _supervisor_log(data / "logs" / "up.log", self._max_bytes)
+            if (chdb := config.chdb_path(config.clickhouse_dsn())) is not None:
+                _private_dir(chdb)
+            self._start_broker(data, progress)
+            asyncio.run(kafka.ensure_topics(timeout=30))
             self._write_state(data)
             # Sink and processors start side by side; each spends most of its start
             # joining its consumer group.
@@ -181,45 +271,45 @@ class LocalPipeline:
             # The sink describes itself in this file once it serves queries.
             self._wait(sink, timeout, lambda: (runfiles.read(data, runfiles.SINK) or {}).get("pid")
                        == sink.proc.pid)
-            progress(f"sink       ready, ClickHouse at {config.clickhouse_dsn()}")
+            progress(f"sink       ready, ClickHouse at {config.redact(config.clickhouse_dsn())}")
             for w in workers:
-                self._wait(w, timeout, lambda w=w: bool(_FAUST_READY.search(w.log_tail(400))))
+                self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
         except BaseException:
             self.stop(drain_timeout=0)
             raise
 
-    def _spawn(self, name: str, cmd: list[str], data: pathlib.Path) -> Child:
-        log = data / "logs" / f"{name}.log"
-        with open(log, "ab") as out:
-            proc = subprocess.Popen(
-                cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env=child_env(), preexec_fn=_detach_and_die_with_parent,
-            )
-        child = Child(name, proc, log)
+    def _spawn(self, name: str, cmd: list[str], data: pathlib.Path, env=None) -> Child:
+        proc = subprocess.Popen(
+            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            env=env or child_env(), preexec_fn=_detach_and_die_with_parent,
+        )
+        child = Child(name, proc, data / "logs" / f"{name}.log", self._max_bytes)
         self.children.append(child)
         return child
 
-    def _start_broker(self, data: pathlib.Path) -> None:
+    def _start_broker(self, data: pathlib.Path, progress) -> None:
         if self.kafka:
             dask.config.set({"blackbox.kafka.bootstrap-servers": self.kafka})
+            progress(f"kafka      {config.bootstrap_servers()[0]}")
             return
-        port = free_port()
-        broker = self._spawn("broker", broker_command(port), data)
-        deadline = time.monotonic() + 20
-        while not port_open("127.0.0.1", port):
-            self._check_alive(broker)
-            if time.monotonic() > deadline:
-                raise PipelineError(f"the Tansu broker did not listen on port {port}")
-            time.sleep(0.02)
-        dask.config.set({"blackbox.kafka.bootstrap-servers": f"127.0.0.1:{port}"})
+        try:
+            broker = self.local_broker = brokers.from_config(data, self.broker)
+            broker.prepare()
+            child = self._spawn("broker", broker.command(), data, env=broker.env())
+            broker.wait_ready(child.proc, timeout=90, log_tail=lambda: child.log_tail(60))
+        except BrokerError as e:
+            raise PipelineError(str(e)) from None
+        dask.config.set({"blackbox.kafka.bootstrap-servers": broker.address})
+        where = f", data in {broker.data_dir}" if broker.persistent else ", in memory"
+        progress(f"kafka      {broker.address} (local {broker.describe()} broker{where})")
 
     def _spawn_processors(self, data: pathlib.Path) -> list[Child]:
         workers = []
         for i in range(self.processors):
             workdir = data / "faust" / f"worker-{i}"
-            workdir.mkdir(parents=True, exist_ok=True)
+            _private_dir(workdir)
             workers.append(self._spawn(f"processor-{i}", [
                 sys.executable, "-m", "faust", *PROCESSOR_ARGS,
                 "--datadir", str(workdir), "-l", "info",
@@ -250,11 +340,44 @@ class LocalPipeline:
         state = {
             "pid": os.getpid(),
             "kafka": config.bootstrap_servers()[0],
+            "broker": self.local_broker.kind if self.local_broker else "external",
             "topic_prefix": config.get("kafka.topic-prefix"),
             "clickhouse": config.clickhouse_dsn(),
             "started_at": time.time(),
         }
         runfiles.write(data, runfiles.UP, state)
+
+    def broker_child(self) -> Child | None:
+        return next((c for c in self.children if c.name == "broker"), None)
+
+    def check_broker_memory(self, progress=print) -> bool:
+        """On Tansu, warn once (``progress`` and logs/up.log) when the broker's RSS
+        passes ``blackbox.local.tansu-memory-warning``. Returns whether it warned now."""
+        child = self.broker_child()
+        if (self._memory_warned or child is None
+                or self.local_broker is None or self.local_broker.kind != "tansu"):
+            return False
+        try:
+            import psutil
+
+            rss = psutil.Process(child.proc.pid).memory_info().rss
+        except Exception:
+            return False
+        limit = config.get_bytes("local.tansu-memory-warning")
+        if rss < limit:
+            return False
+        self._memory_warned = True
+        message = (
+            f"warning: the Tansu broker uses {rss / 2**20:.0f} MiB (more than "
+            f"blackbox.local.tansu-memory-warning={limit / 2**20:.0f} MiB): Tansu keeps "
+            "everything it ever received until it stops. For long runs use Apache Kafka, "
+            "which applies retention: `dask-blackbox up --broker kafka` (or set "
+            "blackbox.local.broker: kafka; needs Java 17+ and blackbox.local.kafka-home)"
+        )
+        progress(message)
+        if self._log is not None:
+            self._log.warning(message)
+        return True
 
     # ------------------------------------------------------------------- run
     def failed_child(self) -> Child | None:
@@ -268,6 +391,7 @@ class LocalPipeline:
             stop["signal"] = signum
 
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        next_memory_check = 0.0
         try:
             while stop["signal"] is None:
                 dead = self.failed_child()
@@ -275,6 +399,10 @@ class LocalPipeline:
                     print(f"dask-blackbox: error: {dead.name} exited with code "
                           f"{dead.proc.returncode}; see {dead.log}", file=sys.stderr)
                     return 1
+                if time.monotonic() >= next_memory_check:
+                    self.check_broker_memory(
+                        lambda m: print(f"dask-blackbox: {m}", file=sys.stderr, flush=True))
+                    next_memory_check = time.monotonic() + 5.0
                 time.sleep(0.2)
             return 0
         finally:
@@ -299,9 +427,30 @@ class LocalPipeline:
         for name in ("sink", "broker"):
             for child in self.children:
                 if child.name == name:
-                    _terminate(child)
+                    # Kafka's clean shutdown closes its logs (no recovery next start).
+                    _terminate(child, timeout=60.0 if name == "broker" else 15.0)
+        for child in self.children:
+            child._reader.join(5)
         runfiles.remove(config.data_dir(), runfiles.UP)
+        if self._log is not None:
+            for handler in self._log.handlers:
+                handler.close()
+            self._log.handlers.clear()
+        if self._lock is not None:
+            self._lock.close()  # releases the flock
+            self._lock = None
         return drained
+
+
+def _supervisor_log(path: pathlib.Path, max_bytes: int) -> logging.Logger:
+    log = logging.getLogger(f"dask_blackbox.up.{id(path)}")
+    log.propagate = False
+    handler = logging.handlers.RotatingFileHandler(path, maxBytes=max_bytes, backupCount=2,
+                                                   encoding="utf-8", delay=True)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(logging.INFO)
+    return log
 
 
 def _terminate(child: Child, timeout: float = 15.0) -> None:

@@ -86,7 +86,7 @@ def check_writable(directory: pathlib.Path, key: str) -> None:
     """Create ``directory`` if needed and prove it is writable, or raise ConfigError
     naming ``key`` (the setting that points there)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
         probe = directory / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

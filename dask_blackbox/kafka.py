@@ -47,13 +47,18 @@ async def ensure_topics(timeout: float = 10.0, settings: KafkaSettings | None = 
     settings = settings or KafkaSettings.from_config()
     partitions = settings.partitions
     replication = settings.replication_factor
-    retention_ms = str(int(settings.retention_seconds * 1000))
+    retention_ms = int(settings.retention_seconds * 1000)
+    # Kafka deletes whole segments: roll them often enough for retention to act.
+    segment_ms = min(int(config.get_seconds("kafka.segment", minimum=1.0) * 1000),
+                     max(retention_ms // 4, 1000))
+    topic_configs = {"retention.ms": str(retention_ms), "segment.ms": str(segment_ms),
+                     "segment.bytes": str(max(config.get_bytes("kafka.segment-bytes"), 2**20))}
     names = [settings.topic(t) for t in TOPICS]
     admin = await connect_admin(timeout, settings)
     try:
         response = await admin.create_topics(
             [
-                NewTopic(n, partitions, replication, topic_configs={"retention.ms": retention_ms})
+                NewTopic(n, partitions, replication, topic_configs=topic_configs)
                 for n in names
             ]
         )

@@ -243,10 +243,10 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             "client": client,
             "stimulus_id": stimulus_id,
             "n_tasks": n_tasks,
-            "n_keys": n_keys,
             "keys": [encode_key(k) for k in keys],
             "tasks": tasks,
             "annotations": self._annotation_summary(annotations),
+            "n_keys": n_keys,
         }
         return event
 

@@ -7,6 +7,13 @@ queries go through that sink's loopback query server (:mod:`.server`); otherwise
 the DSN is opened directly with clickhouse-connect (chDB or a ClickHouse server).
 Parameters use clickhouse-connect's server-side binding (``{name:Type}``);
 unqualified table names are those of ``blackbox.clickhouse.database`` either way.
+
+Either way a backend only reads: the direct backend runs every statement through
+:class:`~dask_blackbox.read.guard.ReadOnlyClient` (one statement, checked, under the
+read-only profile and the ``blackbox.query.*`` limits), and the query server does the
+same on its side. A statement that is not one read raises
+:class:`~dask_blackbox.read.guard.QueryRejected` (a :class:`QueryError`) before it
+reaches ClickHouse. Error messages are redacted (:func:`dask_blackbox.config.redact`).
 """
 
 from __future__ import annotations
@@ -21,14 +28,12 @@ import orjson
 from dask_blackbox import clickhouse, config, runfiles
 from dask_blackbox.clickhouse import Target
 from dask_blackbox.read import server as query_server
+from dask_blackbox.read.guard import Limits, QueryError, QueryRejected, ReadOnlyClient
+
+__all__ = ["Backend", "DirectBackend", "QueryError", "QueryRejected", "RemoteBackend",
+           "Result", "connect", "running_sink"]
 
 Result = tuple[list[str], list[tuple]]
-
-
-class QueryError(RuntimeError):
-    """A query failed; the message is ClickHouse's (or the query server's)."""
-
-
 
 
 class Backend(Protocol):
@@ -40,31 +45,32 @@ class Backend(Protocol):
 
 
 class DirectBackend:
-    """Runs queries on a clickhouse-connect client of its own."""
+    """Runs read-only queries on a clickhouse-connect client of its own, which it
+    keeps inside a :class:`~dask_blackbox.read.guard.ReadOnlyClient`: nothing can
+    write through it."""
 
-    def __init__(self, client, database: str) -> None:
-        self.client = client
+    def __init__(self, client, database: str, limits: Limits | None = None) -> None:
+        self._reader = ReadOnlyClient(client, limits)
         self.database = database
 
     def query(self, sql: str, parameters: dict | None = None) -> Result:
-        try:
-            result = self.client.query(sql, parameters=parameters or None)
-        except Exception as e:
-            raise QueryError(str(e)) from e
+        result = self._reader.query(sql, parameters)
         return list(result.column_names), result.result_rows
 
     def close(self) -> None:
-        self.client.close()
+        self._reader.close()
 
 
 class RemoteBackend:
     """Sends queries to a running sink's query server (see dask_blackbox.read.server)."""
 
-    def __init__(self, url: str, token: str, database: str, timeout: float = 300.0) -> None:
+    def __init__(self, url: str, token: str, database: str, timeout: float | None = None) -> None:
         self.url = url.rstrip("/")
         self.token = token
         self.database = database
-        self.timeout = timeout
+        #: Seconds to wait for an answer: the query time limit, plus a margin.
+        self.timeout = timeout if timeout is not None else (
+            config.get_seconds("query.max-execution-time", minimum=0.001) + 30.0)
 
     def _request(self, path: str, body: bytes | None, timeout: float) -> bytes:
         request = urllib.request.Request(
@@ -80,7 +86,7 @@ class RemoteBackend:
                 message = orjson.loads(detail)["error"]
             except (orjson.JSONDecodeError, KeyError, TypeError):
                 message = detail.decode("utf-8", "replace") or str(e)
-            raise QueryError(message) from None
+            raise QueryError(config.redact(message)) from None
 
     def ping(self) -> bool:
         try:
@@ -94,17 +100,19 @@ class RemoteBackend:
         try:
             return query_server.decode_result(self._request("/query", body, self.timeout))
         except OSError as e:
-            raise QueryError(f"the sink's query server at {self.url} did not answer: {e}") from e
+            raise QueryError(config.redact(
+                f"the sink's query server at {self.url} did not answer: {e}")) from None
 
     def close(self) -> None:
         pass
 
 
 def _same_dsn(a: str, b: str) -> bool:
+    """Whether two DSNs name the same ClickHouse (run files may hold them redacted)."""
     pa, pb = config.chdb_path(a), config.chdb_path(b)
     if pa is not None and pb is not None:
         return os.path.realpath(pa) == os.path.realpath(pb)
-    return a == b
+    return config.redact(a) == config.redact(b)
 
 
 def running_sink() -> RemoteBackend | None:
@@ -121,15 +129,17 @@ def connect() -> Backend:
     """The backend for the configured DSN: the running sink's query server when a sink
     owns the chDB directory, otherwise a direct clickhouse-connect client."""
     target = Target.from_config()
+    limits = Limits.from_config()
     remote = running_sink()
     if remote is not None:
         return remote
     dsn = config.clickhouse_dsn()
     directory = config.chdb_path(dsn)
     if directory is not None and not (directory / "metadata").exists():
-        raise clickhouse.ClickHouseUnavailable(
+        raise clickhouse.ClickHouseUnavailable(config.redact(
             f"no chDB data at {directory} (blackbox.clickhouse.dsn): nothing was recorded "
             "there yet -- start the pipeline with `dask-blackbox up` or the sink with "
             "`dask-blackbox sink`"
-        )
-    return DirectBackend(clickhouse.open_client(dsn, database=target.database), target.database)
+        ))
+    return DirectBackend(clickhouse.open_client(dsn, database=target.database), target.database,
+                         limits)

@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dask_blackbox.sinks.rows import FlatLists
+from dask_blackbox.sinks.tables import FlatLists
 
 _INTEGERS = {
     "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),

@@ -2,8 +2,9 @@
 batches to the :class:`~sinks.loader.Loader` and commits offsets only after ClickHouse
 has the rows.
 
-A batch closes at ``blackbox.sink.batch-max-rows`` rows or ``batch-max-wait`` after
-its first message, whichever comes first. It is then loaded in a thread and committed
+It loads every contract topic (``contract.TOPICS``). A batch closes at
+``SinkSettings.batch_max_rows`` rows or ``batch_max_wait`` seconds after its first
+message, whichever comes first. It is then loaded in a thread and committed
 while the next batch is read and converted (chDB releases the GIL while it inserts,
 so the two overlap on two cores); a batch starts loading only once the previous one
 is committed. The rebalance callbacks wait for the batch in flight, so a partition is
@@ -20,31 +21,28 @@ import logging
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 
-from dask_blackbox import config, contract
-from dask_blackbox import clickhouse
+from dask_blackbox import clickhouse, contract
 from dask_blackbox.sinks.loader import Loaded, Loader
-from dask_blackbox.sinks.rows import Batch, Message, fingerprint
+from dask_blackbox.sinks.settings import SinkSettings
+from dask_blackbox.sinks.batch import Batch, fingerprint
+from dask_blackbox.sinks.tables import Message
 
 logger = logging.getLogger("sinks.consumer")
 
-#: Contract topics the sink loads.
-TOPICS = (contract.RAW, contract.SPAN_STATE, contract.PREFIX_STATS, contract.GAPS,
-          contract.DEAD_LETTER)
-
 
 class SinkConsumer(ConsumerRebalanceListener):
-    """Consumes every blackbox topic in group ``blackbox.sink.group-id`` into ``loader``."""
+    """Consumes every blackbox topic in group ``settings.group_id`` into ``loader``."""
 
-    def __init__(self, loader: Loader, *, max_rows: int, max_wait: float,
-                 session_timeout: float = 10.0) -> None:
+    def __init__(self, loader: Loader, settings: SinkSettings) -> None:
         self.loader = loader
-        self.max_rows = max_rows
-        self.max_wait = max_wait
-        self.topics = {config.topic(t): t for t in TOPICS}
-        session_ms = int(session_timeout * 1000)
+        self.settings = settings
+        self.max_rows = settings.batch_max_rows
+        self.max_wait = settings.batch_max_wait
+        self.topics = {settings.kafka.topic(t): t for t in contract.TOPICS}
+        session_ms = int(settings.session_timeout * 1000)
         self.consumer = AIOKafkaConsumer(
-            **config.kafka_client_kwargs(),
-            group_id=loader.group_id,
+            **settings.kafka.client_kwargs(),
+            group_id=settings.group_id,
             session_timeout_ms=session_ms,
             heartbeat_interval_ms=max(100, session_ms // 3),
             enable_auto_commit=False,
@@ -140,7 +138,7 @@ class SinkConsumer(ConsumerRebalanceListener):
         """Whether the first message at or after ``entry.from_offset`` is the one the
         journal fingerprinted (and not another broker incarnation's). Read with a
         separate group-less consumer, outside this consumer's rebalance."""
-        reader = AIOKafkaConsumer(**config.kafka_client_kwargs(), group_id=None,
+        reader = AIOKafkaConsumer(**self.settings.kafka.client_kwargs(), group_id=None,
                                   enable_auto_commit=False)
         await reader.start()
         try:
@@ -166,7 +164,7 @@ class SinkConsumer(ConsumerRebalanceListener):
             except clickhouse.UNAVAILABLE as e:
                 logger.warning("ClickHouse: %s; retrying in %.1fs", str(e).splitlines()[0][:300], backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.loader.retry_backoff_max)
+            backoff = min(backoff * 2, self.settings.retry_backoff_max)
 
     # ----------------------------------------------------------------- loop
 
@@ -229,7 +227,7 @@ class SinkConsumer(ConsumerRebalanceListener):
                     return False
                 logger.warning("commit failed (%s); retrying in %.1fs", e, backoff)
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, self.loader.retry_backoff_max)
+            backoff = min(backoff * 2, self.settings.retry_backoff_max)
 
     async def _hand_over(self, batch: Batch) -> None:
         """Start loading ``batch`` once the batch before it is loaded and committed."""

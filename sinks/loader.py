@@ -19,7 +19,7 @@ found by batch id, and a journal entry is only trusted when the committed offset
 matches it exactly.
 
 While ClickHouse cannot take rows, :meth:`Loader.load` retries with exponential
-backoff up to ``blackbox.sink.retry-backoff-max`` -- abandoning the failed attempt
+backoff up to ``retry_backoff_max`` (``SinkSettings.retry_backoff_max``) -- abandoning the failed attempt
 first, so an insert that half happened leaves nothing behind. Rows ClickHouse rejects
 (:func:`dask_blackbox.clickhouse.is_rejection`) are isolated by splitting the insert in halves
 and go to ``dead_letters`` with ClickHouse's message.
@@ -35,18 +35,13 @@ import random
 import threading
 import time
 
-from dask_blackbox import config
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow
-from dask_blackbox.sinks.rows import COLUMNS, TABLES, Batch, Message, TableData, payload_of
-from dask_blackbox.sinks.schema import Target
+from dask_blackbox.sinks.batch import Batch, payload_of
+from dask_blackbox.sinks.tables import COLUMNS, TABLES, Message, TableData
+from dask_blackbox.clickhouse import Target
 
 logger = logging.getLogger("sinks.loader")
-
-#: Points where ``blackbox.sink.debug-pause-at`` can stop the sink (for crash tests):
-#: after the ``begin`` journal rows, after the first table's rows, after the
-#: ``loaded`` row (before the Kafka commit), and after the Kafka commit.
-PAUSE_POINTS = ("after-begin", "between-tables", "after-load", "after-commit")
 
 TopicPartition = tuple[str, int]
 
@@ -62,21 +57,14 @@ class Loaded:
 
 
 class PausePoint:
-    """The crash-test hook: ``blackbox.sink.debug-pause-at: "<point>[:<n>]"`` makes the
-    sink stop for good the n-th time (default: first) it reaches ``<point>``, after
-    writing ``<data-dir>/sink-paused-at-<point>``, so a test can SIGKILL it exactly
-    there. Unset (the default), :meth:`reached` only compares a string."""
+    """The crash-test hook (``SinkSettings.pause_at``, from ``blackbox.sink.debug-pause-at:
+    "<point>[:<n>]"``; points: sinks.settings.PAUSE_POINTS) makes the sink stop for
+    good the n-th time it reaches ``<point>``, after writing
+    ``<data-dir>/sink-paused-at-<point>``, so a test can SIGKILL it exactly there.
+    Unset (the default), :meth:`reached` only compares a string."""
 
-    def __init__(self, setting: str | None, marker_dir: pathlib.Path) -> None:
-        self.point, self.remaining = None, 0
-        if setting:
-            point, _, n = str(setting).partition(":")
-            if point not in PAUSE_POINTS or (n and not n.isdigit()):
-                raise config.ConfigError(
-                    f"blackbox.sink.debug-pause-at: {setting!r} is not one of "
-                    f"{PAUSE_POINTS} with an optional :<n>"
-                )
-            self.point, self.remaining = point, int(n or 1)
+    def __init__(self, pause_at: tuple[str, int] | None, marker_dir: pathlib.Path) -> None:
+        self.point, self.remaining = pause_at if pause_at is not None else (None, 0)
         self.marker_dir = marker_dir
 
     def reached(self, point: str) -> None:

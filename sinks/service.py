@@ -1,7 +1,9 @@
 """The sink as a service: :func:`serve` runs it until SIGTERM or SIGINT.
 
-Start-up, in order: validate the configuration (data dir and chDB dir writable, DSN
-well formed, ClickHouse reachable), apply the schema migrations, start the
+Start-up, in order: resolve and validate the configuration once
+(:meth:`~dask_blackbox.sinks.settings.SinkSettings.from_config`: data dir writable,
+DSN well formed, every ``blackbox.sink.*`` value; what follows reads no configuration
+but these settings), open ClickHouse (chDB dir writable, server reachable), apply the schema migrations, start the
 *companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
 query server for a ``chdb://`` DSN, which only this process may open), create the
 Kafka topics, start the consumer. Then ``<data-dir>/sink.json`` is written
@@ -31,38 +33,14 @@ from typing import Protocol
 from dask_blackbox import clickhouse, config, kafka, runfiles
 from dask_blackbox.sinks.consumer import SinkConsumer
 from dask_blackbox.sinks.loader import Loader, PausePoint
-from dask_blackbox.sinks.schema import MigrationError, Target, migrate
+from dask_blackbox.sinks.schema import MigrationError, migrate
+from dask_blackbox.sinks.settings import SinkSettings
 
 #: Errors that stop the sink at start-up with a one-line message.
 START_ERRORS = (config.ConfigError, clickhouse.ClickHouseUnavailable, kafka.KafkaUnreachable,
                 MigrationError)
 
 logger = logging.getLogger("dask_blackbox.sinks.service")
-
-
-def _settings() -> dict:
-    """Every sink setting, validated, before anything starts."""
-    group_id = config.get("sink.group-id")
-    if not isinstance(group_id, str) or not group_id:
-        raise config.ConfigError(f"blackbox.sink.group-id: {group_id!r} must be a non-empty string")
-    port = config.get_int("sink.query-port", minimum=0)
-    if port > 65535:
-        raise config.ConfigError(f"blackbox.sink.query-port: {port} is not a TCP port")
-    data_dir = config.data_dir()
-    clickhouse.check_writable(data_dir, "blackbox.data-dir")
-    config.kafka_client_kwargs()
-    return {
-        "data_dir": data_dir,
-        "dsn": config.clickhouse_dsn(),
-        "target": Target.from_config(),
-        "group_id": group_id,
-        "max_rows": config.get_int("sink.batch-max-rows"),
-        "max_wait": config.get_seconds("sink.batch-max-wait"),
-        "backoff": config.get_seconds("sink.retry-backoff-max"),
-        "session_timeout": config.get_seconds("sink.session-timeout"),
-        "port": port,
-        "pause": PausePoint(config.get("sink.debug-pause-at", None), data_dir),
-    }
 
 
 def tune_gc() -> None:
@@ -92,48 +70,47 @@ CompanionFactory = Callable[[object, int, str], Companion]
 
 async def serve(companion: CompanionFactory | None = None) -> None:
     """Run the sink until SIGTERM/SIGINT; raises one of START_ERRORS if it cannot start."""
-    s = _settings()
-    client = await asyncio.to_thread(clickhouse.open_client, s["dsn"])
+    s = SinkSettings.from_config()
+    client = await asyncio.to_thread(clickhouse.open_client, s.dsn)
     tune_gc()
     server = reader = consumer = None
     try:
-        applied = await asyncio.to_thread(migrate, client, s["target"])
+        applied = await asyncio.to_thread(migrate, client, s.target)
         if applied:
             logger.info("applied migrations %s", ", ".join(applied))
         token = secrets.token_urlsafe(24)
-        if companion is not None and config.chdb_path(s["dsn"]) is not None:
-            reader = clickhouse.open_client(s["dsn"], owned=True, database=s["target"].database)
+        if companion is not None and config.chdb_path(s.dsn) is not None:
+            reader = clickhouse.open_client(s.dsn, owned=True, database=s.target.database)
             try:
-                server = companion(reader, s["port"], token)
+                server = companion(reader, s.query_port, token)
             except OSError as e:
                 raise config.ConfigError(
-                    f"blackbox.sink.query-port: cannot listen on 127.0.0.1:{s['port']}: "
+                    f"blackbox.sink.query-port: cannot listen on 127.0.0.1:{s.query_port}: "
                     f"{e.strerror or e}"
                 ) from None
             server.start()
-        topics = await kafka.ensure_topics()
-        loader = Loader(client, s["target"], s["group_id"], retry_backoff_max=s["backoff"],
-                        pause=s["pause"])
-        consumer = SinkConsumer(loader, max_rows=s["max_rows"], max_wait=s["max_wait"],
-                                session_timeout=s["session_timeout"])
+        topics = await kafka.ensure_topics(settings=s.kafka)
+        loader = Loader(client, s.target, s.group_id, retry_backoff_max=s.retry_backoff_max,
+                        pause=PausePoint(s.pause_at, s.data_dir))
+        consumer = SinkConsumer(loader, s)
         await consumer.start()
-        runfiles.write(s["data_dir"], runfiles.SINK, {
-            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": s["dsn"],
+        runfiles.write(s.data_dir, runfiles.SINK, {
+            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": s.dsn,
             "started_at": time.time(), "token": token,
         })
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, consumer.stop)
         print(
-            f"sink ready: {clickhouse.redact(s['dsn'])} database={s['target'].database} "
-            f"group={s['group_id']} topics={','.join(topics)} "
+            f"sink ready: {clickhouse.redact(s.dsn)} database={s.target.database} "
+            f"group={s.group_id} topics={','.join(topics)} "
             f"query_url={server.url if server else '-'}",
             flush=True,
         )
         await consumer.run()
         logger.info("stopping after %d batches", consumer.batches_loaded)
     finally:
-        runfiles.remove(s["data_dir"], runfiles.SINK)
+        runfiles.remove(s.data_dir, runfiles.SINK)
         if consumer is not None:
             await consumer.close()
         if server is not None:

@@ -181,17 +181,11 @@ def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds):
 
     kinds = {event_struct(kind): kind for kind in (*typed_fields, *untyped_kinds)}
 
-    class TypedEnvelope(msgspec.Struct, gc=False):
-        """An envelope as contract.validate_envelope accepts it, each event of a known
-        kind and typed."""
-
-        schema: Literal[contract.SCHEMA_VERSION]
-        cluster_id: NonEmpty
-        cluster_name: str
-        source: NonEmpty
-        producer_id: NonEmpty
-        seq: Count
-        sent_at: Time
-        events: list[Union[tuple(kinds)]]  # noqa: UP007 (a runtime tuple of types)
-
-    return msgspec.json.Decoder(TypedEnvelope).decode, kinds
+    # An envelope as contract.validate_envelope accepts it, each event of a known
+    # kind and typed.
+    envelope = msgspec.defstruct("TypedEnvelope", [
+        ("schema", Literal[contract.SCHEMA_VERSION]), ("cluster_id", NonEmpty),
+        ("cluster_name", str), ("source", NonEmpty), ("producer_id", NonEmpty), ("seq", Count),
+        ("sent_at", Time), ("events", list[Union[tuple(kinds)]]),
+    ], gc=False)
+    return msgspec.json.Decoder(envelope).decode, kinds

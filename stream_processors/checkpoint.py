@@ -12,8 +12,14 @@ before it. Messages on the changelog, all keyed ``[cluster_id, ...]`` (orjson):
 - ``[c, "M"]``: the *marker*, written last: the epoch, the base ``[slot, parts]``
   and the list of deltas ``[[epoch, parts], ...]`` that make up the state.
 
-Parts are JSON arrays of ``[record_key, value]`` (``value`` null: record deleted),
-at most about :data:`PART_BYTES` each so every message stays under broker limits.
+Parts are JSON objects ``{"format": F, "records": [[record_key, value], ...]}``
+(``value`` null: record deleted), at most about :data:`PART_BYTES` each so every
+message stays under broker limits. ``F`` is the format of the records
+(:data:`FORMAT`, see :mod:`.cluster`); the marker carries it too. A part that is a
+bare JSON array was written before formats existed: format 1. A format this build
+does not know (:data:`FORMATS`) is refused (:class:`UnknownFormat`), never guessed
+at; recovery hands every record on with the format of its part, since one state can
+mix parts of two formats (deltas written after an upgrade on top of an older base).
 
 A crash can cut the changelog anywhere, but one cluster's messages are all in one
 partition, written in order, and the marker comes last: the state a marker describes
@@ -25,6 +31,7 @@ are garbage, ignored and deleted on recovery. Entries a marker no longer referen
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import NamedTuple
 
 import orjson
 
@@ -38,8 +45,41 @@ COMPACT_MAX_DELTAS = 200
 Message = tuple[bytes, "bytes | None"]
 
 
+#: Record formats this build reads; it writes the last one.
+FORMATS = (1, 2)
+FORMAT = FORMATS[-1]
+
+
 class CheckpointCorrupt(RuntimeError):
     """A marker references a changelog entry that is not there."""
+
+
+class UnknownFormat(RuntimeError):
+    """A checkpoint written in a format this build does not know."""
+
+
+def check_format(fmt) -> None:
+    """Raise :class:`UnknownFormat` unless this build reads record format ``fmt``."""
+    if fmt not in FORMATS:
+        raise UnknownFormat(
+            f"checkpoint record format {fmt!r}; this build reads formats "
+            f"{', '.join(map(str, FORMATS))} (a newer dask-blackbox wrote it: run that "
+            "version, or delete the processors' changelog topic to start over)")
+
+
+class Recovered(NamedTuple):
+    """What :meth:`Journal.recover` found for one cluster."""
+
+    #: None: nothing was ever committed
+    journal: "Journal | None"
+    #: record key -> (format, value)
+    records: "dict[str, tuple[int, object]] | None"
+    #: the raw partition the marker names
+    partition: "int | None"
+    #: keys of garbage entries to delete
+    garbage: list[bytes]
+    #: record key -> changelog key of the part it was read from
+    origins: dict[str, bytes]
 
 
 def entry_key(cluster_id: str, *path) -> bytes:
@@ -52,6 +92,9 @@ def parse_key(key: bytes) -> tuple[str, tuple]:
     return cluster_id, tuple(path)
 
 
+_PART_HEAD = b'{"format":%d,"records":[' % FORMAT
+
+
 def _parts(records: Iterable[tuple[str, object]], part_bytes: int) -> list[bytes]:
     parts: list[bytes] = []
     items: list[bytes] = []
@@ -59,13 +102,24 @@ def _parts(records: Iterable[tuple[str, object]], part_bytes: int) -> list[bytes
     for item in records:
         encoded = orjson.dumps(item)
         if items and size + len(encoded) > part_bytes:
-            parts.append(b"[" + b",".join(items) + b"]")
+            parts.append(_PART_HEAD + b",".join(items) + b"]}")
             items, size = [], 0
         items.append(encoded)
         size += len(encoded) + 1
     if items:
-        parts.append(b"[" + b",".join(items) + b"]")
+        parts.append(_PART_HEAD + b",".join(items) + b"]}")
     return parts
+
+
+def read_part(raw: bytes) -> tuple[int, list]:
+    """``(format, [[record_key, value], ...])`` of a part (:class:`UnknownFormat` for
+    a format this build does not read)."""
+    part = orjson.loads(raw)
+    if isinstance(part, list):
+        return 1, part
+    fmt = part.get("format") if isinstance(part, dict) else None
+    check_format(fmt)
+    return fmt, part["records"]
 
 
 class Journal:
@@ -115,7 +169,7 @@ class Journal:
             self.deltas.append([self.epoch, len(delta)])
             self.delta_bytes += delta_size
         out.append((entry_key(c, "M"), orjson.dumps({
-            "epoch": self.epoch, "partition": partition, "base": self.base,
+            "format": FORMAT, "epoch": self.epoch, "partition": partition, "base": self.base,
             "deltas": self.deltas, "base_bytes": self.base_bytes,
             "delta_bytes": self.delta_bytes,
         })))
@@ -139,20 +193,17 @@ class Journal:
         ]
 
     @classmethod
-    def recover(
-        cls, cluster_id: str, entries: dict[tuple, bytes], **kwargs
-    ) -> tuple[Journal | None, dict[str, object] | None, int | None, list[bytes]]:
+    def recover(cls, cluster_id: str, entries: dict[tuple, bytes], **kwargs) -> Recovered:
         """Rebuild from the changelog entries of one cluster (``path -> value``).
 
-        ``kwargs`` are the journal's size settings (see ``__init__``). Returns the
-        journal, the committed records, the partition the marker names,
-        and the keys of garbage entries to delete. Without a marker nothing was ever
-        committed: ``(None, None, None, garbage)``.
-        """
+        ``kwargs`` are the journal's size settings (see ``__init__``). Without a
+        marker nothing was ever committed: the journal and records are None."""
         marker_raw = entries.get(("M",))
         if marker_raw is None:
-            return None, None, None, [entry_key(cluster_id, *p) for p in entries]
+            return Recovered(None, None, None,
+                             [entry_key(cluster_id, *p) for p in entries], {})
         marker = orjson.loads(marker_raw)
+        check_format(marker.get("format", 1))
         j = cls(cluster_id, **kwargs)
         j.epoch = marker["epoch"]
         j.base = marker["base"]
@@ -160,28 +211,34 @@ class Journal:
         j.base_bytes = marker["base_bytes"]
         j.delta_bytes = marker["delta_bytes"]
         referenced = {("M",)}
-        records: dict[str, object] = {}
+        records: dict[str, tuple[int, object]] = {}
+        origins: dict[str, bytes] = {}
 
-        def read(path: tuple) -> list:
+        def read(path: tuple) -> tuple[int, list]:
             referenced.add(path)
             try:
-                return orjson.loads(entries[path])
+                return read_part(entries[path])
             except KeyError:
                 raise CheckpointCorrupt(
                     f"cluster {cluster_id}: checkpoint {j.epoch} references changelog "
                     f"entry {list(path)}, which is missing"
                 ) from None
 
+        parts = []
         if j.base is not None:
             slot, n = j.base
-            for i in range(n):
-                records.update(read(("B", slot, i)))
+            parts += [("B", slot, i) for i in range(n)]
         for epoch, n in j.deltas:
-            for i in range(n):
-                for rk, value in read(("D", epoch, i)):
-                    if value is None:
-                        records.pop(rk, None)
-                    else:
-                        records[rk] = value
+            parts += [("D", epoch, i) for i in range(n)]
+        for path in parts:
+            fmt, items = read(path)
+            origin = entry_key(cluster_id, *path)
+            for rk, value in items:
+                if value is None:
+                    records.pop(rk, None)
+                    origins.pop(rk, None)
+                else:
+                    records[rk] = (fmt, value)
+                    origins[rk] = origin
         garbage = [entry_key(cluster_id, *p) for p in entries if p not in referenced]
-        return j, records, marker["partition"], garbage
+        return Recovered(j, records, marker["partition"], garbage, origins)

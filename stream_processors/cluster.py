@@ -2,14 +2,30 @@
 
 :class:`ClusterState` applies envelopes in the order of their partition (one cluster
 is always in one partition), skips duplicates, reports gaps, feeds scheduler
-transitions, spans and worker digests into the :class:`~.span_state.SpanTree`, and
-closes prefix partials (:mod:`.prefix_stats`). It is plain Python: the faust app
-(:mod:`.app`) decides when to checkpoint, publish and forget it.
+transitions, spans, worker digests and the scheduler's thread-count history
+(LIFECYCLE ``total_nthreads``) into the :class:`~.span_state.SpanTree`, and closes
+prefix partials (:mod:`.prefix_stats`). An event the tree refuses (a field of the
+wrong type, a startstop that overflows, a span cycle) changes nothing and is
+returned as a :class:`Rejection`, which the processor publishes as a dead letter; the
+rest of the envelope is applied. It is plain Python: the faust app (:mod:`.app`)
+decides when to checkpoint, publish and forget it.
 
 Its persistent form is a set of *records* (``records()``/``from_records``), and the
-records changed since the last checkpoint (``take_changes()``): ``"m"`` (cluster
-meta: producers' last seq, live groups, open partials, ...), ``"s:<span_id>"`` (one
-span) and ``"k:<key>"`` (one live key; ``None`` once forgotten).
+records changed since the last checkpoint (``take_changes()``). Record format 2 (the
+checkpoint parts carry the format, :mod:`.checkpoint`):
+
+- ``"m"``: cluster meta, a mapping: ``name``, ``partition``, ``applied``,
+  ``malformed_events``, ``closed_at``, ``producers`` (producer id -> ``[source, last
+  seq]``), ``windows`` (:meth:`.prefix_stats.PrefixWindows.to_list`) and ``tree``
+  (:meth:`.span_state.SpanTree.meta`: group mappings, the thread-count history);
+- ``"s:<span_id>"``: one span, a mapping (:meth:`.span_state.Span.to_record`);
+- ``"k:<key>"``: one live key, ``[group uid, nbytes]`` (``None`` once forgotten).
+
+Format 1 (records written before formats existed) held spans and groups as
+positional lists and no thread-count history; it is read and converted. A record
+that cannot be read is skipped and reported (``ClusterState.problems``), never
+guessed at; a meta record that cannot be read makes the whole state unreadable
+(:class:`BadRecord`).
 
 ``applied`` counts the envelopes applied so far. A span snapshot's ``version`` is the
 count at the last envelope that changed the span's tree: the state after ``n``
@@ -22,14 +38,44 @@ from __future__ import annotations
 import logging
 import math
 import time
+from typing import NamedTuple
 
 from dask_blackbox.contract import LIFECYCLE, SPAN, TRANSITION, WORKER_DIGESTS
 
+from .checkpoint import check_format as _check_format
 from .prefix_stats import Partial, PartialKey, PrefixWindows, partial_record
 from .sequencing import Gap, ProducerSequences
-from .span_state import SpanTree
+from .span_state import Rejected, Span, SpanTree
 
 logger = logging.getLogger(__name__)
+
+class Rejection(NamedTuple):
+    """Event ``index`` (of kind ``kind``) of an envelope was not applied."""
+
+    index: int
+    kind: str
+    field: str
+    reason: str
+
+    def describe(self) -> str:
+        return f"event {self.index} ({self.kind}): {self.field}: {self.reason}"
+
+
+class Applied(NamedTuple):
+    """What applying one envelope produced."""
+
+    gaps: list[Gap]
+    closed: list[tuple[PartialKey, Partial]]
+    rejected: list[Rejection]
+
+
+class BadRecord(ValueError):
+    """A checkpoint record cannot be read; ``key`` is the record's key."""
+
+    def __init__(self, key: str, reason: str):
+        super().__init__(f"record {key}: {reason}")
+        self.key = key
+        self.reason = reason
 
 
 class ClusterState:
@@ -51,14 +97,18 @@ class ClusterState:
         #: producer_id -> processor wall clock of its last applied envelope (not
         #: persisted: after a restart every producer counts as just seen)
         self.last_seen: dict[str, float] = {}
+        #: processor wall clock of the last applied envelope (not persisted either),
+        #: which the idle-cluster TTL counts from
+        self.last_applied = time.time()
+        #: (record key, reason) of records :meth:`from_records` skipped or repaired
+        self.problems: list[tuple[str, str]] = []
 
     # ------------------------------------------------------------------ apply
 
-    def apply(
-        self, envelope: dict
-    ) -> tuple[list[Gap], list[tuple[PartialKey, Partial]]] | None:
-        """Apply one valid envelope; return the gaps it reveals and the partials it
-        closes, or None for a duplicate (which changes nothing)."""
+    def apply(self, envelope: dict) -> Applied | None:
+        """Apply one valid envelope; return the gaps it reveals, the partials it
+        closes and the events it refused, or None for a duplicate (which changes
+        nothing)."""
         producer_id = envelope["producer_id"]
         source = envelope["source"]
         seq = envelope["seq"]
@@ -66,8 +116,11 @@ class ClusterState:
         if not admitted:
             return None
         self.applied += 1
-        self.cluster_name = envelope["cluster_name"] or self.cluster_name
-        self.last_seen[producer_id] = time.time()
+        name = envelope["cluster_name"]
+        if isinstance(name, str) and name:
+            self.cluster_name = name
+        self.last_applied = now = time.time()
+        self.last_seen[producer_id] = now
 
         tree = self.tree
         tree.clock = self.applied
@@ -77,12 +130,14 @@ class ClusterState:
         transition = tree.transition if source == "scheduler" else None
         latest = -math.inf
         closing = None
-        for ev in envelope["events"]:
+        rejected: list[Rejection] = []
+        for i, ev in enumerate(envelope["events"]):
+            kind = ev["kind"]
             try:
                 ts = ev["ts"]
-                if not isinstance(ts, (int, float)):
-                    raise TypeError(f"ts is a {type(ts).__name__}, not a number")
-                kind = ev["kind"]
+                if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+                    raise Rejected("ts", f"{ts!r:.80} is a {type(ts).__name__}, "
+                                         "not a number")
                 if kind == TRANSITION:
                     if transition is not None:
                         transition(ev, partial, producer_id, seq)
@@ -90,13 +145,25 @@ class ClusterState:
                     tree.span(ev)
                 elif kind == WORKER_DIGESTS:
                     tree.digests(ev["digests"])
-                elif kind == LIFECYCLE and ev.get("action") == "scheduler_close":
-                    closing = ts
-            except (KeyError, TypeError, ValueError, AttributeError) as e:
-                self._malformed(ev, e)
+                elif kind == LIFECYCLE:
+                    action = ev.get("action")
+                    if ev.get("total_nthreads") is not None:
+                        tree.nthreads(ev["total_nthreads"], action == "scheduler_start")
+                    if action == "scheduler_close":
+                        closing = ts
+            except Rejected as e:
+                rejected.append(Rejection(i, str(kind), e.field, e.reason))
+                continue
+            except KeyError as e:
+                rejected.append(Rejection(i, str(kind), str(e.args[0]), "missing"))
+                continue
+            except (TypeError, ValueError, AttributeError, ArithmeticError) as e:
+                rejected.append(Rejection(i, str(kind), "?", f"{type(e).__name__}: {e}"))
                 continue
             if ts > latest:
                 latest = ts
+        if rejected:
+            self.malformed_events += len(rejected)
 
         tree.end_envelope()
         closed = self.windows.advance(producer_id, latest) if latest > -math.inf else []
@@ -104,15 +171,7 @@ class ClusterState:
             self.closed_at = closing
             self.close_seen = time.time()
             closed += self.windows.close_all()
-        return [gap] if gap else [], closed
-
-    def _malformed(self, ev, error: Exception) -> None:
-        if not self.malformed_events:
-            logger.warning(
-                "cluster %s: skipping malformed event %.200r (%s: %s); further ones "
-                "are only counted", self.cluster_id, ev, type(error).__name__, error,
-            )
-        self.malformed_events += 1
+        return Applied([gap] if gap else [], closed, rejected)
 
     def close_idle(self, now: float, idle: float) -> list[tuple[PartialKey, Partial]]:
         """Close the partials of producers silent for more than ``idle`` seconds."""
@@ -122,20 +181,36 @@ class ClusterState:
                 closed += self.windows.close_producer(producer_id)
         return closed
 
+    def forget_producers(self, now: float, ttl: float) -> tuple[list, list[str]]:
+        """Forget producers silent for more than ``ttl`` seconds: their partials are
+        closed (returned) and their entries dropped from every per-producer map
+        (also their last ``seq``: one that comes back is a new producer, and its
+        envelopes before the one that comes back count as a gap). Returns the closed
+        partials and the producers forgotten."""
+        gone = [p for p, seen in self.last_seen.items() if now - seen > ttl]
+        closed = []
+        for producer_id in gone:
+            closed += self.windows.close_producer(producer_id)
+            self.windows.forget(producer_id)
+            self.sequences.forget(producer_id)
+            del self.last_seen[producer_id]
+        return closed, gone
+
     # --------------------------------------------------------------- outputs
 
     def partial_records(self, closed: list[tuple[PartialKey, Partial]]) -> list[dict]:
         return [partial_record(self.cluster_id, self.cluster_name, k, p) for k, p in closed]
 
-    def snapshots(self, everything: bool = False) -> list[dict]:
+    def snapshots(self, final: bool = False) -> list[dict]:
         """SPAN_STATE records of the spans changed since the last call (with their
-        ancestors, which roll them up), or of every span."""
+        ancestors, which roll them up); ``final``: also of every span whose tree is
+        not done (the cluster is being forgotten, they are published as they stand)."""
         tree = self.tree
-        changed = set(tree.spans) if everything else tree.unpublished
-        if not changed:
+        ids = tree.take_unpublished()
+        if final:
+            ids |= tree.open_spans()
+        if not ids:
             return []
-        ids = tree.with_ancestors(changed)
-        tree.unpublished = set()
         now = time.time()
         out = []
         for sid, (agg, metrics, changed_at) in tree.rollup(ids).items():
@@ -161,49 +236,71 @@ class ClusterState:
 
     def take_changes(self) -> dict[str, object]:
         """Records changed since the last call (``None``: record deleted)."""
-        tree = self.tree
         changes: dict[str, object] = {"m": self._meta()}
-        for sid in tree.dirty_spans:
-            changes["s:" + sid] = tree.spans[sid].to_list()
-        registry = tree.registry
-        for key, existed in tree.dirty_keys.items():
-            entry = registry.get(key)
-            if entry is not None or existed:
-                changes["k:" + key] = entry
-        tree.dirty_spans = set()
-        tree.dirty_keys = {}
+        spans, keys = self.tree.take_changed()
+        for sid, s in spans.items():
+            changes["s:" + sid] = s.to_record()
+        for key, entry in keys.items():
+            changes["k:" + key] = entry
         return changes
 
     def records(self) -> dict[str, object]:
         """Every record of the current state."""
         out: dict[str, object] = {"m": self._meta()}
         for sid, s in self.tree.spans.items():
-            out["s:" + sid] = s.to_list()
+            out["s:" + sid] = s.to_record()
         for key, entry in self.tree.registry.items():
             out["k:" + key] = entry
         return out
 
     @classmethod
     def from_records(
-        cls, cluster_id: str, records: dict[str, object], window: float, max_keys: int
+        cls, cluster_id: str, records: dict[str, tuple[int, object]], window: float,
+        max_keys: int,
     ) -> ClusterState:
+        """The state the records (record key -> ``(format, value)``) describe.
+
+        Span and key records that cannot be read are skipped, and span links that
+        would make a cycle are cut; each is listed in ``problems``. A meta record
+        that cannot be read raises :class:`BadRecord`."""
         state = cls(cluster_id, window, max_keys)
-        meta = records["m"]
-        state.cluster_name = meta["name"]
-        state.partition = meta["partition"]
-        state.applied = meta["applied"]
-        state.malformed_events = meta["malformed_events"]
-        state.closed_at = meta["closed_at"]
-        state.sequences = ProducerSequences(meta["producers"])
-        state.windows.load(meta["windows"])
-        spans, registry = {}, {}
-        for rk, value in records.items():
-            if rk.startswith("s:"):
-                spans[rk[2:]] = value
-            elif rk.startswith("k:"):
-                registry[rk[2:]] = value
-        state.tree.load(meta["tree"], spans, registry)
+        if "m" not in records:
+            raise BadRecord("m", "the cluster meta record is missing")
+        fmt, meta = records["m"]
+        try:
+            _check_format(fmt)
+            state.cluster_name = meta["name"]
+            state.partition = meta["partition"]
+            state.applied = meta["applied"]
+            state.malformed_events = meta["malformed_events"]
+            state.closed_at = meta["closed_at"]
+            state.sequences = ProducerSequences(meta["producers"])
+            state.windows.load(meta["windows"])
+            tree_meta = meta["tree"]
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRecord("m", f"format {fmt}: {type(e).__name__}: {e}") from None
+        spans: dict[str, Span] = {}
+        registry: dict[str, list] = {}
+        for rk, (fmt, value) in records.items():
+            try:
+                if rk.startswith("s:"):
+                    _check_format(fmt)
+                    read = Span.from_v1 if fmt == 1 else Span.from_record
+                    spans[rk[2:]] = read(rk[2:], value)
+                elif rk.startswith("k:"):
+                    if (not isinstance(value, list) or len(value) != 2
+                            or type(value[0]) is not int or type(value[1]) is not int):
+                        raise ValueError(f"{value!r:.80} is not [group uid, nbytes]")
+                    registry[rk[2:]] = value
+            except (KeyError, TypeError, ValueError) as e:
+                state.problems.append((rk, f"format {fmt}: skipped, {type(e).__name__}: {e}"))
+        try:
+            cut = state.tree.load(tree_meta, spans, registry, fmt=records["m"][0])
+        except (KeyError, TypeError, ValueError) as e:
+            raise BadRecord("m", f"tree: {type(e).__name__}: {e}") from None
+        state.problems += [("s:" + sid, why) for sid, why in cut]
         now = time.time()
         state.last_seen = {pid: now for pid in state.sequences.last}
         state.close_seen = now if state.closed_at is not None else None
         return state
+

@@ -84,9 +84,6 @@ class PrefixWindows:
         # go to the same one.
         self._last: tuple | None = None
 
-    def window_start(self, ts: float) -> float:
-        return math.floor(ts / self.width) * self.width
-
     def partial(
         self, producer_id: str, seq: int, span_id: str | None, prefix: str | None,
         ts: float,
@@ -117,6 +114,10 @@ class PrefixWindows:
 
     def close_producer(self, producer_id: str) -> list[tuple[PartialKey, Partial]]:
         return self._close(lambda k: k[0] == producer_id)
+
+    def forget(self, producer_id: str) -> None:
+        """Drop a producer's watermark (after :meth:`close_producer`)."""
+        self.watermark.pop(producer_id, None)
 
     def close_all(self) -> list[tuple[PartialKey, Partial]]:
         return self._close(lambda k: True)

@@ -59,3 +59,7 @@ class ProducerSequences:
         gap = Gap(producer_id, source, previous + 1, seq - 1) if seq > previous + 1 else None
         self.last[producer_id] = [source, seq]
         return True, gap
+
+    def forget(self, producer_id: str) -> None:
+        """Drop a producer: if it sends again it is seen for the first time."""
+        self.last.pop(producer_id, None)

@@ -19,10 +19,12 @@ from aiokafka.admin import AIOKafkaAdminClient
 
 from dask_blackbox import config, contract
 from dask_blackbox.read import backends, queries
-from dask_blackbox.sinks.consumer import TOPICS
 from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.rows import TABLES, Batch, Message
+from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.schema import Target, migrate
+from dask_blackbox.sinks.tables import TABLES, Message
+
+TOPICS = contract.TOPICS
 
 from conftest import subprocess_env
 from kafka_reader import read_records

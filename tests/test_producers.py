@@ -24,8 +24,9 @@ from distributed.spans import CONTEXTS_WITH_SPAN_ID
 from dask_blackbox import producers
 from dask_blackbox import kafka
 from dask_blackbox.config import ConfigError
+from dask_blackbox.contract import fields as contract_fields
 from dask_blackbox.contract import (
-    EVENT, EVENT_FIELDS, GRAPH, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, RAW, SCHEDULER_METRICS,
+    EVENTS, Transition, EVENT, EVENT_FIELDS, GRAPH, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, RAW, SCHEDULER_METRICS,
     SPAN, TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
 )
 from dask_blackbox.cli.tansu import free_port
@@ -173,7 +174,47 @@ def test_envelopes_follow_the_contract(recording):
         assert record.key == cluster_id.encode()
         assert len(record.value) <= MAX_ENVELOPE_BYTES
     for event in recording["events"]:
-        assert set(EVENT_FIELDS[event["kind"]]) <= set(event), event["kind"]
+        # every field the contract requires (optional ones, total=False, may be absent)
+        required = EVENTS[event["kind"]].__required_keys__
+        assert set(EVENT_FIELDS[event["kind"]]) & required <= set(event), event["kind"]
+
+
+def _declared_order(event: dict) -> tuple[list, list]:
+    """(the event's declared fields in the order it carries them, in declaration
+    order): equal when the event was built through its contract declaration."""
+    declared = contract_fields(EVENTS[event["kind"]])
+    carried = [k for k in event if k in declared]
+    return carried, [k for k in declared if k in event]
+
+
+def test_events_are_built_in_the_contracts_field_order(recording):
+    kinds = set()
+    for event in recording["events"]:
+        carried, declared = _declared_order(event)
+        assert carried == declared, event["kind"]
+        kinds.add(event["kind"])
+    assert kinds >= {TRANSITION, GRAPH, SPAN, EVENT, LIFECYCLE, SCHEDULER_METRICS,
+                     WORKER_METRICS, WORKER_DIGESTS, LOG}
+    # a transition carries exactly its declared fields, nothing else
+    for event in _of_kind(recording, TRANSITION):
+        assert [k for k in event if not k.startswith("_")] == list(contract_fields(Transition))
+
+
+def test_producer_settings_repr_hides_the_sasl_password():
+    settings = ProducerSettings.resolve({
+        "kafka.security-protocol": "SASL_PLAINTEXT", "kafka.sasl-mechanism": "PLAIN",
+        "kafka.sasl-username": "alice", "kafka.sasl-password": "hunter2-secret",
+    })
+    assert "hunter2" not in repr(settings) and "hunter2" not in str(settings)
+    assert "alice" in repr(settings)
+    assert settings.kafka.producer_kwargs()["sasl_plain_password"] == "hunter2-secret"
+    import pickle
+
+    assert pickle.loads(pickle.dumps(settings)) == settings  # travels inside the plugins
+    with pytest.raises(ConfigError, match="blackbox.producer.flush-interval"):
+        ProducerSettings.resolve({"producer.flush-interval": 0})
+    with pytest.raises(ConfigError, match="blackbox.producer.metrics-interval"):
+        ProducerSettings.resolve({"producer.metrics-interval": "0s"})
 
 
 def test_the_sink_takes_every_envelope_on_its_typed_path(recording, monkeypatch):
@@ -418,7 +459,7 @@ def test_attach_carries_overrides_to_processes_is_idempotent_and_detaches(bb_con
         assert first["cluster_id"] == client.scheduler_info()["id"]
         flush, producer_id = client.run_on_scheduler(_plugin_settings)
         assert flush == 0.03 and producer_id == first["producer_id"]
-        (worker_flush, _), = client.run(_plugin_settings).values()
+        ((worker_address, (worker_flush, _)),) = client.run(_plugin_settings).items()
         assert worker_flush == 0.03
         assert client.submit(inc, 1, key="inc-on-worker").result() == 2
         producers.detach(client)
@@ -434,6 +475,12 @@ def test_attach_carries_overrides_to_processes_is_idempotent_and_detaches(bb_con
     on_worker = [(e["start"], e["finish"]) for e in events if e["kind"] == TRANSITION
                  and e["_source"] == "worker" and e["key"] == "inc-on-worker"]
     assert ("executing", "memory") in on_worker
+    # the worker's transitions come from the same builder as the scheduler's
+    worker_side = [e for e in events if e["kind"] == TRANSITION and e["_source"] == "worker"]
+    for e in worker_side:
+        assert [k for k in e if not k.startswith("_")] == list(contract_fields(Transition))
+        assert e["worker"] == worker_address and e["group"] is None
+        assert e["stimulus_id"] is None and e["startstops"] is None
     prefixes = {(e["finish"], e["prefix"]) for e in events if e["kind"] == TRANSITION
                 and e["_source"] == "worker" and e["key"] == "inc-on-worker"}
     scheduler_side = {e["prefix"] for e in events if e["kind"] == TRANSITION

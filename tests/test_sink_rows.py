@@ -1,4 +1,4 @@
-"""Message conversion (sinks.rows): what becomes rows, what becomes a dead letter
+"""Message conversion (sinks.batch): what becomes rows, what becomes a dead letter
 with which reason, and that the column-at-a-time path and the event-by-event path
 give the same rows."""
 
@@ -11,7 +11,8 @@ import orjson
 import pytest
 
 from dask_blackbox import contract
-from dask_blackbox.sinks.rows import COLUMNS, Batch, Message
+from dask_blackbox.sinks.batch import Batch
+from dask_blackbox.sinks.tables import COLUMNS, Message
 
 from sink_support import envelope, transition
 

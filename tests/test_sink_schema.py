@@ -14,7 +14,7 @@ from dask_blackbox import config
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow, schema
 from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.rows import COLUMNS, TABLES
+from dask_blackbox.sinks.tables import COLUMNS, TABLES
 
 
 @pytest.fixture
@@ -33,13 +33,14 @@ def rendered(target: schema.Target) -> list[str]:
 
 
 def test_migrations_apply_once_and_create_every_table(chdb_client):
-    assert schema.migrate(chdb_client, SINGLE) == ["001_init.sql"]
+    assert schema.migrate(chdb_client, SINGLE) == ["001_init.sql", "002_nthreads.sql"]
     assert schema.migrate(chdb_client, SINGLE) == []  # idempotent
     tables = {r[0] for r in chdb_client.query("SHOW TABLES FROM blackbox").result_rows}
     assert set(TABLES) | {"schema_migrations", "sink_batches", "clusters"} == tables
     recorded = chdb_client.query(
         "SELECT version, name, checksum FROM blackbox.schema_migrations FINAL").result_rows
-    assert recorded == [(1, "001_init.sql", schema.migrations()[0].checksum)]
+    assert sorted(recorded) == [(1, "001_init.sql", schema.migrations()[0].checksum),
+                                (2, "002_nthreads.sql", schema.migrations()[1].checksum)]
     # The columns the sink inserts exist with types it can send (Arrow conversion).
     schemas = arrow.schemas(chdb_client, "blackbox", COLUMNS)
     assert set(schemas) == set(TABLES)

@@ -1,0 +1,166 @@
+"""The post-mortem: what failed in a cluster, and what the workers that died were doing.
+
+:func:`failures` returns several named result sets (in this order):
+
+``erred_tasks``
+    every transition into 'erred': key, when, on which worker, exception, the key
+    that caused it, traceback.
+``dead_workers``
+    workers removed while tasks were running on them (Dask released those tasks,
+    or marked them erred with KilledWorker): when, stimulus, reason, whether Dask
+    expected the removal (its "remove-worker" event), how many tasks. A worker
+    that leaves idle is no task's failure; ``queries.clusters`` counts its removal.
+``dead_worker_tasks``
+    the tasks each of them was running: released (or erred, KilledWorker) by the
+    removal's stimulus.
+``dead_worker_metrics``
+    each one's last ``metric_samples`` metric samples before its removal.
+``dead_worker_logs``
+    each one's last ``log_lines`` log records; a worker's records are those its
+    producer sent (the producer is known from the worker's metric samples).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import NamedTuple
+
+from dask_blackbox.read.backends import Backend, Result
+from dask_blackbox.read.filters import Filter, TimeBound, build, pairs, table
+
+_METRIC_COLUMNS = ["cluster_id", "worker", "ts"]
+_LOG_COLUMNS = ["cluster_id", "worker", "ts", "level", "logger", "message"]
+
+
+class DeadWorker(NamedTuple):
+    """A worker removed while it ran tasks."""
+
+    cluster_id: str
+    worker: str
+    removed_at: object
+    stimulus_id: str
+    reason: str
+    expected: bool | None
+    tasks_running: int
+
+
+def failures(backend: Backend, cluster: str | None = None, since: TimeBound = None,
+             until: TimeBound = None, log_lines: int = 20,
+             metric_samples: int = 5) -> dict[str, Result]:
+    """A post-mortem as several result sets; see the module docstring."""
+    f = build(backend, cluster, since, until, "ts")
+    out: dict[str, Result] = {"erred_tasks": _erred_tasks(backend, f)}
+    dead, tasks_of = _dead_workers(backend, f)
+    out["dead_workers"] = (list(DeadWorker._fields), [tuple(d) for d in dead])
+    out["dead_worker_tasks"] = (
+        ["cluster_id", "worker", "key", "prefix", "finish", "ts"],
+        [(d.cluster_id, d.worker, *task) for d in dead
+         for task in tasks_of[(d.cluster_id, d.stimulus_id)]],
+    )
+    owners = sorted({(d.cluster_id, d.worker) for d in dead})
+    if not owners:
+        out["dead_worker_metrics"] = (_METRIC_COLUMNS, [])
+        out["dead_worker_logs"] = (_LOG_COLUMNS, [])
+        return out
+    removed_at = {(d.cluster_id, d.worker): d.removed_at for d in dead}
+    out["dead_worker_metrics"] = _last_metrics(backend, owners, removed_at, metric_samples)
+    out["dead_worker_logs"] = _last_logs(backend, owners, log_lines)
+    return out
+
+
+def _erred_tasks(backend: Backend, f: Filter) -> Result:
+    return backend.query(
+        "SELECT cluster_id, key, ts, worker, prefix, exception, cause, traceback "
+        f"FROM {table(backend, 'transitions')} {f.where()} "
+        f"{f.and_()} finish = 'erred' ORDER BY ts, seq, idx",
+        f.parameters,
+    )
+
+
+def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
+    """The removals that released running tasks, and per (cluster_id, stimulus_id)
+    the tasks that removal released: (key, prefix, finish, ts)."""
+    _, removals = backend.query(
+        "SELECT cluster_id, worker, ts, stimulus_id, reason "
+        f"FROM {table(backend, 'lifecycle')} {f.where()} "
+        f"{f.and_()} action = 'worker_removed' ORDER BY ts",
+        f.parameters,
+    )
+    stimuli = sorted({r[3] for r in removals if r[3]})
+    tasks_of: dict[tuple, list] = defaultdict(list)
+    if not stimuli:
+        return [], tasks_of
+    _, running = backend.query(
+        "SELECT cluster_id, stimulus_id, key, prefix, finish, ts "
+        f"FROM {table(backend, 'transitions')} "
+        "WHERE start = 'processing' AND stimulus_id IN {stimuli:Array(String)} "
+        "ORDER BY ts, seq, idx",
+        {"stimuli": stimuli},
+    )
+    for cluster_id, stimulus_id, key, prefix, finish, ts in running:
+        tasks_of[(cluster_id, stimulus_id)].append((key, prefix, finish, ts))
+    expected = _expected_removals(backend, stimuli)
+    dead = [
+        DeadWorker(cluster_id, worker, ts, stimulus_id, reason,
+                   expected.get((cluster_id, stimulus_id)), len(tasks_of[(cluster_id, stimulus_id)]))
+        for cluster_id, worker, ts, stimulus_id, reason in removals
+        if tasks_of.get((cluster_id, stimulus_id))
+    ]
+    return dead, tasks_of
+
+
+def _expected_removals(backend: Backend, stimuli: list[str]) -> dict[tuple[str, str], bool]:
+    """(cluster_id, stimulus_id) -> whether Dask's "remove-worker" event said expected."""
+    _, events = backend.query(
+        "SELECT cluster_id, JSONExtractString(msg, 'stimulus_id'), JSONExtractBool(msg, 'expected') "
+        f"FROM {table(backend, 'events')} "
+        "WHERE topic = 'all' AND JSONExtractString(msg, 'action') = 'remove-worker' "
+        "AND JSONExtractString(msg, 'stimulus_id') IN {stimuli:Array(String)}",
+        {"stimuli": stimuli},
+    )
+    return {(c, s): bool(e) for c, s, e in events}
+
+
+def _last_metrics(backend: Backend, owners: list[tuple[str, str]], removed_at: dict,
+                  samples: int) -> Result:
+    """Each worker's last ``samples`` metric samples up to its removal, oldest first."""
+    condition, parameters = pairs("cluster_id", "worker", owners)
+    columns, rows = backend.query(
+        "SELECT cluster_id, worker, ts, memory, memory_managed, memory_unmanaged, memory_spilled, "
+        "cpu, executing, ready, in_flight, event_loop_interval "
+        f"FROM {table(backend, 'worker_metrics')} WHERE {condition} ORDER BY ts DESC",
+        parameters,
+    )
+    kept: dict[tuple, list] = defaultdict(list)
+    for row in rows:
+        owner = (row[0], row[1])
+        if row[2] <= removed_at[owner] and len(kept[owner]) < samples:
+            kept[owner].append(row)
+    return columns, [r for owner in owners for r in reversed(kept[owner])]
+
+
+def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> Result:
+    """Each worker's last ``lines`` log records (exception text appended), oldest first."""
+    condition, parameters = pairs("cluster_id", "worker", owners)
+    _, producers = backend.query(
+        f"SELECT DISTINCT cluster_id, worker, producer_id FROM {table(backend, 'worker_metrics')} "
+        f"WHERE {condition}",
+        parameters,
+    )
+    worker_of = {(c, p): w for c, w, p in producers}
+    if not worker_of:
+        return _LOG_COLUMNS, []
+    condition, parameters = pairs("cluster_id", "producer_id", sorted(worker_of))
+    _, records = backend.query(
+        "SELECT cluster_id, producer_id, ts, level, logger, message, exc_text "
+        f"FROM {table(backend, 'logs')} WHERE {condition} "
+        "ORDER BY ts DESC, seq DESC, idx DESC",
+        parameters,
+    )
+    logs: dict[tuple, list] = defaultdict(list)
+    for cluster_id, producer_id, ts, level, logger_name, message, exc_text in records:
+        worker = worker_of[(cluster_id, producer_id)]
+        if len(logs[(cluster_id, worker)]) < lines:
+            text = message + (f"\n{exc_text}" if exc_text else "")
+            logs[(cluster_id, worker)].append((cluster_id, worker, ts, level, logger_name, text))
+    return _LOG_COLUMNS, [r for owner in owners for r in reversed(logs[owner])]

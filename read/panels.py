@@ -1,0 +1,734 @@
+"""The data behind each panel of the web UI, the JSON API and the HTML report,
+reduced in ClickHouse to what a screen can show.
+
+Every panel function takes a :class:`~dask_blackbox.read.backends.Backend` and a
+:class:`Scope` (from :func:`resolve`: one recorded cluster, optionally narrowed to a
+span and its sub-spans and/or a time window) and returns a JSON-able dict. Times are
+float seconds since the epoch (UTC). Nothing here draws: :mod:`.report` and
+:mod:`.web` turn these dicts into Bokeh documents and pages.
+
+Reduction, so that a run of millions of tasks opens as fast as a run of ten:
+
+- :func:`task_stream` returns one bar per recorded ``startstops`` action (compute,
+  transfer, disk-read/write...), laid out one row per worker thread like Dask's task
+  stream, when the scope holds at most ``max_bars`` of them; otherwise it returns
+  ``mode="binned"``: per worker and time bucket (``buckets`` across the window) the
+  busy fraction of the worker's threads and the prefix that kept them busiest,
+  computed by ClickHouse. Narrow the window (``since``/``until``) or pick a span to
+  see single tasks again.
+- The time series (:func:`progress`, :func:`task_states`, :func:`memory`) are
+  aggregated into at most ``buckets`` points per series by ClickHouse.
+- :func:`logs` returns the newest ``limit`` matching lines and the total count.
+
+Which cluster: ``cluster`` is a name or an id. Several runs may share a name; the
+latest (by last envelope) is taken and the others are listed in ``Scope.others``.
+Unknown clusters, spans and keys raise :class:`NotFound` (a LookupError) whose
+message names what was not found.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+from collections import defaultdict
+from typing import Any
+
+from dask_blackbox.read import queries
+from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.queries import TimeBound, UnknownCluster
+
+#: At most this many task-stream bars are shipped to a page; above, the stream is binned.
+MAX_BARS = 20_000
+#: Time buckets across the window for binned/aggregated panels.
+BUCKETS = 300
+#: Prefixes shown by name in the progress panel (the rest are summed as "other").
+TOP_PREFIXES = 12
+#: Workers drawn one by one in the memory panel (dead workers first, then by peak).
+MEMORY_WORKERS = 8
+#: The task states drawn in "tasks by state" (forgotten tasks are gone).
+STATES = ("released", "waiting", "no-worker", "queued", "processing", "memory", "erred")
+#: Log levels, lowest first: a level filter keeps that level and above.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+
+class NotFound(LookupError):
+    """A cluster, span or key that was never recorded; the message names it."""
+
+
+class UnknownSpan(NotFound):
+    pass
+
+
+class UnknownKey(NotFound):
+    pass
+
+
+@dataclasses.dataclass
+class Scope:
+    """One recorded cluster, narrowed to a span (and its sub-spans) and/or a window."""
+
+    cluster_id: str
+    cluster_name: str
+    #: the window drawn: the run (or span) clipped to since/until, seconds since the epoch
+    t0: float
+    t1: float
+    span: str | None = None
+    #: ids of the spans matching ``span`` and their descendants (None: every task)
+    span_ids: list[str] | None = None
+    since: float | None = None
+    until: float | None = None
+    #: other runs with the same name: (cluster_id, first_seen, last_seen)
+    others: list[tuple] = dataclasses.field(default_factory=list)
+
+    @property
+    def bucket(self) -> float:
+        return max((self.t1 - self.t0) / BUCKETS, 1e-3)
+
+    def as_dict(self) -> dict:
+        return {"cluster_id": self.cluster_id, "cluster_name": self.cluster_name,
+                "t0": self.t0, "t1": self.t1, "span": self.span, "since": self.since,
+                "until": self.until, "span_ids": self.span_ids,
+                "other_runs": [{"cluster_id": c, "first_seen": f, "last_seen": l}
+                               for c, f, l in self.others]}
+
+
+def _t(backend: Backend, table: str) -> str:
+    return f"{backend.database}.{table}"
+
+
+def _epoch(value: TimeBound, name: str) -> float | None:
+    return queries._epoch(value, name)
+
+
+# --------------------------------------------------------------------- scope
+
+
+def _cluster(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
+    try:
+        ids = queries.cluster_ids(backend, cluster)
+    except UnknownCluster as e:
+        raise NotFound(str(e)) from None
+    _, rows = backend.query(
+        f"SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
+        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN {{ids:Array(String)}} "
+        "ORDER BY last_seen DESC", {"ids": ids})
+    if not rows:
+        raise NotFound(f"no recorded cluster is named {cluster!r} or has that id")
+    chosen = rows[0]
+    return chosen[0], chosen[1], [(c, f, l) for c, _, f, l in rows[1:]]
+
+
+def _span_ids(backend: Backend, cluster_id: str, span: str) -> list[str]:
+    """The spans of ``cluster_id`` named ``span`` (a tag of the name, or the whole
+    '/'-joined name) and all their descendants."""
+    _, edges = backend.query(
+        f"SELECT span_id, any(parent_id), any(name) FROM (SELECT span_id, parent_id, name "
+        f"FROM {_t(backend, 'span_state')} WHERE cluster_id = {{c:String}} UNION ALL "
+        f"SELECT span_id, parent_id, name FROM {_t(backend, 'spans')} WHERE cluster_id = {{c:String}}) "
+        "GROUP BY span_id", {"c": cluster_id})
+    matched = [s for s, _, name in edges
+               if span in name or "/".join(name) == span or " / ".join(name) == span]
+    if not matched:
+        raise UnknownSpan(f"no span named {span!r} in cluster {cluster_id}")
+    children = defaultdict(list)
+    for span_id, parent, _ in edges:
+        if parent:
+            children[parent].append(span_id)
+    found, todo = set(), list(matched)
+    while todo:
+        s = todo.pop()
+        if s not in found:
+            found.add(s)
+            todo.extend(children[s])
+    return sorted(found)
+
+
+def resolve(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
+            until: TimeBound = None) -> Scope:
+    """The scope of a Run page: NotFound for an unknown cluster or span."""
+    if not cluster:
+        raise NotFound("no cluster given: pass a cluster name or id")
+    cluster_id, name, others = _cluster(backend, cluster)
+    start, stop = _epoch(since, "since"), _epoch(until, "until")
+    span_ids = _span_ids(backend, cluster_id, span) if span else None
+    p = {"c": cluster_id}
+    if span_ids is None:
+        _, rows = backend.query(
+            "SELECT min(a), max(b) FROM ("
+            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'transitions')} "
+            "WHERE cluster_id = {c:String} UNION ALL "
+            f"SELECT min(toFloat64(ts)), max(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} "
+            "WHERE cluster_id = {c:String} UNION ALL "
+            f"SELECT min(toFloat64(sent_at)), max(toFloat64(sent_at)) FROM {_t(backend, 'envelopes')} "
+            "WHERE cluster_id = {c:String}) WHERE a > 0", p)
+    else:
+        p["ids"] = span_ids
+        _, rows = backend.query(
+            "SELECT min(a), max(b) FROM ("
+            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'transitions')} "
+            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)} UNION ALL "
+            f"SELECT min(toFloat64(enqueued)), max(toFloat64(stop)) FROM {_t(backend, 'span_state')} "
+            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}) WHERE a > 0", p)
+    t0, t1 = rows[0] if rows and rows[0][0] is not None else (0.0, 0.0)
+    t0, t1 = float(t0 or 0.0), float(t1 or 0.0)
+    if start is not None:
+        t0 = start if t0 == 0 else max(t0, start) if span_ids else start
+    if stop is not None:
+        t1 = stop if t1 == 0 else min(t1, stop) if span_ids else stop
+    if t1 <= t0:
+        t1 = t0 + 1.0
+    return Scope(cluster_id, name, t0, t1, span, span_ids, start, stop, others)
+
+
+def _where(scope: Scope, time_column: str = "ts", span: bool = True) -> tuple[str, dict]:
+    """WHERE clause (cluster, window, span) and its parameters."""
+    conditions = ["cluster_id = {c:String}"]
+    p: dict[str, Any] = {"c": scope.cluster_id}
+    if time_column:
+        conditions.append(f"{time_column} >= toDateTime64({{t0:Float64}}, 6, 'UTC')")
+        conditions.append(f"{time_column} <= toDateTime64({{t1:Float64}}, 6, 'UTC')")
+        p.update(t0=scope.t0, t1=scope.t1)
+    if span and scope.span_ids is not None:
+        conditions.append("span_id IN {ids:Array(String)}")
+        p["ids"] = scope.span_ids
+    return "WHERE " + " AND ".join(conditions), p
+
+
+# ---------------------------------------------------------------------- panels
+
+
+def summary(backend: Backend, scope: Scope) -> dict:
+    """Counts for the page header: tasks, computes, erred, workers."""
+    where, p = _where(scope)
+    _, rows = backend.query(
+        "SELECT uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred'), "
+        "uniqExactIf(worker, worker != '') "
+        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler'", p)
+    tasks, computed, erred, workers = rows[0] if rows else (0, 0, 0, 0)
+    return {**scope.as_dict(), "tasks": tasks, "finished_in_memory": computed, "erred": erred,
+            "workers": workers}
+
+
+def _nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
+    _, rows = backend.query(
+        "SELECT worker, max(JSONExtractInt(detail, 'nthreads')) "
+        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} AND action = 'worker_added' "
+        "GROUP BY worker", {"c": scope.cluster_id})
+    return {w: int(n) for w, n in rows if n}
+
+
+def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS) -> dict:
+    """Dask's task stream: ``mode="bars"`` with one bar per recorded startstop
+    (``bars``: worker, row, key, prefix, action, start, stop, erred) and ``rows``
+    (one per worker thread, "worker #thread"), or ``mode="binned"`` (see the module
+    docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
+
+    Rows: Dask draws a task on the thread that ran it; plugins are not told the
+    thread, so each worker's tasks are packed onto the fewest rows where their
+    compute intervals do not overlap -- as many rows as the worker ran tasks at once.
+    """
+    where, p = _where(scope, time_column="", span=True)
+    p.update(t0=scope.t0, t1=scope.t1)
+    base = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss {where} "
+            "AND source = 'scheduler' AND ss.stop >= toDateTime64({t0:Float64}, 6, 'UTC') "
+            "AND ss.start <= toDateTime64({t1:Float64}, 6, 'UTC')")
+    _, counted = backend.query(f"SELECT count(), countIf(ss.action = 'compute') {base}", p)
+    n_bars, n_compute = counted[0]
+    out: dict[str, Any] = {"bars_recorded": n_bars, "computes_recorded": n_compute,
+                           "max_bars": max_bars}
+    if n_bars <= max_bars:
+        _, rows = backend.query(
+            "SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
+            f"ss.source, finish = 'erred', toFloat64(ts) {base} ORDER BY worker, ts, key", p)
+        out.update(mode="bars", **_lay_out(rows))
+        return out
+    # Binned: per worker and bucket, busy seconds per prefix (or action), then the
+    # dominant one and the total, all in ClickHouse.
+    p.update(w=scope.bucket, n=BUCKETS)
+    _, cells = backend.query(
+        "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes) FROM ("
+        " SELECT worker, what, b, sum(least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
+        "   - greatest(s, {t0:Float64} + b * {w:Float64})) AS busy, "
+        "   countIf(is_compute AND b = first_b) AS computes FROM ("
+        "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
+        "   ss.action = 'compute' AS is_compute, "
+        "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
+        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:UInt32} - 1)) AS first_b, "
+        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:UInt32} - 1)) AS last_b "
+        f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
+        " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
+    threads = _nthreads(backend, scope)
+    workers = sorted({c[0] for c in cells})
+    peak = defaultdict(float)
+    for worker, _, busy, _, _ in cells:
+        peak[worker] = max(peak[worker], busy / scope.bucket)
+    out.update(mode="binned", bucket=scope.bucket, rows=workers, cells=[
+        {"worker": worker, "row": workers.index(worker), "start": scope.t0 + b * scope.bucket,
+         "stop": scope.t0 + (b + 1) * scope.bucket,
+         "busy": min(1.0, busy / scope.bucket / max(threads.get(worker) or peak[worker], 1e-9)),
+         "prefix": what, "tasks": computes}
+        for worker, b, busy, what, computes in cells
+    ])
+    return out
+
+
+def _lay_out(rows: list[tuple]) -> dict:
+    """Assign each task to a thread row of its worker (see :func:`task_stream`)."""
+    per_task: dict[tuple, list] = {}
+    for worker, key, prefix, action, start, stop, source, erred, ts in rows:
+        per_task.setdefault((worker, key, ts), []).append((action, start, stop, source, prefix, erred))
+    by_worker: dict[str, list] = defaultdict(list)
+    for (worker, key, ts), actions in per_task.items():
+        compute = [a for a in actions if a[0] == "compute"] or actions
+        start = min(a[1] for a in compute)
+        stop = max(a[2] for a in compute)
+        by_worker[worker].append((start, stop, key, actions))
+    row_names, bars = [], []
+    for worker in sorted(by_worker):
+        tasks = sorted(by_worker[worker], key=lambda t: (t[0], t[1]))
+        lanes_end: list[float] = []
+        first = len(row_names)
+        for start, stop, key, actions in tasks:
+            lane = _free_lane(lanes_end, start)
+            if lane is None:
+                lane = len(lanes_end)
+                lanes_end.append(stop)
+            else:
+                lanes_end[lane] = stop
+            for action, a_start, a_stop, source, prefix, erred in actions:
+                bars.append({"worker": worker, "row": first + lane, "key": key, "prefix": prefix,
+                             "action": action, "start": a_start, "stop": a_stop,
+                             "source": source or "", "erred": bool(erred)})
+        row_names += [f"{worker} #{i}" for i in range(len(lanes_end))]
+    return {"rows": row_names, "bars": bars}
+
+
+def _free_lane(lanes_end: list[float], start: float) -> int | None:
+    """The lowest lane whose last task ended by ``start``."""
+    for i, end in enumerate(lanes_end):
+        if end <= start:
+            return i
+    return None
+
+
+def _top(totals: dict[str, float], n: int) -> list[str]:
+    return sorted(totals, key=lambda k: (-totals[k], k))[:n]
+
+
+def progress(backend: Backend, scope: Scope) -> dict:
+    """Per prefix, over time: the fraction of its tasks finished (in memory or
+    erred), like Dask's progress bars. ``times`` are bucket ends; ``series`` maps
+    prefix -> fractions; ``totals`` the prefix's distinct keys."""
+    where, p = _where(scope)
+    p.update(w=scope.bucket, t0=scope.t0)
+    _, rows = backend.query(
+        "SELECT prefix, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, count() "
+        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
+        "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
+    _, totals_rows = backend.query(
+        f"SELECT prefix, uniqExact(key) FROM {_t(backend, 'transitions')} {where} "
+        "AND source = 'scheduler' GROUP BY prefix", p)
+    totals = {prefix or "(none)": n for prefix, n in totals_rows}
+    shown = _top(totals, TOP_PREFIXES)
+    label = {prefix: prefix if prefix in shown else "other" for prefix in totals}
+    n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
+    counts: dict[str, list[float]] = {}
+    for prefix, b, c in rows:
+        name = label.get(prefix or "(none)", "other")
+        counts.setdefault(name, [0.0] * n)[min(b, n - 1)] += c
+    grouped_totals = defaultdict(int)
+    for prefix, total in totals.items():
+        grouped_totals[label[prefix]] += total
+    series = {}
+    for name, per_bucket in counts.items():
+        done, out = 0.0, []
+        for c in per_bucket:
+            done += c
+            out.append(min(1.0, done / max(grouped_totals[name], 1)))
+        series[name] = out
+    return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)],
+            "series": dict(sorted(series.items(), key=lambda kv: -grouped_totals[kv[0]])),
+            "totals": dict(grouped_totals)}
+
+
+def task_states(backend: Backend, scope: Scope) -> dict:
+    """Tasks in each state over time, from the transitions themselves (each one
+    moves a task from ``start`` to ``finish``): exact, and available without
+    scheduler metrics. A window starting mid-run starts from the states at its start."""
+    where, p = _where(scope, time_column="")
+    p.update(w=scope.bucket, t0=scope.t0, t1=scope.t1, states=list(STATES))
+    _, rows = backend.query(
+        "SELECT state, if(toFloat64(ts) < {t0:Float64}, -1, "
+        "toInt64(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64}))) AS b, sum(delta) FROM ("
+        f"SELECT ts, arrayJoin([(finish, 1), (start, -1)]) AS move, move.1 AS state, move.2 AS delta "
+        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
+        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')) "
+        "WHERE state IN {states:Array(String)} GROUP BY state, b ORDER BY b", p)
+    n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
+    base: dict[str, int] = defaultdict(int)
+    deltas: dict[str, list[int]] = {}
+    for state, b, d in rows:
+        if b < 0:
+            base[state] += d
+        else:
+            deltas.setdefault(state, [0] * n)[min(b, n - 1)] += d
+    series = {}
+    for state in STATES:
+        if state not in deltas and not base.get(state):
+            continue
+        level, out = base.get(state, 0), []
+        for d in deltas.get(state, [0] * n):
+            level += d
+            out.append(level)
+        series[state] = out
+    return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)], "series": series}
+
+
+def markers(backend: Backend, scope: Scope) -> dict:
+    """Worker deaths (removals Dask did not expect, or that lost running tasks) and
+    cluster restarts, to mark on every time axis; worker arrivals after the start."""
+    _, rows = backend.query(
+        "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
+        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+        "AND action IN ('worker_removed', 'restart', 'worker_added') ORDER BY ts",
+        {"c": scope.cluster_id})
+    deaths, restarts, arrivals = [], [], []
+    first = rows[0][0] if rows else 0.0
+    for ts, action, worker, reason, stimulus_id, detail in rows:
+        if action == "restart":
+            restarts.append({"ts": ts})
+        elif action == "worker_added":
+            if ts > first + 1.0:
+                arrivals.append({"ts": ts, "worker": worker})
+        else:
+            try:
+                info = json.loads(detail) if detail else {}
+            except ValueError:
+                info = {}
+            info = info if isinstance(info, dict) else {}
+            if info.get("expected") is False or (info.get("processing_tasks") or 0) > 0:
+                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id,
+                               "processing_tasks": info.get("processing_tasks") or 0})
+    return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
+
+
+def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
+    """Worker memory over time from the worker metrics, averaged per bucket:
+    ``cluster`` (managed/unmanaged/spilled summed over workers) and ``workers``
+    (the same per worker, for the :data:`MEMORY_WORKERS` shown: dead workers first,
+    then by peak memory), ``n_workers`` in all."""
+    where, p = _where(scope, span=False)
+    p.update(w=scope.bucket, t0=scope.t0)
+    _, rows = backend.query(
+        "SELECT worker, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, "
+        "avg(ifNull(memory_managed, 0)), avg(ifNull(memory_unmanaged, ifNull(memory, 0))), "
+        "avg(ifNull(memory_spilled, 0)) "
+        f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b ORDER BY worker, b", p)
+    series: dict[str, dict[str, list]] = {}
+    cluster: dict[int, list[float]] = {}
+    for worker, b, managed, unmanaged, spilled in rows:
+        s = series.setdefault(worker, {"times": [], "managed": [], "unmanaged": [], "spilled": []})
+        s["times"].append(scope.t0 + (b + 0.5) * scope.bucket)
+        s["managed"].append(managed)
+        s["unmanaged"].append(unmanaged)
+        s["spilled"].append(spilled)
+        c = cluster.setdefault(b, [0.0, 0.0, 0.0])
+        c[0] += managed
+        c[1] += unmanaged
+        c[2] += spilled
+    peak = {w: max(m + u for m, u in zip(s["managed"], s["unmanaged"])) for w, s in series.items()}
+    dead = [w for w in (dead or []) if w in series]
+    chosen = dead + [w for w in sorted(peak, key=lambda w: -peak[w]) if w not in dead]
+    chosen = chosen[:max(MEMORY_WORKERS, len(dead))]
+    order = sorted(cluster)
+    return {
+        "n_workers": len(series),
+        "cluster": {"times": [scope.t0 + (b + 0.5) * scope.bucket for b in order],
+                    "managed": [cluster[b][0] for b in order],
+                    "unmanaged": [cluster[b][1] for b in order],
+                    "spilled": [cluster[b][2] for b in order]},
+        "workers": {w: series[w] for w in chosen},
+    }
+
+
+def spans(backend: Backend, scope: Scope) -> dict:
+    """The span tree (depth-first) with Dask's numbers: ``task_s`` is Span.duration
+    (seconds of every task action in the tree), ``elapsed_s`` stop - start."""
+    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id)
+    out = []
+    for row in rows:
+        r = dict(zip(columns, row))
+        if scope.span_ids is not None and r["span_id"] not in scope.span_ids:
+            continue
+        out.append({
+            "span_id": r["span_id"], "parent_id": r["parent_id"], "depth": r["depth"],
+            "name": r["name"].strip(), "enqueued": _ts(r["enqueued"]), "start": _ts(r["start"]),
+            "stop": _ts(r["stop"]), "elapsed_s": r["elapsed_s"], "task_s": r["task_s"],
+            "tasks": r["tasks"], "nbytes": r["nbytes"], "by_action": r["by_action"] or {},
+            "done": r["done"],
+        })
+    if scope.since is not None or scope.until is not None:
+        out = [s for s in out if (s["stop"] or s["enqueued"] or 0) >= scope.t0
+               and (s["start"] or s["enqueued"] or 0) <= scope.t1]
+    return {"spans": out}
+
+
+def _ts(value) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return value.timestamp() if value.timestamp() > 0 else None
+    return float(value)
+
+
+def fine_metrics(backend: Backend, scope: Scope) -> dict:
+    """Dask's fine performance metrics: seconds (and bytes) per activity and prefix,
+    as the spans rolled them up (``Span.cumulative_worker_metrics`` of the top spans
+    of the scope), or summed from the workers' digests when no span state was
+    recorded. ``execute``: {prefix: {activity: seconds}}; ``other``: rows of
+    (context, activity, unit, value) outside task execution."""
+    p: dict[str, Any] = {"c": scope.cluster_id}
+    if scope.span_ids is None:
+        top = f"parent_id = '' OR parent_id NOT IN (SELECT span_id FROM {_t(backend, 'span_state')} " \
+              "WHERE cluster_id = {c:String})"
+    else:
+        top = "span_id IN {ids:Array(String)} AND parent_id NOT IN {ids:Array(String)}"
+        p["ids"] = scope.span_ids
+    _, rows = backend.query(
+        "SELECT m.context, m.prefix, m.activity, m.unit, sum(m.value) "
+        f"FROM {_t(backend, 'span_state')} FINAL ARRAY JOIN cumulative_worker_metrics AS m "
+        f"WHERE cluster_id = {{c:String}} AND ({top}) "
+        "GROUP BY m.context, m.prefix, m.activity, m.unit", p)
+    source = "spans"
+    if not rows:
+        where, p = _where(scope)
+        _, rows = backend.query(
+            "SELECT context, prefix, activity, unit, sum(value) "
+            f"FROM {_t(backend, 'worker_digests')} {where} GROUP BY context, prefix, activity, unit", p)
+        source = "worker_digests"
+    execute: dict[str, dict[str, float]] = defaultdict(dict)
+    other = []
+    for context, prefix, activity, unit, value in rows:
+        if context == "execute" and unit == "seconds":
+            execute[prefix or "(none)"][activity] = execute[prefix or "(none)"].get(activity, 0.0) + value
+        else:
+            other.append({"context": context, "prefix": prefix, "activity": activity,
+                          "unit": unit, "value": value})
+    other.sort(key=lambda r: (r["context"], r["unit"], -r["value"]))
+    return {"source": source if rows else None, "execute": dict(execute), "other": other}
+
+
+def failures(backend: Backend, scope: Scope) -> dict:
+    """:func:`queries.failures` for the cluster and window: erred tasks with their
+    exceptions, dead workers with the tasks they ran, last metrics and log lines."""
+    result = queries.failures(backend, cluster=scope.cluster_id, since=scope.since,
+                              until=scope.until)
+    out = {name: [dict(zip(columns, row)) for row in rows] for name, (columns, rows) in result.items()}
+    if scope.span_ids is not None:
+        _, in_span = backend.query(
+            f"SELECT DISTINCT key FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
+            "AND span_id IN {ids:Array(String)} AND finish = 'erred'",
+            {"c": scope.cluster_id, "ids": scope.span_ids})
+        keys = {k for k, in in_span}
+        out["erred_tasks"] = [r for r in out["erred_tasks"] if r["key"] in keys]
+    return out
+
+
+def logs(backend: Backend, scope: Scope, level: str | None = None, worker: str | None = None,
+         text: str | None = None, limit: int = 500) -> dict:
+    """The newest ``limit`` log records in the window (oldest first), with the total
+    matching count and the processes seen (for the worker filter). ``level`` keeps
+    that level and above; ``worker`` a process (worker or scheduler address);
+    ``text`` a case-insensitive substring of the message."""
+    where, p = _where(scope, span=False)
+    if level:
+        level = level.upper()
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+        where += " AND level IN {levels:Array(String)}"
+        p["levels"] = list(LEVELS[LEVELS.index(level):])
+    if worker:
+        where += " AND process = {worker:String}"
+        p["worker"] = worker
+    if text:
+        where += " AND positionCaseInsensitiveUTF8(concat(message, ' ', exc_text), {text:String}) > 0"
+        p["text"] = text
+    p["limit"] = int(limit)
+    _, rows = backend.query(
+        "SELECT toFloat64(ts), level, source, process, logger, message, exc_text "
+        f"FROM {_t(backend, 'logs')} {where} ORDER BY ts DESC, seq DESC, idx DESC "
+        "LIMIT {limit:UInt32}", p)
+    _, counted = backend.query(f"SELECT count() FROM {_t(backend, 'logs')} {where}", p)
+    _, processes = backend.query(
+        f"SELECT DISTINCT process FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
+        "AND process != '' ORDER BY process", {"c": scope.cluster_id})
+    return {
+        "total": counted[0][0], "limit": limit, "processes": [r[0] for r in processes],
+        "filters": {"level": level, "worker": worker, "text": text},
+        "lines": [{"ts": ts, "level": lv, "source": src, "process": proc, "logger": lg,
+                   "message": msg, "exc_text": exc} for ts, lv, src, proc, lg, msg, exc in reversed(rows)],
+    }
+
+
+def span_names(backend: Backend, scope: Scope) -> list[str]:
+    """The '/'-joined names of the cluster's spans, for the span picker."""
+    _, rows = backend.query(
+        f"SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {_t(backend, 'spans')} "
+        "WHERE cluster_id = {c:String} ORDER BY n", {"c": scope.cluster_id})
+    return [r[0] for r in rows]
+
+
+#: The Run page's panels, by the name the JSON API serves them under.
+RUN_PANELS = {
+    "summary": summary, "task_stream": task_stream, "progress": progress,
+    "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
+    "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
+}
+
+
+def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
+             until: TimeBound = None, level: str | None = None, worker: str | None = None,
+             text: str | None = None, max_bars: int = MAX_BARS) -> dict:
+    """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
+    scope = resolve(backend, cluster, span, since, until)
+    marks = markers(backend, scope)
+    return {
+        "scope": scope,
+        "summary": summary(backend, scope),
+        "task_stream": task_stream(backend, scope, max_bars),
+        "progress": progress(backend, scope),
+        "task_states": task_states(backend, scope),
+        "markers": marks,
+        "memory": memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]]),
+        "spans": spans(backend, scope),
+        "fine_metrics": fine_metrics(backend, scope),
+        "failures": failures(backend, scope),
+        "logs": logs(backend, scope, level, worker, text),
+        "span_names": span_names(backend, scope),
+    }
+
+
+# ------------------------------------------------------------- other pages
+
+
+def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
+             until: TimeBound = None, now: float | None = None) -> dict:
+    """Every recorded cluster (``name``: substring of the name or id), with how it
+    ended: "closed" (the scheduler's close was recorded), "alive" (heard from in
+    the last two minutes) or "gone" (neither: killed, or the producer lost), and
+    the workers it lost (removals Dask did not expect)."""
+    import time as _time
+
+    columns, rows = queries.clusters(backend, since=since, until=until)
+    _, ends = backend.query(
+        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0, "
+        "countIf(action = 'worker_removed' AND JSONExtract(detail, 'expected', 'Nullable(Bool)') = false) "
+        f"FROM {_t(backend, 'lifecycle')} GROUP BY cluster_id")
+    end_of = {c: (closed, lost) for c, closed, lost in ends}
+    now = _time.time() if now is None else now
+    out = []
+    for row in rows:
+        r = dict(zip(columns, row))
+        if name and name.lower() not in (r["cluster_name"] + " " + r["cluster_id"]).lower():
+            continue
+        closed, lost = end_of.get(r["cluster_id"], (False, 0))
+        last = _ts(r["last_seen"]) or 0.0
+        status = "closed" if closed else "alive" if now - last < 120 else "gone"
+        out.append({"cluster_name": r["cluster_name"], "cluster_id": r["cluster_id"],
+                    "first_seen": _ts(r["first_seen"]), "last_seen": last, "status": status,
+                    "workers": r["workers"], "tasks": r["tasks"], "errors": r["errors"],
+                    "workers_lost": lost, "workers_removed": r["workers_removed"]})
+    out.sort(key=lambda r: -(r["first_seen"] or 0))
+    return {"clusters": out}
+
+
+def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
+         log_lines: int = 10) -> dict:
+    """One task: its story (scheduler and worker transitions), and around each
+    transition on a worker that worker's nearest metric samples and its log lines
+    within ``window`` seconds; its dependencies and dependents from the recorded
+    graph; where it ran and, if it erred, its exception."""
+    cluster_id, cluster_name, _ = _cluster(backend, cluster)
+    columns, rows = queries.story(backend, key, cluster=cluster_id, source=None)
+    if not rows:
+        raise UnknownKey(f"no task {key!r} was recorded in cluster {cluster_name} ({cluster_id})")
+    _, detail_rows = backend.query(
+        "SELECT toFloat64(ts), start, finish, prefix, task_group, span_id, worker, nbytes, typename, "
+        "exception, traceback, cause, startstops.action, startstops.start, startstops.stop "
+        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} AND key = {{k:String}} "
+        "AND source = 'scheduler' ORDER BY ts, seq, idx", {"c": cluster_id, "k": key})
+    prefix = next((r[3] for r in detail_rows if r[3]), "")
+    span_id = next((r[5] for r in detail_rows if r[5]), "")
+    group = next((r[4] for r in detail_rows if r[4]), "")
+    errors = [{"ts": r[0], "exception": r[9], "traceback": r[10], "cause": r[11]}
+              for r in detail_rows if r[2] == "erred"]
+    actions = [{"ts": r[0], "action": a, "start": s.timestamp() if hasattr(s, "timestamp") else s,
+                "stop": e.timestamp() if hasattr(e, "timestamp") else e, "worker": r[6]}
+               for r in detail_rows for a, s, e in zip(r[12], r[13], r[14])]
+    _, producers = backend.query(
+        f"SELECT DISTINCT worker, producer_id FROM {_t(backend, 'worker_metrics')} "
+        "WHERE cluster_id = {c:String}", {"c": cluster_id})
+    producers_of = defaultdict(list)
+    for w, prod in producers:
+        producers_of[w].append(prod)
+    story = []
+    for row in rows:
+        r = dict(zip(columns, row))
+        entry = {k: r[k] for k in ("start", "finish", "stimulus_id", "ts", "worker", "source")}
+        worker = r["worker"]
+        if worker:
+            p = {"c": cluster_id, "w": worker, "t": r["ts"], "win": window}
+            mcols, samples = backend.query(
+                "SELECT toFloat64(ts) AS t, memory, memory_managed, memory_unmanaged, memory_spilled, "
+                "cpu, executing, ready, in_flight "
+                f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
+                "AND worker = {w:String} AND toFloat64(ts) BETWEEN {t:Float64} - 5 * {win:Float64} "
+                "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2", p)
+            entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
+            p["prods"] = producers_of.get(worker, [])
+            _, lines = backend.query(
+                "SELECT toFloat64(ts), level, logger, message FROM "
+                f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
+                "AND (process = {w:String} OR producer_id IN {prods:Array(String)}) "
+                "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {t:Float64} + {win:Float64} "
+                "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
+            entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
+        story.append(entry)
+    _, deps = backend.query(
+        f"SELECT dependencies FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
+        "AND key = {k:String} ORDER BY ts DESC LIMIT 1", {"c": cluster_id, "k": key})
+    _, dependents = backend.query(
+        f"SELECT DISTINCT key FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
+        "AND has(dependencies, {k:String}) ORDER BY key LIMIT 500", {"c": cluster_id, "k": key})
+    span_name = ""
+    if span_id:
+        _, names = backend.query(
+            f"SELECT any(name) FROM {_t(backend, 'spans')} WHERE cluster_id = {{c:String}} "
+            "AND span_id = {s:String}", {"c": cluster_id, "s": span_id})
+        span_name = "/".join(names[0][0]) if names and names[0][0] else ""
+    return {"cluster_id": cluster_id, "cluster_name": cluster_name, "key": key, "prefix": prefix,
+            "group": group, "span_id": span_id, "span": span_name, "story": story,
+            "actions": actions, "errors": errors,
+            "dependencies": list(deps[0][0]) if deps else [],
+            "dependents": [r[0] for r in dependents]}
+
+
+def compare(backend: Backend, span: str, cluster: str | None = None, since: TimeBound = None,
+            until: TimeBound = None) -> dict:
+    """:func:`queries.compare`: the span ``span`` in every run and cluster, side by
+    side. ``runs`` are the column labels; ``metrics`` maps a metric to one value per
+    run."""
+    if not span:
+        raise NotFound("no span name given: pass span=NAME")
+    try:
+        columns, rows = queries.compare(backend, span, cluster=cluster, since=since, until=until)
+    except UnknownCluster as e:
+        raise NotFound(str(e)) from None
+    if not rows:
+        where = f" in cluster {cluster}" if cluster else ""
+        raise UnknownSpan(f"no span named {span!r} was recorded{where}")
+    return {"span": span, "runs": columns[1:],
+            "metrics": {row[0]: list(row[1:]) for row in rows}}

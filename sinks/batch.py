@@ -1,0 +1,287 @@
+"""A :class:`Batch`: Kafka messages turned into rows of every table, ready to load.
+
+Each message is decoded and converted as it is added: raw envelopes become a row of
+``envelopes`` and rows of one table per event kind (sinks.events), derived records
+one row each (sinks.records). Every value is checked on the way (types, ranges,
+plausible timestamps), so what ClickHouse receives is well typed.
+
+Nothing a producer or processor publishes can stop the sink. Before anything is
+decoded, a message larger than :data:`MAX_MESSAGE_BYTES` or nested deeper than
+``sinks.checks.MAX_DEPTH`` is a dead letter. After that, whatever fails (a check, or
+anything unforeseen in a converter) becomes a ``dead_letters`` row naming the message
+(topic, partition, offset), the event (its index and kind), the field and the
+problem; the rest of the message is still loaded, and so is every later message.
+
+A raw envelope takes one of two paths. The typed path decodes it with msgspec into
+structs whose field types are the checks (sinks.typed), so that decoding and checking
+are one pass in C, and converts each kind's events a column at a time: this is what
+makes the sink fast, and what producers' envelopes take. Anything irregular (a wrong
+type, an unknown kind, a bad value) sends the whole envelope down the checked path
+instead: decoded with orjson and converted event by event, value by value, to find
+out which event is wrong and why. Both give the same rows for what both accept.
+"""
+
+from __future__ import annotations
+
+import itertools
+import operator
+import time
+import zlib
+from typing import Any
+
+import msgspec
+import orjson
+
+from dask_blackbox import contract
+from dask_blackbox.sinks import checks
+from dask_blackbox.sinks.checks import Invalid
+from dask_blackbox.sinks.events import (
+    EVENT_CONVERTERS, EVENT_LAYOUTS, STRUCT_KINDS, decode_envelope, layout_row, typed_columns,
+)
+from dask_blackbox.sinks.records import RECORD_CONVERTERS
+from dask_blackbox.sinks.tables import COLUMNS, Block, Envelope, Message, Ref, TableData
+from dask_blackbox.sinks.typed import Irregular
+
+#: Largest message the sink decodes: twice what a producer sends at most
+#: (contract.MAX_ENVELOPE_BYTES), which also stays under Kafka's default 1 MiB limit.
+MAX_MESSAGE_BYTES = 2 * contract.MAX_ENVELOPE_BYTES
+
+_FINISH = COLUMNS["transitions"].index("finish")
+
+
+def fingerprint(message: Message) -> tuple[int, int]:
+    """(Kafka timestamp, CRC-32 of the value): what identifies a message beyond its
+    offset, which a new broker incarnation reuses."""
+    return message.timestamp, zlib.crc32(message.value)
+
+
+def _raw_text(message: Message) -> str:
+    return message.value[:4 * contract.DEAD_LETTER_PAYLOAD_MAX].decode("utf-8", "replace")[
+        :contract.DEAD_LETTER_PAYLOAD_MAX]
+
+
+def _event_text(event: Any, message: Message) -> str:
+    """An event as a dead letter's payload: its JSON, or (when it cannot be written
+    back as JSON) the whole message's text."""
+    try:
+        return checks.json_text(event)[:contract.DEAD_LETTER_PAYLOAD_MAX]
+    except (orjson.JSONEncodeError, RecursionError, TypeError, ValueError):
+        return _raw_text(message)
+
+
+def payload_of(message: Message, event: int | None) -> str:
+    """The text to keep in a dead letter for ``message`` / its event ``event``."""
+    if event is not None and len(message.value) <= MAX_MESSAGE_BYTES \
+            and not checks.too_deep(message.value):
+        try:
+            decoded = orjson.loads(message.value)
+            items = decoded["events"] if type(decoded) is dict else decoded
+            return _event_text(items[event], message)
+        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+            pass
+    return _raw_text(message)
+
+
+def _unforeseen(e: BaseException) -> str:
+    """The reason of a dead letter for an error no check foresaw."""
+    return f"the sink could not convert it ({type(e).__name__}: {str(e)[:300]})"
+
+
+class Batch:
+    """Messages the sink loads and commits together, already converted to rows.
+
+    ``positions`` maps ``(kafka_topic, partition)`` to the offset after the last
+    message added: what gets committed once the batch is loaded. ``firsts`` holds the
+    Kafka timestamp and value CRC-32 of each partition's first message: the
+    fingerprint that tells one broker incarnation's offsets from another's.
+    """
+
+    def __init__(self) -> None:
+        self.tables: dict[str, TableData] = {name: TableData(name) for name in COLUMNS}
+        #: Arrow tables built ahead of loading, per table (see Loader.prepare).
+        self.arrow: dict = {}
+        self.positions: dict[tuple[str, int], int] = {}
+        self.firsts: dict[tuple[str, int], tuple[int, int]] = {}
+        self.n_messages = 0
+        #: Raw messages the typed path refused, converted event by event instead.
+        self.n_checked = 0
+
+    @property
+    def n_rows(self) -> int:
+        return sum(len(t) for t in self.tables.values())
+
+    def add(self, message: Message, now: float | None = None) -> None:
+        """Convert ``message`` into rows (or dead letters) of this batch. Never raises
+        for what the message holds."""
+        now = time.time() if now is None else now
+        self.n_messages += 1
+        tp = (message.kafka_topic, message.partition)
+        if tp not in self.firsts:
+            self.firsts[tp] = fingerprint(message)
+        self.positions[tp] = message.offset + 1
+        if len(message.value) > MAX_MESSAGE_BYTES:
+            self.dead_letter(message, None, f"a message of {len(message.value)} bytes; the sink "
+                             f"decodes at most {MAX_MESSAGE_BYTES}", now)
+            return
+        depth = checks.too_deep(message.value)
+        if depth:
+            self.dead_letter(message, None, f"nested {depth} deep; the sink decodes at most "
+                             f"{checks.MAX_DEPTH} levels of arrays and objects", now)
+            return
+        if message.topic == contract.RAW and self._add_typed(message, now):
+            return
+        try:
+            decoded = orjson.loads(message.value)
+        except orjson.JSONDecodeError as e:
+            self.dead_letter(message, None, f"not JSON: {e}", now)
+            return
+        try:
+            if message.topic == contract.RAW:
+                self.n_checked += 1
+                self._add_envelope(message, decoded, now)
+            else:
+                self._add_records(message, decoded, now)
+        except Exception as e:  # a converter bug must not stop the sink: say so
+            self.dead_letter(message, None, _unforeseen(e), now)
+
+    def dead_letter(self, message: Message, event: int | None, reason: str, now: float,
+                    payload: str | None = None) -> None:
+        """Record that ``message`` (or its event number ``event``) cannot be loaded."""
+        if payload is None:
+            payload = _raw_text(message)
+        self.tables["dead_letters"].append((
+            "sink", message.kafka_topic, message.partition, message.offset, message.key_text(),
+            reason if event is None else f"event {event}: {reason}",
+            payload[:contract.DEAD_LETTER_PAYLOAD_MAX], now,
+        ), (message, event))
+
+    # ------------------------------------------------------------- typed path
+
+    def _add_typed(self, message: Message, now: float) -> bool:
+        """Add the rows of a raw message whose every value has its type, a column at a
+        time. False, with nothing added, when anything in it is irregular (a wrong
+        type, an unknown kind, not JSON, ...): the checked path finds out what."""
+        try:
+            wire = decode_envelope(message.value)
+            env = Envelope(wire.cluster_id, wire.source, wire.producer_id, wire.seq)
+            converted = list(self._typed_rows(message, env, wire.events, now))
+        # Whatever goes wrong (msgspec's ValidationError; orjson.JSONEncodeError, since
+        # msgspec reads integers of any size that orjson cannot write back; anything
+        # unforeseen), the checked path, event by event, finds out what and says so.
+        except Exception:
+            return False
+        finishes: Any = ()
+        for table, data, refs in converted:
+            self._put(table, data, refs)
+            if table == "transitions" and type(data) is Block:
+                finishes = data.columns[_FINISH]
+        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, len(wire.events),
+                               finishes)
+        return True
+
+    @staticmethod
+    def _typed_rows(message: Message, env: Envelope, events: list, now: float):
+        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time."""
+        kinds = list(map(type, events))
+        distinct = set(kinds)
+        for struct in distinct:
+            kind = STRUCT_KINDS[struct]
+            if len(distinct) == 1:
+                indexes, selected = list(range(len(events))), events
+            else:
+                mask = list(map(operator.is_, kinds, itertools.repeat(struct)))
+                indexes = list(itertools.compress(range(len(events)), mask))
+                selected = list(itertools.compress(events, mask))
+            if kind in EVENT_LAYOUTS:
+                columns = typed_columns(kind, env, selected, indexes, now)
+                yield (EVENT_LAYOUTS[kind][0], Block(columns, len(indexes)),
+                       list(zip(itertools.repeat(message), indexes)))
+                continue
+            for idx, event in zip(indexes, selected):
+                yield from _converted(kind, message, env, msgspec.structs.asdict(event), idx, now)
+
+    def _put(self, table: str, data, refs) -> None:
+        """Add a row (``refs``: its reference) or a Block (a reference per row)."""
+        if type(data) is Block:
+            self.tables[table].extend(data.columns, refs)
+        else:
+            self.tables[table].append(data, refs)
+
+    def _add_envelope_row(self, message: Message, env: Envelope, cluster_name: str,
+                          sent_at: float, n_events: int, finishes) -> None:
+        self.tables["envelopes"].append((
+            env.cluster_id, cluster_name, env.source, env.producer_id, env.seq, sent_at,
+            n_events, len(message.value), len(finishes),
+            finishes.count("memory"), finishes.count("erred"), message.partition, message.offset,
+        ), (message, None))
+
+    # ----------------------------------------------------------- checked path
+
+    def _add_envelope(self, message: Message, decoded: Any, now: float) -> None:
+        """An envelope event by event: what cannot be loaded becomes a dead letter
+        that says why, and the rest is loaded."""
+        try:
+            envelope = contract.validate_envelope(decoded)
+            env = Envelope(envelope["cluster_id"], envelope["source"], envelope["producer_id"],
+                           checks.count(envelope["seq"], "seq"))
+            sent_at = checks.time_(envelope["sent_at"], "sent_at")
+            cluster_name = checks.text(envelope["cluster_name"], "cluster_name")
+        except (contract.InvalidEnvelope, Invalid) as e:
+            self.dead_letter(message, None, str(e), now)
+            return
+        events = envelope["events"]
+        finishes = []
+        for idx, event in enumerate(events):
+            kind = event["kind"]
+            if type(kind) is not str:
+                self.dead_letter(message, idx, f"kind: expected a string, got {type(kind).__name__}",
+                                 now, _event_text(event, message))
+                continue
+            if kind == contract.TRANSITION:
+                finishes.append(event.get("finish"))
+            try:
+                if kind in EVENT_LAYOUTS:
+                    table, layout = EVENT_LAYOUTS[kind]
+                    self.tables[table].append(layout_row(layout, env, event, idx, now), (message, idx))
+                elif kind in EVENT_CONVERTERS:
+                    for table, data, refs in list(_converted(kind, message, env, event, idx, now)):
+                        self._put(table, data, refs)
+                else:
+                    self.dead_letter(message, idx, f"unknown event kind {kind[:100]!r}", now,
+                                     _event_text(event, message))
+            except Invalid as e:
+                self.dead_letter(message, idx, f"{kind}: {e}", now, _event_text(event, message))
+            except Exception as e:  # a converter bug must not stop the sink: say so
+                self.dead_letter(message, idx, f"{kind}: {_unforeseen(e)}", now,
+                                 _event_text(event, message))
+        self._add_envelope_row(message, env, cluster_name, sent_at, len(events), finishes)
+
+    def _add_records(self, message: Message, decoded: Any, now: float) -> None:
+        conv = RECORD_CONVERTERS[message.topic]
+        records = decoded if type(decoded) is list else [decoded]
+        for i, record in enumerate(records):
+            event = i if type(decoded) is list else None
+            if type(record) is not dict:
+                self.dead_letter(message, event, f"a {message.topic} record must be an object", now)
+                continue
+            try:
+                missing = [f for f in conv.required if record.get(f) is None]
+                if missing:
+                    raise Invalid(f"lacks field(s) {', '.join(missing)}")
+                converted = list(conv.convert(record, now))
+            except Invalid as e:
+                self.dead_letter(message, event, f"{message.topic}: {e}", now)
+                continue
+            except Exception as e:  # a converter bug must not stop the sink: say so
+                self.dead_letter(message, event, f"{message.topic}: {_unforeseen(e)}", now)
+                continue
+            for table, row in converted:
+                self.tables[table].append(row, (message, event))
+
+
+def _converted(kind: str, message: Message, env: Envelope, event: dict, idx: int, now: float):
+    """(table, row or Block, reference or references) of event ``idx`` of a kind in
+    EVENT_CONVERTERS; raises Invalid."""
+    ref: Ref = (message, idx)
+    for table, row in EVENT_CONVERTERS[kind].convert(env, event, now):
+        yield table, row, ([ref] * row.n_rows if type(row) is Block else ref)
