@@ -19,6 +19,7 @@ import pandas as pd
 from distributed import Client, LocalCluster, span
 
 from dask_blackbox import config
+from dask_blackbox.cli.formatting import working
 from dask_blackbox.cli.supervisor import LocalPipeline, running_pipeline, wait_drained
 
 
@@ -104,7 +105,9 @@ def run(timeout: float = 120.0, progress=print) -> int:
             failed_key = _record("demo-bob", bob)
         progress(f"      both clusters ran and shut down in {time.monotonic() - t0:.1f}s")
         progress("[3/4] waiting until the pipeline has loaded everything into ClickHouse")
-        if not wait_drained(timeout):
+        with working("loading into ClickHouse"):
+            drained = wait_drained(timeout)
+        if not drained:
             progress("      warning: not fully drained; results may be incomplete")
         progress("[4/4] what ClickHouse knows, with both clusters gone:\n")
         backend = queries.connect()

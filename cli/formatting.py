@@ -21,8 +21,9 @@ import io
 import json
 import math
 import os
+import contextlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from dask.utils import format_bytes
 from rich import box
@@ -275,3 +276,14 @@ def print_result(result, fmt: str) -> None:
             print()
     else:
         print(render(*result, fmt))
+
+
+@contextlib.contextmanager
+def working(what: str) -> Iterator[None]:
+    """A spinner saying ``what`` is going on, on a terminal's stderr while the block
+    runs (nothing when stderr is not a terminal, so output stays clean for programs)."""
+    if not sys.stderr.isatty():
+        yield
+        return
+    with Console(stderr=True).status(what):
+        yield

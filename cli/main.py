@@ -23,7 +23,7 @@ import sys
 import dask.config
 
 from dask_blackbox import config
-from dask_blackbox.cli.formatting import FORMATS, print_result
+from dask_blackbox.cli.formatting import FORMATS, print_result, working
 
 # Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
 _QUERY_COMMANDS = {
@@ -136,19 +136,20 @@ def apply_settings(args: argparse.Namespace) -> None:
 def _run_query_command(args: argparse.Namespace) -> int:
     from dask_blackbox.read import queries
 
-    backend = queries.connect()
-    filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
-    if args.command == "story":
-        result = queries.story(backend, args.key, source=None if args.source == "all"
-                               else args.source, **filters)
-    elif args.command == "spans":
-        result = queries.spans(backend, tree=args.tree, **filters)
-    elif args.command == "prefixes":
-        result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
-    elif args.command == "compare":
-        result = queries.compare(backend, args.span_name, **filters)
-    else:
-        result = getattr(queries, args.command)(backend, **filters)
+    with working(f"dask-blackbox {args.command}: reading ClickHouse"):
+        backend = queries.connect()
+        filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
+        if args.command == "story":
+            result = queries.story(backend, args.key, source=None if args.source == "all"
+                                   else args.source, **filters)
+        elif args.command == "spans":
+            result = queries.spans(backend, tree=args.tree, **filters)
+        elif args.command == "prefixes":
+            result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
+        elif args.command == "compare":
+            result = queries.compare(backend, args.span_name, **filters)
+        else:
+            result = getattr(queries, args.command)(backend, **filters)
     print_result(result, args.format)
     return 0
 
