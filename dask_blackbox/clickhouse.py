@@ -57,13 +57,9 @@ class ClickHouseUnavailable(ConnectionError):
     """ClickHouse cannot be opened or reached; the message says why and where."""
 
 
-def redact(dsn: str) -> str:
-    """The DSN without its password, for messages."""
-    parsed = urlparse(dsn)
-    if parsed.password is None:
-        return dsn
-    netloc = f"{parsed.username}:***@{parsed.hostname}" + (f":{parsed.port}" if parsed.port else "")
-    return urlunparse(parsed._replace(netloc=netloc))
+#: The DSN without its password, for messages: :func:`dask_blackbox.config.redact`,
+#: the one redaction function.
+redact = config.redact
 
 
 def chdb_owner(directory: pathlib.Path) -> str | None:

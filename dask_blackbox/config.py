@@ -96,11 +96,12 @@ def topic(name: str) -> str:
 # ------------------------------------------------------------------ secrets
 
 _SECRET_PATTERNS = (
-    # scheme://user:password@host
-    (re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^@\s]*)(?P<post>@)"), "***"),
-    # password=..., token=..., secret=... in query strings, key=value text and JSON
-    (re.compile(r"(?P<pre>(?:password|passwd|pwd|token|secret|sasl[-_]password)\"?\s*[=:]\s*\"?)"
-                r"(?P<secret>[^&\s\",}]+)(?P<post>)", re.I), "***"),
+    # scheme://user:password@host (up to the last @ of the authority)
+    (re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^\s/?#]*)(?P<post>@)"), "***"),
+    # password=..., token=..., secret=... in query strings, key=value text and JSON;
+    # a quoted value is hidden whole
+    (re.compile(r"(?P<pre>(?:password|passwd|pwd|token|secret|sasl[-_]password)[\"']?\s*[=:]\s*)"
+                r"(?P<secret>\"[^\"]*\"?|'[^']*'?|[^&\s\",'}]+)(?P<post>)", re.I), "***"),
 )
 
 
@@ -317,21 +318,22 @@ def clickhouse_dsn() -> str:
         return f"chdb://{data_dir() / 'clickhouse'}"
     dsn = str(dsn)
     parsed = urlparse(dsn)
+    shown = redact(dsn)  # error messages never echo the password
     if parsed.scheme not in _DSN_SCHEMES:
         raise ConfigError(
-            f"blackbox.clickhouse.dsn: {dsn!r} must start with one of "
+            f"blackbox.clickhouse.dsn: {shown!r} must start with one of "
             + ", ".join(s + "://" for s in _DSN_SCHEMES)
         )
     if parsed.scheme == "chdb":
         if not (parsed.netloc or parsed.path):
-            raise ConfigError(f"blackbox.clickhouse.dsn: {dsn!r} names no directory")
+            raise ConfigError(f"blackbox.clickhouse.dsn: {shown!r} names no directory")
     else:
         if not parsed.hostname:
-            raise ConfigError(f"blackbox.clickhouse.dsn: {dsn!r} names no host")
+            raise ConfigError(f"blackbox.clickhouse.dsn: {shown!r} names no host")
         try:
             parsed.port
         except ValueError:
-            raise ConfigError(f"blackbox.clickhouse.dsn: {dsn!r} has a bad port") from None
+            raise ConfigError(f"blackbox.clickhouse.dsn: {shown!r} has a bad port") from None
     return dsn
 
 

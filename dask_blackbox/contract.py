@@ -150,14 +150,19 @@ class Transition(Event):
     cause: str | None
 
 
-class GraphTask(TypedDict):
-    """One entry of a graph event's ``tasks``."""
-
+class _GraphTaskBase(TypedDict):
     key: str
     prefix: str | None
     group: str | None
     span_id: str | None
     dependencies: list[str]
+
+
+class GraphTask(_GraphTaskBase, total=False):
+    """One entry of a graph event's ``tasks``. ``dependencies`` is capped like the
+    tasks themselves; ``n_dependencies``, the true count, is sent only when it was."""
+
+    n_dependencies: int
 
 
 class _GraphBase(Event):

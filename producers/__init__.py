@@ -8,8 +8,9 @@ Three ways to attach, following Dask's conventions:
   ``client.register_plugin(BlackboxWorkerPlugin(...))``;
 - :func:`attach` (one call, everything, settings from the client's config).
 
-This package imports only distributed, aiokafka, orjson and ``dask_blackbox``'s
-contract/config/kafka modules: a Dask node needs nothing else.
+This package imports only distributed, aiokafka, orjson (cramjam for compression)
+and ``dask_blackbox``'s contract, config and runfiles modules: a Dask node needs
+nothing else (``tests/test_packaging.py`` runs it in a venv holding just those).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ def attach(client, cluster_name: str | None = None, **overrides: Any) -> dict:
     (``producer={"flush-interval": "50ms"}``); with the client's Dask config they are
     resolved and validated here (a bad one raises
     :class:`~dask_blackbox.config.ConfigError`), then travel inside the plugins.
+    The broker too: with ``blackbox.kafka.bootstrap-servers`` unset, it is that of a
+    running ``dask-blackbox up`` on this process's ``blackbox.data-dir`` (with its
+    topic prefix), else ``127.0.0.1:9092``; the scheduler and workers then publish
+    there whatever their own configuration says.
 
     Idempotent: if the cluster already has the plugins (an earlier ``attach`` or a
     ``--preload``), they are left as they are and keep their settings. Returns an

@@ -4,9 +4,20 @@
 bounded cost and a bounded size: JSON-able values are kept, everything else is
 *described* as ``{"__type__": <qualified type name>, "__size__": <bytes or items>}``,
 strings longer than the budget are cut (:func:`cap_text`), containers stop when the
-budget is spent and say how many items were left out. It never raises and never
-calls ``__repr__``/``__str__`` of arbitrary objects (they may raise, hang or be huge);
-only exceptions get their text, guarded.
+budget is spent and say how many items were left out. It never raises.
+
+It runs none of the value's own code. Every decision is taken on ``type(obj)``
+(``issubclass``, never ``isinstance``, which reads ``obj.__class__``); subclasses of
+the builtin types are read through the builtin's own methods (``dict.items``,
+``str.__str__``, ...), so an overridden ``__getattr__``, ``__class__``, ``__iter__``,
+``__len__``, ``__repr__`` or ``__sizeof__`` is never called. The exceptions, on
+purpose: an exception's text (``str``, guarded), numpy scalars (``item()``) and the
+``nbytes`` of numpy/pandas objects. Other mappings and iterables are described, not
+walked. A ``datetime``/``time`` is kept only if it is naive or its ``tzinfo`` is a
+``datetime.timezone`` or ``zoneinfo.ZoneInfo`` (orjson calls ``utcoffset``, and a
+raising one can crash the encoder); any other is described with its naive ISO text
+(``"__text__"``). The producers sanitize in their sender thread, never on Dask's
+event loop.
 """
 
 from __future__ import annotations
@@ -15,11 +26,13 @@ import datetime
 import enum
 import logging
 import sys
+import types
 import uuid
-from collections.abc import Mapping
+import zoneinfo
 from typing import Any
 
 import orjson
+from distributed.protocol.serialize import Pickled, Serialized
 
 logger = logging.getLogger(__name__)
 
@@ -34,16 +47,30 @@ _SCALAR_BYTES = 8
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson encodes natively
 
-#: Types orjson encodes natively and that have no size worth capping.
-_NATIVE_ATOMS = (datetime.datetime, datetime.date, datetime.time, uuid.UUID)
+#: Types orjson encodes natively and that have no size worth capping (exact types).
+_NATIVE_ATOMS = frozenset({datetime.date, uuid.UUID})
+#: Exact tzinfo types whose ``utcoffset`` is the standard library's own code.
+_SAFE_TZINFOS = frozenset({datetime.timezone, zoneinfo.ZoneInfo})
+#: Builtin containers walked (their subclasses through these types' own methods).
+_SEQUENCES = (list, tuple, set, frozenset)
+#: Top-level modules whose objects' ``nbytes``/``item()`` are trusted.
+_ARRAY_MODULES = frozenset({"numpy", "pandas", "cupy"})
+#: ``__sizeof__`` implementations that are C code (not a user's Python function).
+_BUILTIN_CALLABLES = (
+    types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
+)
 
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
 def type_name(obj: Any) -> str:
+    """``module.QualifiedName`` of ``type(obj)`` (builtins without a module)."""
     t = type(obj)
-    module = t.__module__
-    return t.__qualname__ if module == "builtins" else f"{module}.{t.__qualname__}"
+    try:
+        module, name = t.__module__, t.__qualname__
+    except Exception:  # a metaclass that refuses: say what we can
+        return "<unknown type>"
+    return name if module == "builtins" else f"{module}.{name}"
 
 
 def cap_text(text: str, max_chars: int) -> str:
@@ -57,32 +84,54 @@ def cap_text(text: str, max_chars: int) -> str:
 def describe(obj: Any) -> dict:
     """``{"__type__", "__size__"}`` for an object that is not encoded: the size is the
     byte length for binary payloads (bytes, ``Serialized``/``Pickled`` frames,
-    arrays), the item count for sized containers, else ``sys.getsizeof``; ``None`` if
-    even that fails. Exceptions also carry their text under ``"__text__"``."""
+    numpy/pandas objects), the item count for builtin containers, else
+    ``sys.getsizeof`` unless the type computes it in Python; ``None`` if it cannot
+    be told safely. Exceptions also carry their text under ``"__text__"``; a
+    datetime or time whose ``tzinfo`` is not known to be safe, its naive ISO text."""
     out: dict[str, Any] = {"__type__": type_name(obj), "__size__": _size_of(obj)}
-    if isinstance(obj, BaseException):
+    t = type(obj)
+    if issubclass(t, BaseException):
         try:
             out["__text__"] = cap_text(str(obj), 1000)
+        except Exception:
+            out["__text__"] = None
+    elif t is datetime.datetime or t is datetime.time:  # replace() of a subclass runs its code
+        try:
+            out["__text__"] = obj.replace(tzinfo=None).isoformat()
         except Exception:
             out["__text__"] = None
     return out
 
 
 def _size_of(obj: Any) -> int | None:
+    t = type(obj)
     try:
-        if isinstance(obj, (bytes, bytearray)):
-            return len(obj)
-        if isinstance(obj, memoryview):
+        if issubclass(t, (bytes, bytearray)):
+            return (bytes if issubclass(t, bytes) else bytearray).__len__(obj)
+        if t is memoryview:
             return obj.nbytes
-        frames = getattr(obj, "frames", None)  # distributed Serialized / Pickled
-        if isinstance(frames, (list, tuple)):
-            return sum(memoryview(f).nbytes for f in frames)
-        nbytes = getattr(obj, "nbytes", None)  # numpy, pandas, ...
-        if isinstance(nbytes, int):
-            return nbytes
-        return sys.getsizeof(obj)
+        if t is Serialized or t is Pickled:  # distributed's frames
+            return sum(memoryview(f).nbytes for f in obj.frames)
+        if issubclass(t, dict):
+            return dict.__len__(obj)
+        for base in _SEQUENCES:
+            if issubclass(t, base):
+                return base.__len__(obj)
+        if _trusted_array(t):
+            nbytes = getattr(obj, "nbytes", None)
+            if type(nbytes) is int:
+                return nbytes
+        if isinstance(getattr(t, "__sizeof__", None), _BUILTIN_CALLABLES):
+            return sys.getsizeof(obj)
+        return None
     except Exception:
         return None
+
+
+def _trusted_array(t: type) -> bool:
+    """Whether ``t`` comes from numpy, pandas or cupy (whose attributes are cheap)."""
+    module = getattr(t, "__module__", None)
+    return type(module) is str and module.partition(".")[0] in _ARRAY_MODULES
 
 
 class _Walker:
@@ -96,38 +145,51 @@ class _Walker:
         self.active: set[int] = set()  # ids of the containers on the current path
 
     def walk(self, obj: Any, depth: int) -> Any:
-        if obj is None or obj is True or obj is False:
-            self.budget -= _SCALAR_BYTES
-            return obj
         t = type(obj)
         if t is str:
             return self._text(obj)
-        if t is int or t is float:
+        if obj is None or t is bool or t is float:
             self.budget -= _SCALAR_BYTES
-            if t is int and not _INT_MIN <= obj <= _INT_MAX:
-                return describe(obj)
             return obj
-        if isinstance(obj, enum.Enum):
-            return self.walk(obj.value, depth)
-        if isinstance(obj, str):
-            return self._text(str.__str__(obj))
-        if isinstance(obj, bool):
-            return bool(obj)
-        if isinstance(obj, int):
-            return self.walk(int(obj), depth)
-        if isinstance(obj, float):
-            return self.walk(float(obj), depth)
-        if isinstance(obj, _NATIVE_ATOMS):
-            self.budget -= 32
+        if t is int:
+            self.budget -= _SCALAR_BYTES
+            return obj if _INT_MIN <= obj <= _INT_MAX else describe(obj)
+        if t is dict or t is list or t is tuple or t is set or t is frozenset:
+            return self._container(obj, t, depth)
+        if t is datetime.datetime or t is datetime.time:
+            tz = obj.tzinfo
+            # orjson rejects an aware time and calls an aware datetime's utcoffset
+            if tz is None or (t is datetime.datetime and type(tz) in _SAFE_TZINFOS):
+                self.budget -= 40
+                return obj
+            self.budget -= 96
+            return describe(obj)
+        if t in _NATIVE_ATOMS:
+            self.budget -= 40
             return obj
-        if isinstance(obj, (dict, list, tuple, set, frozenset)) or _is_mapping(obj):
-            return self._container(obj, depth)
-        item = getattr(obj, "item", None)  # numpy scalars
-        if callable(item) and getattr(obj, "ndim", None) == 0:
+        # Subclasses of the builtins, read through the builtin's own methods.
+        if issubclass(t, enum.Enum):
             try:
-                return self.walk(item(), depth)
+                return self.walk(object.__getattribute__(obj, "_value_"), depth)
             except Exception:
                 pass
+        elif issubclass(t, str):
+            return self._text(str.__str__(obj))
+        elif issubclass(t, int):
+            return self.walk(int.__int__(obj), depth)
+        elif issubclass(t, float):
+            return self.walk(float.__float__(obj), depth)
+        elif issubclass(t, dict):
+            return self._container(obj, dict, depth)
+        else:
+            for base in _SEQUENCES:
+                if issubclass(t, base):
+                    return self._container(obj, base, depth)
+            if _trusted_array(t) and getattr(obj, "ndim", None) == 0:  # numpy scalars
+                try:
+                    return self.walk(obj.item(), depth)
+                except Exception:
+                    pass
         self.budget -= 64
         return describe(obj)
 
@@ -136,7 +198,8 @@ class _Walker:
         self.budget -= len(capped) + 2
         return capped
 
-    def _container(self, obj: Any, depth: int) -> Any:
+    def _container(self, obj: Any, base: type, depth: int) -> Any:
+        """Walk a dict, list, tuple, set or frozenset (or a subclass, as ``base``)."""
         if id(obj) in self.active:
             self.budget -= 64
             return {"__type__": type_name(obj), "__size__": None, "__cycle__": True}
@@ -145,19 +208,19 @@ class _Walker:
             return describe(obj)
         self.active.add(id(obj))
         try:
-            if isinstance(obj, dict) or _is_mapping(obj):
+            if base is dict:
                 return self._mapping(obj, depth)
-            return self._sequence(obj, depth)
-        except Exception:  # mutated while iterated, a raising __iter__, ...
+            return self._sequence(obj, base, depth)
+        except Exception:  # mutated while iterated, ...
             return describe(obj)
         finally:
             self.active.discard(id(obj))
 
-    def _mapping(self, obj: Mapping, depth: int) -> dict:
+    def _mapping(self, obj: dict, depth: int) -> dict:
         out: dict[str, Any] = {}
         self.budget -= 2
-        n = len(obj)
-        for i, (k, v) in enumerate(obj.items()):
+        n = dict.__len__(obj)
+        for i, (k, v) in enumerate(dict.items(obj)):
             if self.budget <= 0:
                 out["__truncated__"] = n - i
                 break
@@ -166,11 +229,11 @@ class _Walker:
             out[key] = self.walk(v, depth + 1)
         return out
 
-    def _sequence(self, obj: Any, depth: int) -> list:
+    def _sequence(self, obj: Any, base: type, depth: int) -> list:
         out: list[Any] = []
         self.budget -= 2
-        n = len(obj)
-        for i, v in enumerate(obj):
+        n = base.__len__(obj)
+        for i, v in enumerate(base.__iter__(obj)):
             if self.budget <= 0:
                 out.append({"__type__": "truncated", "__size__": n - i})
                 break
@@ -179,7 +242,7 @@ class _Walker:
         return out
 
     def _key(self, key: Any) -> str:
-        if isinstance(key, str):
+        if issubclass(type(key), str):
             return cap_text(str.__str__(key), MAX_KEY_CHARS)
         if _is_plain_key(key):
             if key is None or type(key) is bool:
@@ -195,10 +258,6 @@ def _is_plain_key(key: Any) -> bool:
     if t is tuple:
         return all(_is_plain_key(k) for k in key)
     return key is None or t in (str, bool, int, float)
-
-
-def _is_mapping(obj: Any) -> bool:
-    return isinstance(obj, Mapping)
 
 
 def sanitize(value: Any, max_bytes: int) -> tuple[Any, int]:

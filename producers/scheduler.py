@@ -14,7 +14,8 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
   ``scheduler.extensions["spans"]``, parents first;
 - ``EVENT`` for every ``log_event`` on any topic, with the timestamp Dask stored with
   it (what ``Client.get_events`` returns), the message sanitized
-  (:func:`producers.encode.sanitize`);
+  (:func:`producers.encode.sanitize`) in the sender thread: the hook itself looks at
+  nothing but exact builtin types, so a user's object cannot raise or stall there;
 - ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed, restart;
   scheduler_start, worker_added and worker_removed carry ``total_nthreads``, the
   entries of ``Scheduler.total_nthreads_history`` appended since the previous one of
@@ -22,8 +23,10 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, one tuple, one deque append. Names
-are resolved and encoded later, in the sender thread; this is safe because a
-TaskGroup's name, prefix and span id never change once the task is runnable.
+are resolved and the event built later, in the sender thread, by the
+:class:`~producers.events.TransitionBuilder` the worker plugin uses too; this is safe
+because a TaskGroup's name, prefix and span id never change once the task is
+runnable.
 """
 
 from __future__ import annotations
@@ -97,7 +100,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._offer = _discard
         self._tasks_get = _NO_TASKS.get
         self._transition_log: Any = ()
-        self._build_transition = self._build_graph = None
+        self._build_transition = self._build_graph = self._build_structured = None
         self._erred_bytes = _TRANSITION_BYTES
 
     def __getstate__(self) -> dict:
@@ -134,6 +137,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._transition_log = scheduler.transition_log
         self._build_transition = TransitionBuilder(self.settings.max_value_bytes).build
         self._build_graph = self._graph_event
+        self._build_structured = self._structured_event
         self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes
 
         # "start" of the recording: with attach() the scheduler may be older
@@ -294,16 +298,34 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
     def log_event(self, topic: str, msg: Any) -> None:
         self._publish_event(topic, self._event_time(topic, msg), msg)
-        if topic == "all" and isinstance(msg, dict) and msg.get("action") == "remove-worker":
+        # Only exact builtin types are looked at here, on the event loop: a user's
+        # object may raise or stall on any attribute (its __class__ included).
+        if type(msg) is dict and type(topic) is str and topic == "all" and (
+            msg.get("action") == "remove-worker"
+        ):
             # Scheduler.remove_worker logs this right before calling remove_worker
             # on plugins: keep it to say why and with what loss the worker left.
             self._removals[msg.get("worker")] = msg
 
     def _publish_event(self, topic: str, ts: float, msg: Any) -> None:
-        clean, size = sanitize(msg, self.settings.max_value_bytes)
-        topic_text = topic if isinstance(topic, str) else encode_key(topic)
+        """Offer the message as it is; it is sanitized in the sender thread
+        (:meth:`_structured_event`), never on the event loop."""
+        cap = self.settings.max_value_bytes
+        t = type(msg)
+        if t is str:
+            weight = len(msg)
+        elif t is dict or t is list or t is tuple:
+            weight = 64 * len(msg)
+        else:
+            weight = 64
+        self._offer((self._build_structured, 100 + min(weight, cap), ts, topic, msg))
+
+    def _structured_event(self, item: tuple) -> StructuredEvent:
+        _, _, ts, topic, msg = item
+        clean, _ = sanitize(msg, self.settings.max_value_bytes)
+        topic_text = topic if type(topic) is str else encode_key(topic)
         event: StructuredEvent = {"kind": EVENT, "ts": ts, "topic": topic_text, "msg": clean}
-        self._offer((ready, 100 + size + len(topic_text), event))
+        return event
 
     def _publish_event_backlog(self) -> None:
         """The events Dask kept from before this plugin started (an ``attach`` to a

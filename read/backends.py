@@ -30,10 +30,15 @@ from dask_blackbox.clickhouse import Target
 from dask_blackbox.read import server as query_server
 from dask_blackbox.read.guard import Limits, QueryError, QueryRejected, ReadOnlyClient
 
-__all__ = ["Backend", "DirectBackend", "QueryError", "QueryRejected", "RemoteBackend",
+__all__ = ["Backend", "BackendUnavailable", "DirectBackend", "QueryError", "QueryRejected", "RemoteBackend",
            "Result", "connect", "running_sink"]
 
 Result = tuple[list[str], list[tuple]]
+
+
+class BackendUnavailable(QueryError, clickhouse.ClickHouseUnavailable):
+    """ClickHouse cannot be opened or reached for reading; the message (one line,
+    redacted) says why and where. Both a QueryError and a ClickHouseUnavailable."""
 
 
 class Backend(Protocol):
@@ -83,10 +88,11 @@ class RemoteBackend:
         except urllib.error.HTTPError as e:
             detail = e.read()
             try:
-                message = orjson.loads(detail)["error"]
-            except (orjson.JSONDecodeError, KeyError, TypeError):
-                message = detail.decode("utf-8", "replace") or str(e)
-            raise QueryError(config.redact(message)) from None
+                answer = orjson.loads(detail)
+                message, rejected = str(answer["error"]), answer.get("rejected") is True
+            except (orjson.JSONDecodeError, KeyError, TypeError, AttributeError):
+                message, rejected = detail.decode("utf-8", "replace") or str(e), False
+            raise (QueryRejected if rejected else QueryError)(config.redact(message)) from None
 
     def ping(self) -> bool:
         try:
@@ -127,7 +133,8 @@ def running_sink() -> RemoteBackend | None:
 
 def connect() -> Backend:
     """The backend for the configured DSN: the running sink's query server when a sink
-    owns the chDB directory, otherwise a direct clickhouse-connect client."""
+    owns the chDB directory, otherwise a direct clickhouse-connect client.
+    :class:`BackendUnavailable` (one redacted line) when neither can be had."""
     target = Target.from_config()
     limits = Limits.from_config()
     remote = running_sink()
@@ -136,10 +143,13 @@ def connect() -> Backend:
     dsn = config.clickhouse_dsn()
     directory = config.chdb_path(dsn)
     if directory is not None and not (directory / "metadata").exists():
-        raise clickhouse.ClickHouseUnavailable(config.redact(
+        raise BackendUnavailable(config.redact(
             f"no chDB data at {directory} (blackbox.clickhouse.dsn): nothing was recorded "
             "there yet -- start the pipeline with `dask-blackbox up` or the sink with "
             "`dask-blackbox sink`"
         ))
-    return DirectBackend(clickhouse.open_client(dsn, database=target.database), target.database,
-                         limits)
+    try:
+        client = clickhouse.open_client(dsn, database=target.database)
+    except clickhouse.ClickHouseUnavailable as e:
+        raise BackendUnavailable(config.redact(" ".join(str(e).split()))) from None
+    return DirectBackend(client, target.database, limits)

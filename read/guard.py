@@ -79,8 +79,8 @@ _TOKEN = re.compile(r"""
   | (?P<other>.)
 """, re.S | re.X)
 
-_WHAT_RUNS = ("the read side runs one SELECT, WITH, SHOW, DESCRIBE, EXPLAIN or EXISTS "
-              "statement, read-only")
+_WHAT_RUNS = ("only read-only statements are served: one SELECT, WITH, SHOW, DESCRIBE, "
+              "EXPLAIN or EXISTS")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -126,8 +126,8 @@ def check_canonical(sql: str, denied: frozenset[str]) -> None:
             raise QueryRejected(f"query refused: INTO OUTFILE writes a file; {_WHAT_RUNS}")
         if t.kind in ("word", "quoted") and nxt is not None and nxt.text == "(" and t.name in denied:
             raise QueryRejected(
-                f"query refused: {t.name}() reaches files, URLs, other servers or process "
-                f"memory; {_WHAT_RUNS}")
+                f"query refused: {t.name}() is not allowed (nothing that reaches files, URLs, "
+                f"other servers or process memory); {_WHAT_RUNS}")
         if t.is_word("EXPLAIN"):
             _check_explain(toks, i + 1)
 
@@ -167,6 +167,7 @@ class Limits:
             "max_memory_usage": self.max_memory_usage,
             "max_result_rows": self.max_result_rows,
             "result_overflow_mode": "throw",
+            "allow_introspection_functions": 0,  # chDB turns them on
         }
 
 

@@ -45,9 +45,13 @@ BUCKETS = 300
 #: Prefixes shown by name in the progress panel (the rest are summed as "other").
 TOP_PREFIXES = 12
 #: Workers drawn one by one in the memory panel (dead workers first, then by peak).
-MEMORY_WORKERS = 8
-#: The task states drawn in "tasks by state" (forgotten tasks are gone).
-STATES = ("released", "waiting", "no-worker", "queued", "processing", "memory", "erred")
+MEMORY_WORKERS = 32
+#: The task states drawn in "tasks by state". Not "released": a task is created
+#: released without a transition, so its count is not known from transitions alone;
+#: forgotten tasks are gone.
+STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
+#: An idle worker lost this long before the scheduler closed was part of the shutdown.
+SHUTDOWN_S = 10.0
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -98,7 +102,15 @@ def _t(backend: Backend, table: str) -> str:
 
 
 def _epoch(value: TimeBound, name: str) -> float | None:
-    return queries._epoch(value, name)
+    if value is None:
+        return None
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return value.timestamp()
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    raise TypeError(f"{name} must be a datetime or seconds since the epoch, not {value!r}")
 
 
 # --------------------------------------------------------------------- scope
@@ -198,16 +210,13 @@ def _where(scope: Scope, time_column: str = "ts", span: bool = True) -> tuple[st
 # ---------------------------------------------------------------------- panels
 
 
-def summary(backend: Backend, scope: Scope) -> dict:
-    """Counts for the page header: tasks, computes, erred, workers."""
-    where, p = _where(scope)
-    _, rows = backend.query(
-        "SELECT uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred'), "
-        "uniqExactIf(worker, worker != '') "
-        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler'", p)
-    tasks, computed, erred, workers = rows[0] if rows else (0, 0, 0, 0)
-    return {**scope.as_dict(), "tasks": tasks, "finished_in_memory": computed, "erred": erred,
-            "workers": workers}
+def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -> dict:
+    """Counts for the page header: tasks (distinct keys), transitions into memory and
+    into erred (from :func:`progress`'s per-prefix totals, computed once)."""
+    totals = (progress_data or progress(backend, scope))["counts"]
+    return {**scope.as_dict(), "tasks": sum(c["tasks"] for c in totals.values()),
+            "finished_in_memory": sum(c["memory"] for c in totals.values()),
+            "erred": sum(c["erred"] for c in totals.values())}
 
 
 def _nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
@@ -254,8 +263,8 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS) -> dic
         "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
         "   ss.action = 'compute' AS is_compute, "
         "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
-        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:UInt32} - 1)) AS first_b, "
-        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:UInt32} - 1)) AS last_b "
+        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS first_b, "
+        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
         f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
         " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
     threads = _nthreads(backend, scope)
@@ -319,7 +328,9 @@ def _top(totals: dict[str, float], n: int) -> list[str]:
 def progress(backend: Backend, scope: Scope) -> dict:
     """Per prefix, over time: the fraction of its tasks finished (in memory or
     erred), like Dask's progress bars. ``times`` are bucket ends; ``series`` maps
-    prefix -> fractions; ``totals`` the prefix's distinct keys."""
+    prefix -> fractions; ``totals`` the prefix's distinct keys (the top
+    :data:`TOP_PREFIXES`, the rest summed as "other"); ``counts`` per prefix: tasks,
+    transitions into memory, into erred."""
     where, p = _where(scope)
     p.update(w=scope.bucket, t0=scope.t0)
     _, rows = backend.query(
@@ -327,9 +338,11 @@ def progress(backend: Backend, scope: Scope) -> dict:
         f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
         "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
     _, totals_rows = backend.query(
-        f"SELECT prefix, uniqExact(key) FROM {_t(backend, 'transitions')} {where} "
-        "AND source = 'scheduler' GROUP BY prefix", p)
-    totals = {prefix or "(none)": n for prefix, n in totals_rows}
+        f"SELECT prefix, uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred') "
+        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' GROUP BY prefix", p)
+    totals = {prefix or "(none)": n for prefix, n, _, _ in totals_rows}
+    per_prefix = {prefix or "(none)": {"tasks": n, "memory": m, "erred": e}
+                  for prefix, n, m, e in totals_rows}
     shown = _top(totals, TOP_PREFIXES)
     label = {prefix: prefix if prefix in shown else "other" for prefix in totals}
     n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
@@ -349,7 +362,7 @@ def progress(backend: Backend, scope: Scope) -> dict:
         series[name] = out
     return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)],
             "series": dict(sorted(series.items(), key=lambda kv: -grouped_totals[kv[0]])),
-            "totals": dict(grouped_totals)}
+            "totals": dict(grouped_totals), "counts": per_prefix}
 
 
 def task_states(backend: Backend, scope: Scope) -> dict:
@@ -357,22 +370,23 @@ def task_states(backend: Backend, scope: Scope) -> dict:
     moves a task from ``start`` to ``finish``): exact, and available without
     scheduler metrics. A window starting mid-run starts from the states at its start."""
     where, p = _where(scope, time_column="")
-    p.update(w=scope.bucket, t0=scope.t0, t1=scope.t1, states=list(STATES))
+    p.update(w=scope.bucket, t0=scope.t0, t1=scope.t1)
     _, rows = backend.query(
-        "SELECT state, if(toFloat64(ts) < {t0:Float64}, -1, "
-        "toInt64(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64}))) AS b, sum(delta) FROM ("
-        f"SELECT ts, arrayJoin([(finish, 1), (start, -1)]) AS move, move.1 AS state, move.2 AS delta "
+        "SELECT start, finish, if(toFloat64(ts) < {t0:Float64}, -1, "
+        "toInt64(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64}))) AS b, count() "
         f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
-        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')) "
-        "WHERE state IN {states:Array(String)} GROUP BY state, b ORDER BY b", p)
+        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC') GROUP BY start, finish, b", p)
     n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
     base: dict[str, int] = defaultdict(int)
     deltas: dict[str, list[int]] = {}
-    for state, b, d in rows:
-        if b < 0:
-            base[state] += d
-        else:
-            deltas.setdefault(state, [0] * n)[min(b, n - 1)] += d
+    for start, finish, b, count in rows:
+        for state, d in ((finish, count), (start, -count)):
+            if state not in STATES:
+                continue
+            if b < 0:
+                base[state] += d
+            else:
+                deltas.setdefault(state, [0] * n)[min(b, n - 1)] += d
     series = {}
     for state in STATES:
         if state not in deltas and not base.get(state):
@@ -386,13 +400,20 @@ def task_states(backend: Backend, scope: Scope) -> dict:
 
 
 def markers(backend: Backend, scope: Scope) -> dict:
-    """Worker deaths (removals Dask did not expect, or that lost running tasks) and
-    cluster restarts, to mark on every time axis; worker arrivals after the start."""
+    """What to mark on every time axis: worker deaths, cluster restarts, and workers
+    that joined after the start.
+
+    A death is a removal Dask did not expect (its remove-worker event says
+    ``expected: false``) that cost something -- tasks it was running, or results or
+    scattered data only it held -- or, if it cost nothing, that was not part of the
+    cluster shutting down (no scheduler close within :data:`SHUTDOWN_S` after it).
+    """
     _, rows = backend.query(
         "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
         f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_removed', 'restart', 'worker_added') ORDER BY ts",
+        "AND action IN ('worker_removed', 'restart', 'worker_added', 'scheduler_close') ORDER BY ts",
         {"c": scope.cluster_id})
+    closes = [r[0] for r in rows if r[1] == "scheduler_close"]
     deaths, restarts, arrivals = [], [], []
     first = rows[0][0] if rows else 0.0
     for ts, action, worker, reason, stimulus_id, detail in rows:
@@ -401,15 +422,19 @@ def markers(backend: Backend, scope: Scope) -> dict:
         elif action == "worker_added":
             if ts > first + 1.0:
                 arrivals.append({"ts": ts, "worker": worker})
-        else:
+        elif action == "worker_removed":
             try:
                 info = json.loads(detail) if detail else {}
             except ValueError:
                 info = {}
             info = info if isinstance(info, dict) else {}
-            if info.get("expected") is False or (info.get("processing_tasks") or 0) > 0:
-                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id,
-                               "processing_tasks": info.get("processing_tasks") or 0})
+            if info.get("expected") is not False:
+                continue
+            lost = {k: info.get(k) or 0 for k in
+                    ("processing_tasks", "lost_computed_tasks", "lost_scattered_tasks")}
+            shutting_down = any(0 <= close - ts <= SHUTDOWN_S for close in closes)
+            if any(lost.values()) or not shutting_down:
+                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id, **lost})
     return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
 
 
@@ -417,9 +442,15 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
     """Worker memory over time from the worker metrics, averaged per bucket:
     ``cluster`` (managed/unmanaged/spilled summed over workers) and ``workers``
     (the same per worker, for the :data:`MEMORY_WORKERS` shown: dead workers first,
-    then by peak memory), ``n_workers`` in all."""
+    then by peak memory), ``n_workers`` in all. A time cell is at least twice the
+    workers' typical sampling interval, so a worker has a sample in every cell it lived."""
     where, p = _where(scope, span=False)
-    p.update(w=scope.bucket, t0=scope.t0)
+    _, intervals = backend.query(
+        "SELECT (max(toFloat64(ts)) - min(toFloat64(ts))) / (count() - 1) "
+        f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker HAVING count() > 1", p)
+    typical = sorted(r[0] for r in intervals)[len(intervals) // 2] if intervals else 0.0
+    w = max(scope.bucket, 2 * typical)
+    p.update(w=w, t0=scope.t0)
     _, rows = backend.query(
         "SELECT worker, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, "
         "avg(ifNull(memory_managed, 0)), avg(ifNull(memory_unmanaged, ifNull(memory, 0))), "
@@ -429,7 +460,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
     cluster: dict[int, list[float]] = {}
     for worker, b, managed, unmanaged, spilled in rows:
         s = series.setdefault(worker, {"times": [], "managed": [], "unmanaged": [], "spilled": []})
-        s["times"].append(scope.t0 + (b + 0.5) * scope.bucket)
+        s["times"].append(scope.t0 + (b + 0.5) * w)
         s["managed"].append(managed)
         s["unmanaged"].append(unmanaged)
         s["spilled"].append(spilled)
@@ -444,7 +475,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
     order = sorted(cluster)
     return {
         "n_workers": len(series),
-        "cluster": {"times": [scope.t0 + (b + 0.5) * scope.bucket for b in order],
+        "cluster": {"times": [scope.t0 + (b + 0.5) * w for b in order],
                     "managed": [cluster[b][0] for b in order],
                     "unmanaged": [cluster[b][1] for b in order],
                     "spilled": [cluster[b][2] for b in order]},
@@ -488,8 +519,9 @@ def fine_metrics(backend: Backend, scope: Scope) -> dict:
     """Dask's fine performance metrics: seconds (and bytes) per activity and prefix,
     as the spans rolled them up (``Span.cumulative_worker_metrics`` of the top spans
     of the scope), or summed from the workers' digests when no span state was
-    recorded. ``execute``: {prefix: {activity: seconds}}; ``other``: rows of
-    (context, activity, unit, value) outside task execution."""
+    recorded. ``execute``: {prefix: {activity: seconds}} of task execution;
+    ``other``: rows of (context, prefix, activity, unit, value) for the rest,
+    including Dask's "N/A" prefix (time not spent on a task: idle, other spans)."""
     p: dict[str, Any] = {"c": scope.cluster_id}
     if scope.span_ids is None:
         top = f"parent_id = '' OR parent_id NOT IN (SELECT span_id FROM {_t(backend, 'span_state')} " \
@@ -512,7 +544,7 @@ def fine_metrics(backend: Backend, scope: Scope) -> dict:
     execute: dict[str, dict[str, float]] = defaultdict(dict)
     other = []
     for context, prefix, activity, unit, value in rows:
-        if context == "execute" and unit == "seconds":
+        if context == "execute" and unit == "seconds" and prefix not in ("", "N/A"):
             execute[prefix or "(none)"][activity] = execute[prefix or "(none)"].get(activity, 0.0) + value
         else:
             other.append({"context": context, "prefix": prefix, "activity": activity,
@@ -595,11 +627,12 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
     """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
     scope = resolve(backend, cluster, span, since, until)
     marks = markers(backend, scope)
+    prog = progress(backend, scope)
     return {
         "scope": scope,
-        "summary": summary(backend, scope),
+        "summary": summary(backend, scope, prog),
         "task_stream": task_stream(backend, scope, max_bars),
-        "progress": progress(backend, scope),
+        "progress": prog,
         "task_states": task_states(backend, scope),
         "markers": marks,
         "memory": memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]]),
@@ -648,16 +681,24 @@ def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
 def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
          log_lines: int = 10) -> dict:
     """One task: its story (scheduler and worker transitions), and around each
-    transition on a worker that worker's nearest metric samples and its log lines
-    within ``window`` seconds; its dependencies and dependents from the recorded
-    graph; where it ran and, if it erred, its exception."""
+    transition on a worker that worker's two nearest metric samples and its log lines
+    from ``window`` seconds before the transition to ``window`` seconds after the
+    next one (at most ``log_lines``); its dependencies and dependents from the
+    recorded graph; where it ran and, if it erred, its exception.
+
+    The worker of a transition into processing is not passed to plugins; it is the
+    worker of the transition that left processing next (Dask passes it to memory and
+    erred; a release because the worker died names the removal's stimulus), marked
+    ``worker_inferred``."""
     cluster_id, cluster_name, _ = _cluster(backend, cluster)
     columns, rows = queries.story(backend, key, cluster=cluster_id, source=None)
     if not rows:
         raise UnknownKey(f"no task {key!r} was recorded in cluster {cluster_name} ({cluster_id})")
     _, detail_rows = backend.query(
         "SELECT toFloat64(ts), start, finish, prefix, task_group, span_id, worker, nbytes, typename, "
-        "exception, traceback, cause, startstops.action, startstops.start, startstops.stop "
+        "exception, traceback, cause, startstops.action, "
+        # floats: arrays of DateTime64 come back as text through a sink's query server
+        "arrayMap(x -> toFloat64(x), startstops.start), arrayMap(x -> toFloat64(x), startstops.stop) "
         f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} AND key = {{k:String}} "
         "AND source = 'scheduler' ORDER BY ts, seq, idx", {"c": cluster_id, "k": key})
     prefix = next((r[3] for r in detail_rows if r[3]), "")
@@ -665,8 +706,7 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
     group = next((r[4] for r in detail_rows if r[4]), "")
     errors = [{"ts": r[0], "exception": r[9], "traceback": r[10], "cause": r[11]}
               for r in detail_rows if r[2] == "erred"]
-    actions = [{"ts": r[0], "action": a, "start": s.timestamp() if hasattr(s, "timestamp") else s,
-                "stop": e.timestamp() if hasattr(e, "timestamp") else e, "worker": r[6]}
+    actions = [{"ts": r[0], "action": a, "start": s, "stop": e, "worker": r[6]}
                for r in detail_rows for a, s, e in zip(r[12], r[13], r[14])]
     _, producers = backend.query(
         f"SELECT DISTINCT worker, producer_id FROM {_t(backend, 'worker_metrics')} "
@@ -674,29 +714,51 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
     producers_of = defaultdict(list)
     for w, prod in producers:
         producers_of[w].append(prod)
+    # Which worker: Dask passes it with the transitions out of processing (to memory
+    # or erred); a task released because its worker died names the removal's stimulus.
+    _, removals = backend.query(
+        f"SELECT stimulus_id, worker FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+        "AND action = 'worker_removed' AND stimulus_id != ''", {"c": cluster_id})
+    removed_by = dict(removals)
     story = []
     for row in rows:
         r = dict(zip(columns, row))
         entry = {k: r[k] for k in ("start", "finish", "stimulus_id", "ts", "worker", "source")}
-        worker = r["worker"]
-        if worker:
-            p = {"c": cluster_id, "w": worker, "t": r["ts"], "win": window}
-            mcols, samples = backend.query(
-                "SELECT toFloat64(ts) AS t, memory, memory_managed, memory_unmanaged, memory_spilled, "
-                "cpu, executing, ready, in_flight "
-                f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
-                "AND worker = {w:String} AND toFloat64(ts) BETWEEN {t:Float64} - 5 * {win:Float64} "
-                "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2", p)
-            entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
-            p["prods"] = producers_of.get(worker, [])
-            _, lines = backend.query(
-                "SELECT toFloat64(ts), level, logger, message FROM "
-                f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-                "AND (process = {w:String} OR producer_id IN {prods:Array(String)}) "
-                "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {t:Float64} + {win:Float64} "
-                "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
-            entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
+        entry.update(metrics=[], logs=[], worker_inferred=False)
+        if not entry["worker"] and entry["start"] == "processing" and r["stimulus_id"] in removed_by:
+            entry["worker"], entry["worker_inferred"] = removed_by[r["stimulus_id"]], True
         story.append(entry)
+    entered = None
+    for entry in story:  # the transition into processing ran where the task then left it
+        if entry["finish"] == "processing" and entry["source"] == "scheduler":
+            entered = entry
+        elif entry["start"] == "processing" and entered is not None:
+            if entry["worker"] and not entered["worker"]:
+                entered["worker"], entered["worker_inferred"] = entry["worker"], True
+            entered = None
+    for i, entry in enumerate(story):
+        worker = entry["worker"]
+        if not worker:
+            continue
+        # Around a transition: from just before it until just after the next one
+        # (the whole run of a task entering processing), at most a minute.
+        until = min(story[i + 1]["ts"] if i + 1 < len(story) else entry["ts"], entry["ts"] + 60.0)
+        p = {"c": cluster_id, "w": worker, "t": entry["ts"], "u": until, "win": window}
+        mcols, samples = backend.query(
+            "SELECT toFloat64(ts) AS t, memory, memory_managed, memory_unmanaged, memory_spilled, "
+            "cpu, executing, ready, in_flight "
+            f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
+            "AND worker = {w:String} AND toFloat64(ts) BETWEEN {t:Float64} - 5 * {win:Float64} "
+            "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2", p)
+        entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
+        p["prods"] = producers_of.get(worker, [])
+        _, lines = backend.query(
+            "SELECT toFloat64(ts), level, logger, message FROM "
+            f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
+            "AND (process = {w:String} OR producer_id IN {prods:Array(String)}) "
+            "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {u:Float64} + {win:Float64} "
+            "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
+        entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
     _, deps = backend.query(
         f"SELECT dependencies FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
         "AND key = {k:String} ORDER BY ts DESC LIMIT 1", {"c": cluster_id, "k": key})

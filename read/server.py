@@ -5,12 +5,24 @@ Protocol: ``POST /query`` with a JSON body ``{"sql": ..., "parameters": {...}}``
 the header ``X-Blackbox-Token`` (the random token the sink writes to
 ``<data-dir>/sink.json``, readable only by its owner). The answer is JSON
 ``{"columns": [...], "types": [...], "rows": [[...], ...]}`` or, with status 400,
-``{"error": "..."}``. Parameters are bound server-side by clickhouse-connect
+``{"error": "..."}`` (plus ``"rejected": true`` when the statement was refused
+before it ran). Parameters are bound server-side by clickhouse-connect
 (``{name:Type}`` placeholders), never spliced into the SQL. ``GET /ping`` answers
 ``{"ok": true}`` to the same token.
 
-Only reading statements are accepted (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, EXISTS;
-no INTO OUTFILE), and they run with ClickHouse's ``readonly=2``.
+Every statement goes through :class:`~dask_blackbox.read.guard.ReadOnlyClient`: one
+statement, parsed by ClickHouse and checked before it runs (SELECT, WITH, SHOW,
+DESCRIBE, EXPLAIN, EXISTS; no INTO OUTFILE; no table function that reaches files,
+URLs, other servers or the sink's memory), run under ``readonly=1`` and the
+``blackbox.query.*`` time, memory and result limits. A refused statement is a 400
+with a one-line ``error``.
+
+The request itself is bounded: every connection has a socket timeout
+(``blackbox.query.socket-timeout``; a client that stops sending is cut off, it never
+holds a thread for longer), and ``POST /query`` needs a ``Content-Length`` of at most
+1 MiB that the body fills: missing is 411, not a non-negative integer is 400, larger
+than 1 MiB is 413, a body shorter than announced is 400. Error messages are redacted
+(:func:`dask_blackbox.config.redact`).
 """
 
 from __future__ import annotations
@@ -26,27 +38,24 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import orjson
 
+from dask_blackbox import config
+from dask_blackbox.read.guard import Limits, QueryRejected, ReadOnlyClient
+
+__all__ = ["QueryRejected", "QueryServer", "TOKEN_HEADER", "decode_result", "encode_result"]
+
 logger = logging.getLogger("dask_blackbox.read.server")
 
 TOKEN_HEADER = "X-Blackbox-Token"
 _MAX_BODY = 1 << 20
-_READ_ONLY = re.compile(r"^\s*\(*\s*(SELECT|WITH|SHOW|DESCRIBE|DESC|EXPLAIN|EXISTS)\b", re.I)
-_OUTFILE = re.compile(r"\bINTO\s+OUTFILE\b", re.I)
-_COMMENTS = re.compile(r"--[^\n]*|/\*.*?\*/", re.S)
+_LENGTH = re.compile(r"^[0-9]{1,20}$")
 
 
-class QueryRejected(ValueError):
-    """The statement is not a read-only query."""
+class BadRequest(Exception):
+    """The HTTP request itself is unusable: (status, message)."""
 
-
-def check_read_only(sql: str) -> None:
-    """Raise QueryRejected unless ``sql`` only reads."""
-    bare = _COMMENTS.sub(" ", sql)
-    if not _READ_ONLY.match(bare) or _OUTFILE.search(bare):
-        raise QueryRejected(
-            "only read-only statements (SELECT, WITH, SHOW, DESCRIBE, EXPLAIN, EXISTS) "
-            "are served while the sink owns the chDB directory"
-        )
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 def _json_default(value):
@@ -91,14 +100,21 @@ def decode_result(body: bytes) -> tuple[list[str], list[tuple]]:
 
 class QueryServer:
     """Serves read-only SQL against ``client`` on 127.0.0.1:``port`` (0: any free
-    port) in a background thread."""
+    port) in a background thread. ``limits`` (default ``blackbox.query.*``) bound
+    every query; ``socket_timeout`` (default ``blackbox.query.socket-timeout``)
+    every connection."""
 
-    def __init__(self, client, port: int, token: str) -> None:
-        self.client = client
+    def __init__(self, client, port: int, token: str, limits: Limits | None = None,
+                 socket_timeout: float | None = None) -> None:
+        self.reader = ReadOnlyClient(client, limits)
         self.token = token
+        if socket_timeout is None:
+            socket_timeout = config.get_seconds("query.socket-timeout", minimum=0.001)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
+            timeout = socket_timeout  # StreamRequestHandler puts it on the socket
+
             def log_message(self, fmt, *args):  # requests are not worth a log line each
                 logger.debug(fmt, *args)
 
@@ -129,17 +145,42 @@ class QueryServer:
                 if self.path != "/query":
                     self._reply(404, b'{"error":"not found"}')
                     return
-                length = int(self.headers.get("Content-Length") or 0)
-                if length > _MAX_BODY:
-                    self._reply(413, b'{"error":"request too large"}')
-                    return
                 try:
-                    request = orjson.loads(self.rfile.read(length))
+                    request = orjson.loads(self._body())
+                    if not isinstance(request, dict):
+                        raise BadRequest(400, "the body must be a JSON object")
                     body = server.execute(request.get("sql"), request.get("parameters"))
+                except BadRequest as e:
+                    self.close_connection = True
+                    self._reply(e.status, orjson.dumps({"error": str(e)}))
+                    return
                 except Exception as e:
-                    self._reply(400, orjson.dumps({"error": str(e)}))
+                    message = " ".join(str(e).split()) or type(e).__name__
+                    answer = {"error": config.redact(message)}
+                    if isinstance(e, QueryRejected):
+                        answer["rejected"] = True
+                    self._reply(400, orjson.dumps(answer))
                     return
                 self._reply(200, body)
+
+            def _body(self) -> bytes:
+                if self.headers.get("Transfer-Encoding"):
+                    raise BadRequest(411, "send the body with a Content-Length, not chunked")
+                values = self.headers.get_all("Content-Length") or []
+                if not values:
+                    raise BadRequest(411, "Content-Length is required")
+                if len(set(values)) != 1 or not _LENGTH.match(values[0].strip()):
+                    raise BadRequest(400, "Content-Length must be one non-negative integer")
+                length = int(values[0])
+                if length > _MAX_BODY:
+                    raise BadRequest(413, f"request larger than {_MAX_BODY} bytes")
+                try:
+                    body = self.rfile.read(length)
+                except OSError:  # the socket timeout: the client stopped sending
+                    body = b""
+                if len(body) != length:
+                    raise BadRequest(400, f"the body is shorter than its Content-Length ({length})")
+                return body
 
         self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
         self.httpd.daemon_threads = True
@@ -156,8 +197,7 @@ class QueryServer:
             raise QueryRejected("the request needs 'sql', a string")
         if parameters is not None and not isinstance(parameters, dict):
             raise QueryRejected("'parameters' must be an object")
-        check_read_only(sql)
-        result = self.client.query(sql, parameters=parameters or None, settings={"readonly": 2})
+        result = self.reader.query(sql, parameters)
         types = [t.name for t in result.column_types]
         return encode_result(result.column_names, types, result.result_rows)
 

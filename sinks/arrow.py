@@ -4,7 +4,7 @@ The sink inserts with clickhouse-connect's ``insert_arrow`` (Arrow IPC, encoded 
 and decoded by ClickHouse -- the same for chDB and an HTTP server). The Arrow type of
 each column is derived from the ClickHouse column type read from ``system.columns``,
 so the schema has one source of truth: the SQL. Time columns arrive as float seconds
-(see sinks.rows) and become DateTime64 microseconds (or DateTime seconds) here, and
+(see sinks.tables) and become DateTime64 microseconds (or DateTime seconds) here, and
 None in a text column becomes '', in bulk.
 """
 
@@ -90,14 +90,14 @@ def _finish(array: pa.Array, ch_type: str) -> pa.Array:
 
 def converter(ch_type: str) -> Callable[[list], pa.Array]:
     """A function from a list of Python values (or, for an Array type, a
-    :class:`~sinks.rows.FlatLists`) to an Arrow array for ``ch_type``."""
+    :class:`~sinks.tables.FlatLists`) to an Arrow array for ``ch_type``."""
     raw = _raw_type(ch_type)
     needs_finish = "DateTime" in ch_type
     base = _base(ch_type)
     if needs_finish and base.startswith("Array(Array("):
         raise UnsupportedType(f"nested arrays of times are not supported: {ch_type}")
     element = converter(base[6:-1]) if base.startswith("Array(") else None
-    # sinks.rows keeps None for '' in text columns; ClickHouse's String is not Nullable.
+    # sinks.tables keeps None for '' in text columns; ClickHouse's String is not Nullable.
     empty = "" if raw == pa.string() and "Nullable(" not in ch_type else None
 
     def convert(values) -> pa.Array:

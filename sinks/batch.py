@@ -6,8 +6,13 @@ one row each (sinks.records). Every value is checked on the way (types, ranges,
 plausible timestamps), so what ClickHouse receives is well typed.
 
 Nothing a producer or processor publishes can stop the sink. Before anything is
-decoded, a message larger than :data:`MAX_MESSAGE_BYTES` or nested deeper than
-``sinks.checks.MAX_DEPTH`` is a dead letter. After that, whatever fails (a check, or
+decoded, a message larger than :data:`MAX_MESSAGE_BYTES` is a dead letter; before
+anything is decoded into Python objects (orjson, the checked path), so is a message
+nested deeper than ``sinks.checks.MAX_DEPTH``. (The typed path's msgspec decoder
+comes first: it decodes in C, bounded by its own recursion guard, and whatever it
+fails on, RecursionError included, goes to the checked path; so the depth scan, a
+about 15% of the typed path's cost, is only paid for irregular messages.) After that,
+whatever fails (a check, or
 anything unforeseen in a converter) becomes a ``dead_letters`` row naming the message
 (topic, partition, offset), the event (its index and kind), the field and the
 problem; the rest of the message is still loaded, and so is every later message.
@@ -40,7 +45,6 @@ from dask_blackbox.sinks.events import (
 )
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
 from dask_blackbox.sinks.tables import COLUMNS, Block, Envelope, Message, Ref, TableData
-from dask_blackbox.sinks.typed import Irregular
 
 #: Largest message the sink decodes: twice what a producer sends at most
 #: (contract.MAX_ENVELOPE_BYTES), which also stays under Kafka's default 1 MiB limit.
@@ -123,12 +127,12 @@ class Batch:
             self.dead_letter(message, None, f"a message of {len(message.value)} bytes; the sink "
                              f"decodes at most {MAX_MESSAGE_BYTES}", now)
             return
+        if message.topic == contract.RAW and self._add_typed(message, now):
+            return
         depth = checks.too_deep(message.value)
         if depth:
             self.dead_letter(message, None, f"nested {depth} deep; the sink decodes at most "
                              f"{checks.MAX_DEPTH} levels of arrays and objects", now)
-            return
-        if message.topic == contract.RAW and self._add_typed(message, now):
             return
         try:
             decoded = orjson.loads(message.value)
@@ -259,6 +263,9 @@ class Batch:
     def _add_records(self, message: Message, decoded: Any, now: float) -> None:
         conv = RECORD_CONVERTERS[message.topic]
         records = decoded if type(decoded) is list else [decoded]
+        if not records:
+            self.dead_letter(message, None, f"an empty list of {message.topic} records", now)
+            return
         for i, record in enumerate(records):
             event = i if type(decoded) is list else None
             if type(record) is not dict:

@@ -76,6 +76,7 @@ FIELDS: dict[str, tuple[Field, ...]] = {
     kind: tuple(s for s in layout if isinstance(s, Field))
     for kind, (_, layout) in EVENT_LAYOUTS.items()
 }
+_FIELD_NAMES = {kind: tuple(f.name for f in fields) for kind, fields in FIELDS.items()}
 
 
 # ------------------------------------------------- kinds with their own shape
@@ -262,7 +263,7 @@ def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], no
     their envelope; raises Irregular if a column needs the checked path."""
     layout = EVENT_LAYOUTS[kind][1]
     # One C-level call per event, and one transposition for all of them.
-    by_field = dict(zip((f.name for f in FIELDS[kind]), zip(*map(msgspec.structs.astuple, events))))
+    by_field = dict(zip(_FIELD_NAMES[kind], zip(*map(msgspec.structs.astuple, events))))
     columns = []
     for source in layout:
         if isinstance(source, str):

@@ -1,4 +1,4 @@
-"""Loading a :class:`~sinks.rows.Batch` into ClickHouse exactly once.
+"""Loading a :class:`~sinks.batch.Batch` into ClickHouse exactly once.
 
 The protocol (the journal is ``sink_batches``, see sinks/sql/001_init.sql):
 

@@ -22,8 +22,10 @@ import pathlib
 import re
 from collections.abc import Iterator
 
-from dask_blackbox import config
-from dask_blackbox.clickhouse import IDENTIFIER as _IDENTIFIER, Target
+from dask_blackbox.clickhouse import Target
+
+__all__ = ["SQL_DIR", "PLACEHOLDERS", "MigrationError", "Migration", "Target", "migrations", "render",
+           "statements", "applied", "migrate"]
 
 SQL_DIR = pathlib.Path(__file__).with_name("sql")
 

@@ -3,8 +3,8 @@
 Start-up, in order: resolve and validate the configuration once
 (:meth:`~dask_blackbox.sinks.settings.SinkSettings.from_config`: data dir writable,
 DSN well formed, every ``blackbox.sink.*`` value; what follows reads no configuration
-but these settings), open ClickHouse (chDB dir writable, server reachable), apply the schema migrations, start the
-*companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
+but these settings), open ClickHouse (chDB dir writable, server reachable), apply
+the schema migrations, start the *companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
 query server for a ``chdb://`` DSN, which only this process may open), create the
 Kafka topics, start the consumer. Then ``<data-dir>/sink.json`` is written
 (``{"pid", "query_url", "dsn", "started_at", "token"}``; mode 0600, the token guards
@@ -95,7 +95,7 @@ async def serve(companion: CompanionFactory | None = None) -> None:
         consumer = SinkConsumer(loader, s)
         await consumer.start()
         runfiles.write(s.data_dir, runfiles.SINK, {
-            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": s.dsn,
+            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": config.redact(s.dsn),
             "started_at": time.time(), "token": token,
         })
         loop = asyncio.get_running_loop()

@@ -57,3 +57,22 @@ def test_usage_errors_exit_2():
     assert out.returncode == 2 and "key" in out.stderr
     out = run_cli("spans", "--since", "yesterday-ish")
     assert out.returncode == 2 and "neither a duration" in out.stderr
+
+
+def test_query_without_clickhouse(tmp_path):
+    """Nothing recorded yet, or a ClickHouse server that does not answer: one line
+    saying so (the password of the DSN is not in it)."""
+    out = run_cli("query", "SELECT 1", "--data-dir", str(tmp_path))
+    assert_one_line_error(out, "no chDB data at", "blackbox.clickhouse.dsn", "dask-blackbox up")
+    port = free_port()  # nothing listens there
+    out = run_cli("spans", "--clickhouse", f"http://user:pw0rd@127.0.0.1:{port}",
+                  "--data-dir", str(tmp_path))
+    assert_one_line_error(out, "cannot reach ClickHouse at", f"http://user:***@127.0.0.1:{port}")
+    assert "pw0rd" not in out.stderr + out.stdout
+
+
+def test_refused_statement_is_one_line(tmp_path):
+    out = run_cli("query", "DROP TABLE blackbox.envelopes", "--data-dir", str(tmp_path),
+                  "--clickhouse", f"chdb://{tmp_path / 'ch'}")
+    # No data yet is found first; with data, test_read_only covers each refusal.
+    assert_one_line_error(out, "no chDB data at")

@@ -8,9 +8,11 @@ recreates the topics (the producer never creates topics, see producers.transport
 
 from __future__ import annotations
 
+import datetime
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 
@@ -22,7 +24,9 @@ from distributed import Client, LocalCluster
 
 from dask_blackbox import producers
 from conftest import subprocess_env
-from dask_blackbox.contract import DROPS, LOG, TRANSITION, WORKER_METRICS, encode_key
+from dask_blackbox.contract import (
+    DROPS, EVENT, GRAPH, LOG, TRANSITION, WORKER_METRICS, encode_key,
+)
 from dask_blackbox.cli.tansu import free_port
 from polling import wait_for
 from producers_support import (
@@ -199,3 +203,134 @@ def test_sigkilled_scheduler_loses_at_most_its_last_flush(bb_config):
     assert {e["cluster_id"] for e in envelopes} == {cluster_id}
     assert any(e["kind"] == WORKER_METRICS for e in events if e["_source"] == "worker")
     assert "scheduler_close" not in {e.get("action") for e in events}
+
+
+# ------------------------------------------------------- users' hostile events
+
+
+class RaisingOffset(datetime.tzinfo):
+    """A tzinfo whose every method raises: orjson used to crash (SIGSEGV) on it."""
+
+    def utcoffset(self, dt):
+        raise RuntimeError("utcoffset refused")
+
+    def dst(self, dt):
+        raise RuntimeError("dst refused")
+
+    def tzname(self, dt):
+        raise RuntimeError("tzname refused")
+
+
+class ClassRaises:
+    """isinstance() on this raises (it reads __class__ when the type does not match)."""
+
+    @property
+    def __class__(self):
+        raise RuntimeError("__class__ refused")
+
+
+class SlowAttributes:
+    """Every missing attribute takes a while; records the threads that asked."""
+
+    askers: list[int] = []
+
+    def __getattr__(self, name):
+        SlowAttributes.askers.append(threading.get_ident())
+        time.sleep(0.5)
+        raise AttributeError(name)
+
+
+class ItemsRaise(dict):
+    def items(self):
+        raise RuntimeError("items refused")
+
+    def __iter__(self):
+        raise RuntimeError("iter refused")
+
+
+def _loop_thread(dask_scheduler) -> int:
+    return threading.get_ident()
+
+
+def _alive(dask_scheduler) -> str:
+    return dask_scheduler.status.name
+
+
+_BAD_TIME = datetime.datetime(2024, 5, 6, 7, 8, 9, tzinfo=RaisingOffset())
+
+
+def _hostile_cases() -> dict:
+    return {
+        "bad-datetime": _BAD_TIME,
+        "bad-datetime-nested": {"when": _BAD_TIME, "n": 1},
+        "bad-time": datetime.time(7, 8, 9, tzinfo=RaisingOffset()),
+        "class-raises": ClassRaises(),
+        "class-raises-nested": [1, ClassRaises()],
+        "slow-attributes": SlowAttributes(),
+        "slow-attributes-nested": {"x": SlowAttributes()},
+        "dict-subclass": ItemsRaise(a=1),
+        "aware-utc": datetime.datetime(2024, 5, 6, tzinfo=datetime.timezone.utc),
+    }
+
+
+def _log_hostile_cases(dask_scheduler) -> list[str]:
+    """User code on the scheduler (a plugin, a preload, run_on_scheduler) logging
+    objects Client.log_event would refuse; runs on the event loop."""
+    cases = _hostile_cases()
+    for topic, msg in cases.items():
+        dask_scheduler.log_event(topic, msg)
+    return sorted(cases)
+
+
+def test_hostile_user_events_cannot_hurt_the_scheduler(bb_config):
+    """log_event with objects that crash the JSON encoder (a tzinfo whose utcoffset
+    raises), raise on __class__ or stall on attribute access, from user code on the
+    scheduler and, for what pickles, from a client (ToPickle, over TCP): the scheduler keeps running,
+    none of their code runs on its event loop, and each event is recorded,
+    described."""
+    from distributed.protocol.serialize import ToPickle
+
+    SlowAttributes.askers.clear()
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp",
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **FAST)
+        cases = client.run_on_scheduler(_log_hostile_cases)
+        client.log_event("client-bad-datetime", ToPickle(_BAD_TIME))
+        assert client.submit(inc, 41, key="after-hostile").result() == 42
+        assert client.run_on_scheduler(_alive) == "running"
+        loop_thread = client.run_on_scheduler(_loop_thread)
+        wait_scheduler_delivered(client)
+        stats = _stats(client)
+    assert loop_thread not in SlowAttributes.askers
+    assert stats["build_errors"] == 0
+    envelopes, events = published()
+    msgs = {e["topic"]: e["msg"] for e in events if e["kind"] == EVENT}
+    assert set(cases) <= set(msgs)
+    described = {"__type__": "datetime.datetime", "__size__": msgs["bad-datetime"]["__size__"],
+                 "__text__": "2024-05-06T07:08:09"}
+    assert msgs["bad-datetime"] == described
+    assert msgs["bad-datetime-nested"] == {"when": described, "n": 1}
+    assert msgs["client-bad-datetime"] == described
+    assert msgs["bad-time"]["__type__"] == "datetime.time"
+    assert msgs["bad-time"]["__text__"] == "07:08:09"
+    assert msgs["class-raises"]["__type__"].endswith("ClassRaises")
+    assert msgs["class-raises-nested"][0] == 1
+    assert msgs["class-raises-nested"][1]["__type__"].endswith("ClassRaises")
+    assert msgs["slow-attributes"]["__type__"].endswith("SlowAttributes")
+    assert msgs["slow-attributes-nested"]["x"]["__type__"].endswith("SlowAttributes")
+    assert msgs["dict-subclass"] == {"a": 1}  # read as the dict it is, not its items()
+    assert msgs["aware-utc"] == "2024-05-06T00:00:00+00:00"
+    assert scheduler_transitions(events)["after-hostile"]
+    _no_plugin_failures(events)
+
+
+def test_graph_max_tasks_zero_sends_counts_without_tasks(bb_config):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **FAST, **{"producer.graph-max-tasks": 0})
+        assert sum(client.gather(client.map(inc, range(7), key=[f"g-{i}" for i in range(7)]))) == 28
+        wait_scheduler_delivered(client)
+    _, events = published()
+    (graph,) = [e for e in events if e["kind"] == GRAPH]
+    assert graph["tasks"] == [] and graph["keys"] == []
+    assert graph["n_tasks"] == 7 and graph["n_keys"] == 7

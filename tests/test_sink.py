@@ -266,6 +266,10 @@ def test_clickhouse_unable_to_write_delays_loading_and_loses_nothing(bb_config, 
     ({"blackbox.clickhouse.dsn": "mysql://db:3306"}, "blackbox.clickhouse.dsn: 'mysql://db:3306' must start with"),
     ({"blackbox.sink.batch-max-rows": 0}, "blackbox.sink.batch-max-rows: 0 must be an integer >= 1"),
     ({"blackbox.sink.debug-pause-at": "nowhere"}, "blackbox.sink.debug-pause-at: 'nowhere' is not one of"),
+    ({"blackbox.sink.session-timeout": "0s"}, "blackbox.sink.session-timeout: '0s' must be at least"),
+    ({"blackbox.sink.batch-max-wait": 0}, "blackbox.sink.batch-max-wait: 0 must be at least"),
+    ({"blackbox.sink.query-port": 70000}, "blackbox.sink.query-port: 70000 is not a TCP port"),
+    ({"blackbox.sink.group-id": ""}, "blackbox.sink.group-id: '' must be a non-empty string"),
 ])
 def test_bad_settings_stop_the_sink_with_one_line(settings, message, tmp_path, capsys):
     with dask.config.set({"blackbox.data-dir": str(tmp_path / "d"), **settings}):

@@ -187,3 +187,70 @@ def test_derived_records():
     assert batch.positions == {(f"t.{contract.SPAN_STATE}", 0): 1, (f"t.{contract.PREFIX_STATS}", 0): 1,
                                (f"t.{contract.GAPS}", 0): 1, (f"t.{contract.DEAD_LETTER}", 0): 1}
     assert math.isclose(rows(batch, "span_state")[0]["enqueued"], NOW - 5)
+
+
+def test_new_contract_fields_load_and_are_empty_when_missing():
+    """Lifecycle.total_nthreads and SpanState.nthreads_intervals/active_cpu_seconds
+    (migration 002): loaded on both paths; absent (older producers, processors), they
+    load as empty lists and 0."""
+    t = NOW - 10
+    with_history = {"kind": contract.LIFECYCLE, "ts": t, "action": "worker_added",
+                    "worker": "tcp://w:1", "client": None, "reason": None, "stimulus_id": None,
+                    "detail": {}, "total_nthreads": [[t - 1, 2], [t, 3]]}
+    older = {k: v for k, v in with_history.items() if k != "total_nthreads"}
+    bad = {**with_history, "total_nthreads": [[t, 3, 4]]}
+    for typed in (True, False):
+        batch = Batch()
+        if not typed:
+            batch._add_typed = lambda message, now: False
+        batch.add(message(envelope([with_history, older, bad])), NOW)
+        life = rows(batch, "lifecycle")
+        assert [(r["total_nthreads.time"], r["total_nthreads.nthreads"]) for r in life] == [
+            ([t - 1, t], [2, 3]), ([], [])]
+        assert dead(batch) == [f"event 2: lifecycle: total_nthreads: each entry must be a list "
+                               f"[time, nthreads], got {[t, 3, 4]!r}"]
+    batch = Batch()
+    batch.add(message(envelope([with_history, older])), NOW)
+    assert batch.n_checked == 0 and len(batch.tables["lifecycle"]) == 2  # the typed path
+    state = {"cluster_id": "c1", "span_id": "s1", "version": 1, "enqueued": NOW - 5,
+             "nthreads_intervals": [[NOW - 5, NOW - 4, 2], [NOW - 4, NOW - 3, 3]],
+             "active_cpu_seconds": 5.0}
+    batch = Batch()
+    batch.add(message(state, contract.SPAN_STATE), NOW)
+    older_state = {k: v for k, v in state.items() if k not in ("nthreads_intervals", "active_cpu_seconds")}
+    batch.add(message(older_state, contract.SPAN_STATE, offset=1), NOW)
+    assert [(r["nthreads_intervals.begin"], r["nthreads_intervals.nthreads"], r["active_cpu_seconds"])
+            for r in rows(batch, "span_state")] == [([NOW - 5, NOW - 4], [2, 3], 5.0), ([], [], 0.0)]
+
+
+def test_the_sinks_layouts_are_checked_against_the_contract(monkeypatch):
+    """A contract field the sink neither loads nor declares not stored, or one whose
+    declared type the sink's column kind cannot hold, fails at import (here: the
+    checks run again on a changed contract)."""
+    from dask_blackbox.sinks import events, records
+
+    events.check_against_contract()
+    records.check_against_contract()
+
+    class NewField(contract.Lifecycle, total=False):
+        gpu_count: int
+
+    monkeypatch.setitem(contract.EVENTS, contract.LIFECYCLE, NewField)
+    with pytest.raises(TypeError, match=r"lifecycle: contract field\(s\) gpu_count are neither "
+                                        "loaded nor in sinks.events.NOT_STORED"):
+        events.check_against_contract()
+
+    class Retyped(contract.Transition):
+        nbytes: str  # the sink stores an Int64
+
+    monkeypatch.setitem(contract.EVENTS, contract.LIFECYCLE, contract.Lifecycle)
+    monkeypatch.setitem(contract.EVENTS, contract.TRANSITION, Retyped)
+    with pytest.raises(TypeError, match=r"transition.nbytes: kind 'int\?' does not store"):
+        events.check_against_contract()
+
+    class NewState(contract.SpanState):
+        gpu_seconds: float
+
+    monkeypatch.setitem(contract.RECORDS, contract.SPAN_STATE, NewState)
+    with pytest.raises(TypeError, match=r"span-state: contract field\(s\) gpu_seconds are neither"):
+        records.check_against_contract()

@@ -1,0 +1,228 @@
+"""The long fuzzing run: a million (or more) mutated real messages, nothing may crash.
+
+Mutates the messages real producers and processors published (tests/data/
+sink_corpus.json, recorded by tests/data/record_sink_corpus.py) -- a value anywhere
+replaced by a random JSON value (deeply nested and beyond-64-bit ones included), a
+field dropped, nesting far past the limits, bytes cut, flipped, inserted, two messages
+spliced -- and drives each through a target:
+
+- ``--target sink``: ``sinks.batch.Batch.add``. A *crash* is any exception out of it;
+  a message is *unaccounted* when it left neither a row nor a dead letter.
+- ``--target processors``: not here yet (the processors' turn: add a Target to
+  TARGETS).
+
+Prints, every 100k messages and at the end: messages tried, crashes, unaccounted,
+dead letters, messages/s. One run gives one figure; crashes are written (topic and
+value) to ``--crashes`` for replay. Exit status 1 if anything crashed.
+
+    nice python bench/fuzz.py --messages 1000000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import pathlib
+import random
+import sys
+import time
+import traceback
+from typing import Protocol
+
+import orjson
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "tests" / "data" / "sink_corpus.json"
+
+
+# ------------------------------------------------------------------- mutations
+
+def random_scalar(rng: random.Random):
+    pick = rng.randrange(9)
+    if pick == 0:
+        return None
+    if pick == 1:
+        return rng.random() < 0.5
+    if pick == 2:
+        return rng.choice(["", "x", "memory", "erred", "\u00e9\u4e2d", "\x00", "a" * rng.randrange(300)])
+    if pick == 3:
+        return rng.randrange(-(2**70), 2**70)
+    if pick == 4:
+        return rng.choice([0, 1, -1, 2**31, 2**32, 2**63 - 1, 2**63, -(2**63) - 1, 2**64])
+    if pick == 5:
+        return rng.choice([0.0, -0.0, 1e-300, 1e300, 1.7976931348623157e308, 946684799.0, 4e9, 1e10 + 1])
+    if pick == 6:
+        return rng.uniform(-1e12, 1e12)
+    if pick == 7:
+        return time.time() + rng.uniform(-1e6, 1e6)
+    return rng.choice(["transition", "graph", "span", "lifecycle", "log", "worker_digests", "drops"])
+
+
+def random_value(rng: random.Random, budget: int = 6):
+    if budget <= 0 or rng.random() < 0.5:
+        return random_scalar(rng)
+    if rng.random() < 0.5:
+        return [random_value(rng, budget - 2) for _ in range(rng.randrange(4))]
+    return {rng.choice(["kind", "ts", "key", "x", "", "tasks", "events", "digests"]):
+            random_value(rng, budget - 2) for _ in range(rng.randrange(4))}
+
+
+def _paths(value, path=(), out=None):
+    out = [] if out is None else out
+    out.append(path)
+    if type(value) is dict:
+        for k, v in value.items():
+            _paths(v, (*path, k), out)
+    elif type(value) is list:
+        for i, v in enumerate(value):
+            _paths(v, (*path, i), out)
+    return out
+
+
+def _set(value, path, new, drop=False):
+    if not path:
+        return new
+    container = value
+    for step in path[:-1]:
+        container = container[step]
+    if drop:
+        del container[path[-1]]
+    else:
+        container[path[-1]] = new
+    return value
+
+
+_DEPTHS = (99, 100, 101, 254, 256, 1023, 1025, 5_000, 200_000)
+
+
+def mutate(rng: random.Random, topic: str, value: bytes, seeds: list[tuple[str, bytes]]) -> bytes:
+    """``value`` mutated one to three times."""
+    for _ in range(rng.randrange(1, 4)):
+        how = rng.random()
+        if how < 0.55:
+            try:
+                decoded = orjson.loads(value)
+                paths = _paths(decoded)
+            except (orjson.JSONDecodeError, RecursionError):  # (a deep one, mutated before)
+                how = 0.9
+        if how < 0.4:  # replace a value anywhere
+            decoded = _set(decoded, rng.choice(paths), random_value(rng))
+            value = json.dumps(decoded, separators=(",", ":")).encode()  # any int size
+        elif how < 0.5:  # drop a field or an item
+            if paths[1:]:
+                decoded = _set(decoded, rng.choice(paths[1:]), None, drop=True)
+            value = json.dumps(decoded, separators=(",", ":")).encode()
+        elif how < 0.55:  # nest past the limits (and past orjson's, msgspec's, Python's)
+            path = rng.choice(paths)
+            marker = "\x00deep\x00"
+            depth = rng.choice(_DEPTHS)
+            value = json.dumps(_set(decoded, path, marker)).encode().replace(
+                json.dumps(marker).encode(), b"[" * depth + b"]" * depth)
+        elif how < 0.7:  # truncate
+            value = value[:rng.randrange(len(value) + 1)]
+        elif how < 0.8 and value:  # flip a bit
+            i = rng.randrange(len(value))
+            value = value[:i] + bytes([value[i] ^ (1 << rng.randrange(8))]) + value[i + 1:]
+        elif how < 0.9:  # insert bytes
+            i = rng.randrange(len(value) + 1)
+            value = value[:i] + rng.randbytes(rng.randrange(1, 9)) + value[i:]
+        else:  # splice with another message
+            _, other = rng.choice(seeds)
+            value = value[:rng.randrange(len(value) + 1)] + other[rng.randrange(len(other) + 1):]
+    return value
+
+
+# --------------------------------------------------------------------- targets
+
+class Target(Protocol):
+    def add(self, topic: str, value: bytes) -> bool:
+        """Drive one message through; False when it was not accounted for. Raises
+        what the code under test raises (a crash)."""
+
+    def dead_letters(self) -> int: ...
+
+
+class SinkTarget:
+    """sinks.batch.Batch, a fresh batch every 2,000 messages (as the sink's batches)."""
+
+    def __init__(self) -> None:
+        from dask_blackbox.sinks.batch import Batch
+        from dask_blackbox.sinks.tables import Message
+
+        self.Batch, self.Message = Batch, Message
+        self.batch = Batch()
+        self.offset = 0
+        self.n_dead = 0
+
+    def add(self, topic: str, value: bytes) -> bool:
+        if self.batch.n_messages >= 2_000:
+            self.n_dead += len(self.batch.tables["dead_letters"])
+            self.batch = self.Batch()
+        self.offset += 1
+        before = self.batch.n_rows
+        self.batch.add(self.Message(topic, f"fuzz.{topic}", 0, self.offset, b"k", value, 0))
+        return self.batch.n_rows > before
+
+    def dead_letters(self) -> int:
+        return self.n_dead + len(self.batch.tables["dead_letters"])
+
+
+TARGETS = {"sink": SinkTarget}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", choices=["sink", "processors"], default="sink")
+    parser.add_argument("--messages", type=int, default=1_000_000)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS)
+    parser.add_argument("--crashes", type=pathlib.Path, default=pathlib.Path("fuzz-crashes.jsonl"))
+    args = parser.parse_args()
+    if args.target not in TARGETS:
+        parser.error(f"--target {args.target}: not implemented yet; add it to bench/fuzz.py TARGETS")
+    corpus = json.loads(args.corpus.read_text())
+    seeds = [(topic, v.encode()) for topic, values in corpus.items() for v in values]
+    if args.target == "sink":
+        from dask_blackbox.sinks.service import tune_gc
+
+        tune_gc()
+    target = TARGETS[args.target]()
+    rng = random.Random(args.seed)
+    crashes = unaccounted = 0
+    start = time.perf_counter()
+    print(f"fuzzing {args.target} with {args.messages:,} mutated messages from {len(seeds)} "
+          f"recorded ones ({args.corpus.name}), seed {args.seed}", flush=True)
+
+    def report(n: int) -> None:
+        elapsed = time.perf_counter() - start
+        print(f"{n:>10,} messages tried  {crashes} crashes  {unaccounted} unaccounted  "
+              f"{target.dead_letters():,} dead letters  {n / elapsed:,.0f} messages/s  "
+              f"({elapsed:.0f}s)", flush=True)
+
+    for n in range(1, args.messages + 1):
+        topic, value = rng.choice(seeds)
+        try:
+            value = mutate(rng, topic, value, seeds)
+        except RecursionError:  # the mutator's own limit (json.dumps), not the target's
+            pass
+        try:
+            if not target.add(topic, value):
+                unaccounted += 1
+                if unaccounted <= 10:
+                    print(f"unaccounted: {topic} {value[:200]!r}", flush=True)
+        except Exception:  # a crash: what the fuzzing is looking for
+            crashes += 1
+            with open(args.crashes, "a") as f:
+                f.write(json.dumps({"topic": topic, "value": value.decode("utf-8", "replace"),
+                                    "error": traceback.format_exc()}) + "\n")
+            if crashes <= 10:
+                traceback.print_exc()
+        if n % 100_000 == 0:
+            report(n)
+    if args.messages % 100_000:
+        report(args.messages)
+    return 1 if crashes or unaccounted else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
