@@ -6,7 +6,7 @@ released/waiting/(queued)/processing/memory/released/forgotten with an erred min
 tuple and string keys, Dask's stimulus ids, compute/transfer startstops, graphs
 submitted inside nested spans, and the matching scheduler and worker metrics, log
 records, span snapshots and per-minute prefix partials -- and loads them through the
-sink's own loading path (``sinks.rows.Batch`` + ``sinks.loader.Loader``, the code the
+sink's own loading path (``sinks.batch.Batch`` + ``sinks.loader.Loader``, the code the
 consumer runs per batch) into a fresh chDB directory. Then it prints:
 
 - ingest: rows per second through the sink path (generation excluded), all tables and
@@ -51,7 +51,8 @@ from dask_blackbox import config, contract, kafka
 from dask_blackbox import clickhouse
 from dask_blackbox.read import backends, queries
 from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.rows import Batch, Message
+from dask_blackbox.sinks.batch import Batch
+from dask_blackbox.sinks.tables import Message
 from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.service import tune_gc
 

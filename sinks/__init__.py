@@ -12,7 +12,6 @@ Modules, in the order data flows:
 - :mod:`sinks.typed` (msgspec field kinds, the typed envelope decoder: the fast path)
   and :mod:`sinks.checks` (one value at a time, size and depth bounds: the checked path);
 - :mod:`sinks.tables` -- the tables' columns and rows held as columns;
-- :mod:`sinks.rows` -- the names other parts import (Batch, Message, COLUMNS, TABLES);
 - :mod:`sinks.arrow` -- columns to Arrow, typed after the ClickHouse columns;
 - :mod:`sinks.loader` -- insert a batch exactly once (journal, crash recovery,
   retries, dead letters for rejected rows);

@@ -38,7 +38,8 @@ from dask_blackbox.producers.transport import Transport
 from producers_support import (
     offer_event, published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
-from dask_blackbox.sinks.rows import COLUMNS, Batch, Message
+from dask_blackbox.sinks.batch import Batch
+from dask_blackbox.sinks.tables import COLUMNS, Message
 
 MAX_VALUE = 16 * 1024
 
@@ -218,7 +219,7 @@ def test_producer_settings_repr_hides_the_sasl_password():
 
 
 def test_the_sink_takes_every_envelope_on_its_typed_path(recording, monkeypatch):
-    """What real producers send fits the sink's typed path (sinks.rows), which gives
+    """What real producers send fits the sink's typed path (sinks.batch), which gives
     the rows its checked, event-by-event path gives."""
     messages = [Message(RAW, r.topic, r.partition, r.offset, r.key, r.value, r.timestamp)
                 for r in recording["records"]]
