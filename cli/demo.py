@@ -118,6 +118,14 @@ def run(timeout: float = 120.0, progress=print) -> int:
             f"story of the failed task {failed_key!r} (cluster demo-bob)":
                 queries.story(backend, failed_key, cluster="demo-bob"),
         }, "table")
+        from dask_blackbox.read import report
+
+        written = report.write_report(config.data_dir() / "demo-bob-report.html", "demo-bob",
+                                      backend=backend)
+        progress(f"Report of demo-bob, the run as the dashboard showed it (opens offline): "
+                 f"{written['path']} ({written['bytes'] / 1e6:.1f} MB)")
+        progress("Browse every recorded run: dask-blackbox ui --data-dir "
+                 f"{config.data_dir()}   (then open http://127.0.0.1:8787/)")
         progress("Try: dask-blackbox query \"SELECT * FROM transitions LIMIT 5\"")
         return 0
     finally:

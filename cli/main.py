@@ -119,6 +119,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=20)
         elif name == "compare":
             p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
+    from dask_blackbox.cli import ui
+
+    ui.add_commands(sub, [common])
     return parser
 
 
@@ -209,6 +212,7 @@ def main(argv: list[str] | None = None) -> int:
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
         # once, as a KafkaUnreachable error.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
+        logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)  # likewise
     try:
         apply_settings(args)
         if args.command == "up":
@@ -234,6 +238,10 @@ def main(argv: list[str] | None = None) -> int:
 
             print_result(queries.connect().query(args.sql), args.format)
             return 0
+        if args.command in ("ui", "report"):
+            from dask_blackbox.cli import ui
+
+            return ui.run(args)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
             QueryError, UnknownCluster) as e:
