@@ -36,6 +36,8 @@ from typing import Any
 
 from dask_blackbox.read import queries
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.filters import epoch as _epoch
+from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.queries import TimeBound, UnknownCluster
 
 #: At most this many task-stream bars are shipped to a page; above, the stream is binned.
@@ -95,22 +97,6 @@ class Scope:
                 "until": self.until, "span_ids": self.span_ids,
                 "other_runs": [{"cluster_id": c, "first_seen": f, "last_seen": l}
                                for c, f, l in self.others]}
-
-
-def _t(backend: Backend, table: str) -> str:
-    return f"{backend.database}.{table}"
-
-
-def _epoch(value: TimeBound, name: str) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, datetime.datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=datetime.timezone.utc)
-        return value.timestamp()
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    raise TypeError(f"{name} must be a datetime or seconds since the epoch, not {value!r}")
 
 
 # --------------------------------------------------------------------- scope
