@@ -14,7 +14,10 @@
 Faust's own cost is per raw message (one envelope carrying tens to hundreds of
 events), which is why events per second can be far above messages per second.
 
-    python bench/processor_throughput.py [--quick] [--copies N]
+``--broker kafka`` runs it on Apache Kafka (``blackbox.local.kafka-home``) instead
+of Tansu.
+
+    python bench/processor_throughput.py [--quick] [--copies N] [--broker tansu|kafka]
 """
 
 from __future__ import annotations
@@ -37,9 +40,12 @@ from distributed import Client, LocalCluster, span
 
 from dask_blackbox import producers
 from dask_blackbox import kafka
-from dask_blackbox.cli.tansu import free_port, start_broker
+from dask_blackbox.cli import brokers
+from dask_blackbox.cli.brokers import free_port
 from report import report
-from dask_blackbox.stream_processors import envelopes, replay
+from dask_blackbox.stream_processors import envelopes
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+from tests import replay  # noqa: E402  (test/bench-only, not shipped)
 from dask_blackbox.stream_processors.checkpoint import Journal
 from dask_blackbox.stream_processors.cluster import ClusterState
 
@@ -131,13 +137,16 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller workload and fewer copies")
     parser.add_argument("--copies", type=int, help="copies replayed end to end")
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
     args = parser.parse_args()
     size, copies = (1000, 6) if args.quick else (2000, 20)
     copies = args.copies or copies
 
-    proc, port = start_broker()
+    broker_dir = tempfile.TemporaryDirectory()
+    local = brokers.from_config(broker_dir.name, args.broker)
+    local.start(timeout=120)
     try:
-        broker = f"127.0.0.1:{port}"
+        broker = local.address
         recording = record(broker, size)
         n_events = sum(len(orjson.loads(v)["events"]) for _, v in recording)
         print(f"recording: {len(recording)} envelopes, {n_events} events, "
@@ -153,15 +162,15 @@ def main() -> None:
         print(f"end to end: {s['envelopes']} envelopes, {s['events']} events in "
               f"{wall1 - wall0:.2f}s wall, {cpu1 - cpu0:.2f}s CPU of the faust worker "
               f"({s['messages'] / (wall1 - wall0):.0f} messages/s)", flush=True)
-        report("processor throughput end to end (Tansu + 1 faust worker)",
+        report(f"processor throughput end to end ({local.describe()} + 1 faust worker)",
                round(s["events"] / (wall1 - wall0)), "events/s", TARGET, AIM,
                better="higher")
         report("processor throughput end to end, per core of the faust worker",
                round(s["events"] / (cpu1 - cpu0)), "events/s/core", TARGET, AIM,
                better="higher")
     finally:
-        proc.kill()
-        proc.wait()
+        local.stop()
+        broker_dir.cleanup()
 
 
 if __name__ == "__main__":

@@ -6,12 +6,17 @@
 2. Replay: ten replayers send the recording at its real pace, each looping it under
    a new cluster id per loop (every loop ends with the recording's scheduler_close),
    so the pipeline sees ten clusters that keep starting, working and finishing.
-3. Meanwhile the RSS of the broker, the faust worker and the sink is sampled.
+3. Meanwhile the RSS of the broker, the faust worker and the sink is sampled, and the
+   size of the broker's data directory (Apache Kafka; Tansu keeps all in memory).
 
 Prints events in and rows out per kind (they must be equal) and each process's
-memory at the start, middle and end of the run.
+memory, and the broker's disk, at the start, middle and end of the run.
 
-    python bench/soak.py [--seconds 300] [--quick]
+``--broker kafka`` runs the pipeline on Apache Kafka (``blackbox.local.kafka-home``)
+with a short topic retention (``--retention``, default 60s): its memory and disk must
+level off (middle -> end growth at most 1.25x), while Tansu keeps everything.
+
+    python bench/soak.py [--seconds 300] [--quick] [--broker tansu|kafka] [--retention 60s]
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import pathlib
+import sys
 import tempfile
 import threading
 import time
@@ -81,7 +88,8 @@ def record(seconds: float) -> list[tuple[float, dict]]:
 
 
 def _read_raw() -> list[tuple[float, dict]]:
-    from dask_blackbox.stream_processors.replay import read_raw
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    from tests.replay import read_raw
 
     envelopes = sorted((orjson.loads(value) for _, value in asyncio.run(read_raw(idle=3))),
                        key=lambda e: e["sent_at"])
@@ -130,12 +138,25 @@ async def replay(recording, replayers: int, seconds: float) -> collections.Count
     return sent
 
 
-def sample_memory(pipeline, stop: threading.Event, every: float, out: list) -> None:
+def dir_size(path: pathlib.Path) -> int:
+    total = 0
+    for p in path.rglob("*"):
+        try:
+            total += p.stat().st_blocks * 512 if p.is_file() else 0
+        except OSError:  # deleted by retention meanwhile
+            pass
+    return total
+
+
+def sample_memory(pipeline, stop: threading.Event, every: float, out: list,
+                  broker_dir: pathlib.Path | None = None) -> None:
     procs = {c.name: psutil.Process(c.proc.pid) for c in pipeline.children}
     t0 = time.monotonic()
     while not stop.wait(every):
-        out.append((time.monotonic() - t0,
-                    {name: p.memory_info().rss for name, p in procs.items() if p.is_running()}))
+        sample = {name: p.memory_info().rss for name, p in procs.items() if p.is_running()}
+        if broker_dir is not None:
+            sample["broker disk"] = dir_size(broker_dir)
+        out.append((time.monotonic() - t0, sample))
 
 
 def main() -> None:
@@ -144,6 +165,9 @@ def main() -> None:
     parser.add_argument("--record", type=float, default=20.0)
     parser.add_argument("--clusters", type=int, default=10)
     parser.add_argument("--quick", action="store_true", help="60 s replay, 10 s recording")
+    parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
+    parser.add_argument("--retention", default="60s",
+                        help="topic retention on --broker kafka (default 60s)")
     args = parser.parse_args()
     seconds, rec_seconds = (60.0, 10.0) if args.quick else (args.seconds, args.record)
 
@@ -156,8 +180,13 @@ def main() -> None:
         dask.config.set({"blackbox.data-dir": data_dir,
                          # finished clusters leave the processors' memory soon
                          "blackbox.processors.finished-cluster-ttl": "15s"})
-        pipeline = LocalPipeline()
+        if args.broker == "kafka":
+            dask.config.set({"blackbox.kafka.retention": args.retention})
+        pipeline = LocalPipeline(broker=args.broker)
+        began = time.monotonic()
         pipeline.start(progress=lambda m: print(m, flush=True))
+        print(f"pipeline on {args.broker} healthy in {time.monotonic() - began:.1f}s", flush=True)
+        broker_dir = (pathlib.Path(data_dir) / "kafka") if args.broker == "kafka" else None
         try:
             recording = record(rec_seconds)
             n_events = sum(len(e["events"]) for _, e in recording)
@@ -166,7 +195,7 @@ def main() -> None:
                   f"({n_events / max(span_s, 1e-9):.0f} events/s per cluster)", flush=True)
             samples: list = []
             stop = threading.Event()
-            sampler = threading.Thread(target=sample_memory, args=(pipeline, stop, 2.0, samples))
+            sampler = threading.Thread(target=sample_memory, args=(pipeline, stop, 2.0, samples, broker_dir))
             sampler.start()
             t0 = time.monotonic()
             sent = asyncio.run(replay(recording, args.clusters, seconds))
@@ -194,13 +223,20 @@ def main() -> None:
     thirds = [samples[: max(1, len(samples) // 10)],
               samples[len(samples) // 2 - len(samples) // 20: len(samples) // 2 + len(samples) // 20 + 1],
               samples[-max(1, len(samples) // 10):]]
-    print("\npeak RSS (MiB) at the start / middle / end of the run (10% windows)")
+    print(f"\non {args.broker}"
+          + (f" (retention {args.retention})" if args.broker == "kafka" else "")
+          + f"; {len(samples)} samples, one per 2 s")
+    print("peak RSS / disk (MiB) at the start / middle / end of the run (10% windows)")
     for name in samples[0][1]:
         peaks = [max(s[1].get(name, 0) for s in window) / 2**20 for window in thirds]
         print(f"  {name:<14}" + " / ".join(f"{p:7.1f}" for p in peaks))
-        if name != "broker":
+        if name != "broker" and name != "broker disk":
             report(f"soak {name} RSS growth, middle -> end", peaks[2] / peaks[1], "x",
                    target=1.25, aim=1.1)
+        elif args.broker == "kafka":
+            what = "RSS" if name == "broker" else "data directory"
+            report(f"soak Kafka broker {what} growth, middle -> end",
+                   peaks[2] / max(peaks[1], 1e-9), "x", target=1.25, aim=1.1)
     report("soak rows out / events in", rows_out / max(events_in, 1), "ratio",
            target=1.0, better="higher")
 

@@ -373,6 +373,14 @@ class KafkaBroker(LocalBroker):
             # much is kept), and deleted segments leave the disk at once.
             "log.retention.check.interval.ms": int(self.retention_check * 1000),
             "log.segment.delete.delay.ms": 1000,
+            # Topics without segment settings of their own (faust's compacted
+            # changelogs, __consumer_offsets) roll segments too, so compaction (which
+            # only cleans closed segments) keeps them small: the defaults (1 GiB, 7
+            # days) let a changelog grow for days.
+            "log.roll.ms": 60_000,
+            "log.segment.bytes": 32 * 2**20,
+            "offsets.topic.segment.bytes": 16 * 2**20,
+            "log.cleaner.backoff.ms": 5000,
             # A small heap: the compaction buffer of __consumer_offsets is 128 MiB by
             # default.
             "log.cleaner.dedupe.buffer.size": 8 * 2**20,
@@ -456,10 +464,11 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
     if kind not in KINDS:
         raise config.ConfigError(f"blackbox.local.broker: {kind!r} is not one of {KINDS}")
     if port is None:
-        port = config.get("local.broker-port") or 0
-        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port < 65536:
+        value = config.get("local.broker-port") or 0
+        port = int(value) if str(value).isdigit() else -1
+        if isinstance(value, bool) or not 0 <= port < 65536:
             raise config.ConfigError(
-                f"blackbox.local.broker-port: {port!r} must be a port number (0: a free port)")
+                f"blackbox.local.broker-port: {value!r} must be a port number (0: a free port)")
     if kind == "tansu":
         return TansuBroker(port)
     return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port,

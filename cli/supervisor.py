@@ -46,6 +46,7 @@ import time
 from dataclasses import dataclass, field
 
 import dask.config
+from dask.utils import format_bytes
 
 from dask_blackbox import config, kafka, runfiles
 from dask_blackbox.contract import RAW, TOPICS
@@ -246,16 +247,24 @@ class LocalPipeline:
     _lock: object = None
     _log: logging.Logger | None = None
     _memory_warned: bool = False
+    _sigterm: int | None = None
+    _previous_sigterm: object = None
+    _starting: bool = False
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 60.0, progress=print) -> None:
         """Start every part and wait until each is healthy; PipelineError otherwise
         (after stopping whatever did start)."""
         self.started = time.monotonic()
-        data = prepare_data_dir()
-        config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
-        self._max_bytes = config.get_bytes("local.log-max-bytes")
-        self._lock = lock_data_dir(data)
+        self._catch_sigterm()
+        try:
+            data = prepare_data_dir()
+            config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
+            self._max_bytes = config.get_bytes("local.log-max-bytes")
+            self._lock = lock_data_dir(data)
+        except BaseException:
+            self._release_sigterm()
+            raise
         try:
             _private_dir(data / "logs")
             self._log = _supervisor_log(data / "logs" / "up.log", self._max_bytes)
@@ -276,9 +285,30 @@ class LocalPipeline:
                 self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
+            self._starting = False
         except BaseException:
             self.stop(drain_timeout=0)
             raise
+
+    def _catch_sigterm(self) -> None:
+        # From the first moment: a SIGTERM while starting stops what started (no
+        # orphans, no half-started broker); one right after the start (before
+        # run_until_signal) still drains and stops cleanly.
+        self._starting = True
+        if threading.current_thread() is not threading.main_thread():
+            return
+
+        def on_sigterm(signum, frame):
+            self._sigterm = signum
+            if self._starting:
+                raise PipelineError("stopped by SIGTERM while starting")
+
+        self._previous_sigterm = signal.signal(signal.SIGTERM, on_sigterm)
+
+    def _release_sigterm(self) -> None:
+        if self._previous_sigterm is not None:
+            signal.signal(signal.SIGTERM, self._previous_sigterm)
+            self._previous_sigterm = None
 
     def _spawn(self, name: str, cmd: list[str], data: pathlib.Path, env=None) -> Child:
         proc = subprocess.Popen(
@@ -308,6 +338,7 @@ class LocalPipeline:
     def _spawn_processors(self, data: pathlib.Path) -> list[Child]:
         workers = []
         for i in range(self.processors):
+            _private_dir(data / "faust")
             workdir = data / "faust" / f"worker-{i}"
             _private_dir(workdir)
             workers.append(self._spawn(f"processor-{i}", [
@@ -342,7 +373,7 @@ class LocalPipeline:
             "kafka": config.bootstrap_servers()[0],
             "broker": self.local_broker.kind if self.local_broker else "external",
             "topic_prefix": config.get("kafka.topic-prefix"),
-            "clickhouse": config.clickhouse_dsn(),
+            "clickhouse": config.redact(config.clickhouse_dsn()),
             "started_at": time.time(),
         }
         runfiles.write(data, runfiles.UP, state)
@@ -368,8 +399,8 @@ class LocalPipeline:
             return False
         self._memory_warned = True
         message = (
-            f"warning: the Tansu broker uses {rss / 2**20:.0f} MiB (more than "
-            f"blackbox.local.tansu-memory-warning={limit / 2**20:.0f} MiB): Tansu keeps "
+            f"warning: the Tansu broker uses {format_bytes(rss)} (more than "
+            f"blackbox.local.tansu-memory-warning={format_bytes(limit)}): Tansu keeps "
             "everything it ever received until it stops. For long runs use Apache Kafka, "
             "which applies retention: `dask-blackbox up --broker kafka` (or set "
             "blackbox.local.broker: kafka; needs Java 17+ and blackbox.local.kafka-home)"
@@ -385,15 +416,15 @@ class LocalPipeline:
 
     def run_until_signal(self) -> int:
         """Serve until SIGINT/SIGTERM (exit 0) or until a child dies (exit 1)."""
-        stop = {"signal": None}
-
         def on_signal(signum, frame):
-            stop["signal"] = signum
+            self._sigterm = signum
 
+        # One flag, set by this handler or by start's (a SIGTERM right after the
+        # start): a signal is never lost between the two.
         previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         next_memory_check = 0.0
         try:
-            while stop["signal"] is None:
+            while self._sigterm is None:
                 dead = self.failed_child()
                 if dead is not None:
                     print(f"dask-blackbox: error: {dead.name} exited with code "
@@ -439,6 +470,7 @@ class LocalPipeline:
         if self._lock is not None:
             self._lock.close()  # releases the flock
             self._lock = None
+        self._release_sigterm()
         return drained
 
 

@@ -83,10 +83,12 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
     consumer = AIOKafkaConsumer(**settings.client_kwargs(), group_id=None)
     try:
         await consumer.start()
+        # Ask for these topics' partitions: a consumer without subscriptions knows no
+        # topics on Apache Kafka (Tansu tells every client about every topic).
         partitions = [
-            TopicPartition(t, p)
-            for t in topics
-            for p in sorted(consumer.partitions_for_topic(t) or ())
+            TopicPartition(t["topic"], p["partition"])
+            for t in await admin.describe_topics(topics) if t["error_code"] == 0
+            for p in sorted(t["partitions"], key=lambda p: p["partition"])
         ]
         if not partitions:
             return {t: 0 for t in topics}
@@ -94,6 +96,7 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
         begin = await consumer.beginning_offsets(partitions)
         committed = await admin.list_consumer_group_offsets(group_id, partitions=partitions)
     finally:
+        await asyncio.sleep(0)  # aiokafka: stop() before its group task ran raises CancelledError
         await consumer.stop()
         await admin.close()
     lag = dict.fromkeys(topics, 0)

@@ -166,6 +166,9 @@ class Batch:
         time. False, with nothing added, when anything in it is irregular (a wrong
         type, an unknown kind, not JSON, ...): the checked path finds out what."""
         try:
+            # msgspec skips unknown keys without checking their UTF-8; the checked path
+            # (orjson) refuses the message: both paths must agree on what is JSON.
+            message.value.decode()
             wire = decode_envelope(message.value)
             env = Envelope(wire.cluster_id, wire.source, wire.producer_id, wire.seq)
             converted = list(self._typed_rows(message, env, wire.events, now))

@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from aiokafka.errors import InvalidSessionTimeoutError
+
 from dask_blackbox import clickhouse, config, kafka, runfiles
 from dask_blackbox.sinks.consumer import SinkConsumer
 from dask_blackbox.sinks.loader import Loader, PausePoint
@@ -93,7 +95,13 @@ async def serve(companion: CompanionFactory | None = None) -> None:
         loader = Loader(client, s.target, s.group_id, retry_backoff_max=s.retry_backoff_max,
                         pause=PausePoint(s.pause_at, s.data_dir))
         consumer = SinkConsumer(loader, s)
-        await consumer.start()
+        try:
+            await consumer.start()
+        except InvalidSessionTimeoutError:
+            raise config.ConfigError(
+                f"blackbox.sink.session-timeout: {s.session_timeout:g}s is outside what the "
+                "broker accepts (its group.min.session.timeout.ms .. group.max.session.timeout.ms; "
+                "Apache Kafka's default minimum is 6s)") from None
         runfiles.write(s.data_dir, runfiles.SINK, {
             "pid": os.getpid(), "query_url": server.url if server else None, "dsn": config.redact(s.dsn),
             "started_at": time.time(), "token": token,

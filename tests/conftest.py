@@ -7,7 +7,9 @@ directory per test. Nothing here is mocked.
 and module-scoped recordings, follow). Each broker starts once per session, on first
 use. Kafka needs ``DASK_BLACKBOX__LOCAL__KAFKA_HOME`` (``.ci/run`` fetches the jars
 and sets it); without it the Kafka runs are skipped, saying how to get it. Its heap is
-bounded (``DASK_BLACKBOX__LOCAL__KAFKA_HEAP``, default 512MiB here).
+bounded (``DASK_BLACKBOX__LOCAL__KAFKA_HEAP``, default 384MiB here). Tests that run
+brokers of their own (restarted, killed) take ``own_broker_factory``, or
+:func:`broker_for` with ``broker_kind``.
 """
 
 from __future__ import annotations
@@ -19,8 +21,10 @@ import uuid
 import dask.config
 import pytest
 
-from dask_blackbox import config, kafka
-from dask_blackbox.cli.brokers import MAVEN_COMMAND, BrokerError, KafkaBroker, TansuBroker
+from dask_blackbox import kafka
+from dask_blackbox.cli.brokers import MAVEN_COMMAND, BrokerError, TansuBroker
+
+from broker_support import broker_for, kafka_home
 
 BROKERS = ("tansu", "kafka")
 
@@ -32,8 +36,13 @@ def pytest_configure(config):
 
 
 def pytest_generate_tests(metafunc):
-    if metafunc.definition.get_closest_marker("both_brokers") and "broker" in metafunc.fixturenames:
+    if not metafunc.definition.get_closest_marker("both_brokers"):
+        return
+    if "broker" in metafunc.fixturenames:
         metafunc.parametrize("broker", BROKERS, indirect=True, scope="session")
+    elif "broker_kind" in metafunc.fixturenames:
+        # A test that runs brokers of its own (own_broker_factory) asks for the kind.
+        metafunc.parametrize("broker_kind", BROKERS, indirect=True)
 
 
 @pytest.fixture(scope="session")
@@ -43,8 +52,12 @@ def tansu_broker():
         yield tansu.address
 
 
-def kafka_home() -> str | None:
-    return config.get("local.kafka-home")
+def _no_kafka(reason: str) -> None:
+    """Without Kafka's jars a developer's run skips the Kafka half (saying how to get
+    them); CI must run it, so there it is a failure, never a silent skip."""
+    if os.environ.get("CI"):
+        pytest.fail(reason)
+    pytest.skip(reason)
 
 
 @pytest.fixture(scope="session")
@@ -52,11 +65,10 @@ def kafka_broker(tmp_path_factory):
     """``host:port`` of the session's Apache Kafka broker (KRaft, small heap)."""
     home = kafka_home()
     if not home:
-        pytest.skip("Apache Kafka runs need DASK_BLACKBOX__LOCAL__KAFKA_HOME (jars: "
+        _no_kafka("Apache Kafka runs need DASK_BLACKBOX__LOCAL__KAFKA_HOME (jars: "
                     f"{MAVEN_COMMAND}; .ci/run does it)")
     data = tmp_path_factory.mktemp("kafka")
-    broker = KafkaBroker(data, home=home, heap=os.environ.get(
-        "DASK_BLACKBOX__LOCAL__KAFKA_HEAP", "512MiB"))
+    broker = broker_for("kafka", data)
     try:
         broker.start(timeout=120, log=data / "broker.log")
     except BrokerError as e:
@@ -75,9 +87,36 @@ def broker(request):
 
 @pytest.fixture
 def broker_kind(request) -> str:
-    """Which broker ``broker`` is in this test: "tansu" or "kafka"."""
-    callspec = getattr(request.node, "callspec", None)
-    return callspec.params.get("broker", "tansu") if callspec else "tansu"
+    """Which broker this test runs on: "tansu" or "kafka" (the kind of ``broker``,
+    or, for a marked test that starts brokers of its own, its parameter). Kafka
+    runs are skipped without DASK_BLACKBOX__LOCAL__KAFKA_HOME."""
+    kind = getattr(request, "param", None)
+    if kind is None:
+        callspec = getattr(request.node, "callspec", None)
+        kind = callspec.params.get("broker", "tansu") if callspec else "tansu"
+    if kind == "kafka" and not kafka_home():
+        _no_kafka("Apache Kafka runs need DASK_BLACKBOX__LOCAL__KAFKA_HOME (jars: "
+                    f"{MAVEN_COMMAND}; .ci/run does it)")
+    return kind
+
+
+@pytest.fixture
+def own_broker_factory(broker_kind, tmp_path):
+    """Make restartable brokers of this test's kind on ports of the test's choosing:
+    ``own_broker_factory(port=0)`` -> a :class:`~dask_blackbox.cli.brokers.LocalBroker`
+    (not started; ``start()``, ``kill()``, ``stop()``, ``start()`` again: a restarted
+    Tansu is empty, a restarted Kafka keeps its data, see ``.persistent``). Every one
+    is killed at the end of the test."""
+    made = []
+
+    def make(port: int = 0):
+        broker = broker_for(broker_kind, tmp_path / f"broker-{len(made)}", port)
+        made.append(broker)
+        return broker
+
+    yield make
+    for broker in made:
+        broker.kill()
 
 
 @pytest.fixture
@@ -106,3 +145,23 @@ def bb_config(broker, tmp_path):
 def subprocess_env(bb_env: dict[str, str]) -> dict[str, str]:
     """os.environ plus the test's blackbox settings, for child processes."""
     return {**os.environ, **bb_env}
+
+
+#: Modules of the fast tier: no cluster, pipeline or broker of their own (a test in
+#: them that asks for a broker is still integration).
+FAST_MODULES = frozenset({
+    "test_layers", "test_formatting", "test_span_state", "test_prefix_windows",
+    "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
+    "test_cli_errors",
+})
+
+
+def pytest_collection_modifyitems(items):
+    """Tests that run real processes (a broker, faust, the sink, Dask clusters) are
+    the ``integration`` tier; ``python -m pytest -m "not integration"`` runs the fast
+    one."""
+    for item in items:
+        module = item.module.__name__.rpartition(".")[2]
+        if (module not in FAST_MODULES or "broker" in getattr(item, "fixturenames", ())
+                or item.get_closest_marker("slow")):
+            item.add_marker(pytest.mark.integration)

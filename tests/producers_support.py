@@ -5,13 +5,16 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
+import tempfile
 from collections import defaultdict
 
 import dask.config
 
 from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, validate_envelope
-from dask_blackbox.cli.tansu import free_port, start_broker
+from broker_support import broker_for
+from dask_blackbox.cli.brokers import free_port
 from dask_blackbox.producers.transport import Transport, ready
 from kafka_reader import read_json
 from polling import wait_for
@@ -61,33 +64,33 @@ def story_by_key(transition_log) -> dict[str, list[tuple]]:
 
 
 class OwnBroker:
-    """A Tansu broker on a port of the test's choosing, which the test may stop and
-    start again (Tansu keeps everything in memory: a restarted broker is empty)."""
+    """A local broker of the test's kind (Tansu or Apache Kafka) on a port of the
+    test's choosing, which the test may kill and start again. A restarted Tansu is
+    empty (memory only); a restarted Kafka keeps its data (``persistent``)."""
 
-    def __init__(self) -> None:
-        self.port = free_port()
-        self.proc = None
+    def __init__(self, kind: str = "tansu") -> None:
+        self.scratch = tempfile.mkdtemp(prefix="own-broker-")
+        self.local = broker_for(kind, self.scratch, free_port())
+        self.port = self.local.port
+        self.persistent = self.local.persistent
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
 
     def start(self, create_topics: bool = True) -> None:
-        self.proc, _ = start_broker(self.port)
+        self.local.start(timeout=120)
         if create_topics:
             asyncio.run(kafka.ensure_topics())
 
     def kill(self) -> None:
-        if self.proc is not None:
-            self.proc.kill()
-            self.proc.wait()
-            self.proc = None
+        self.local.kill()
 
 
 @contextlib.contextmanager
-def own_broker(topic_prefix: str):
+def own_broker(topic_prefix: str, kind: str = "tansu"):
     """An :class:`OwnBroker` (not started) with dask config pointing at it."""
-    broker = OwnBroker()
+    broker = OwnBroker(kind)
     try:
         with dask.config.set({
             "blackbox.kafka.bootstrap-servers": broker.address,
@@ -97,6 +100,7 @@ def own_broker(topic_prefix: str):
             yield broker
     finally:
         broker.kill()
+        shutil.rmtree(broker.scratch, ignore_errors=True)
 
 
 def scheduler_plugin_stats(dask_scheduler) -> dict:

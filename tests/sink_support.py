@@ -18,7 +18,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 
 from dask_blackbox import config, contract
-from dask_blackbox.read import backends, queries
+from dask_blackbox.read import backends
 from dask_blackbox.sinks.loader import Loader
 from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.schema import Target, migrate
@@ -93,7 +93,8 @@ class SinkProcess:
     def __init__(self, bb_env: dict[str, str], **settings: str) -> None:
         env = subprocess_env(bb_env)
         env.update({"DASK_BLACKBOX__SINK__BATCH_MAX_WAIT": "200ms",
-                    "DASK_BLACKBOX__SINK__SESSION_TIMEOUT": "2s"})
+                    # Apache Kafka's smallest session timeout (group.min.session.timeout.ms)
+                    "DASK_BLACKBOX__SINK__SESSION_TIMEOUT": "6s"})
         for key, value in settings.items():
             env["DASK_BLACKBOX__SINK__" + key.upper()] = value
         self.data_dir = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"])

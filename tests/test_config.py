@@ -65,6 +65,7 @@ def test_sasl_needs_credentials():
         assert kw["sasl_plain_username"] == "u" and kw["sasl_mechanism"] == "PLAIN"
 
 
+@pytest.mark.both_brokers
 def test_topics_are_created_on_the_real_broker(bb_config):
     import asyncio
 

@@ -1,6 +1,6 @@
 """The user's story, end to end: three clusters record at once; one of them dies of
 KilledWorker. After every cluster has shut down, the CLI alone (queries on ClickHouse)
-tells what Dask knew while the clusters were alive."""
+tells what Dask knew while the clusters were alive. On Tansu and on Apache Kafka."""
 
 from __future__ import annotations
 
@@ -85,6 +85,7 @@ def pipeline(bb_config, tmp_path):
         local.stop(drain_timeout=0)
 
 
+@pytest.mark.both_brokers
 def test_killed_worker_post_mortem_from_queries_alone(pipeline, bb_config):
     data_dir = bb_config["DASK_BLACKBOX__DATA_DIR"]
     limit = 400 * 2**20

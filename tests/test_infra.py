@@ -1,8 +1,13 @@
 """The production compose file, checked with what runs here (no Docker engine): it
 parses, Compose itself accepts it, its services run the CLI commands the tests run,
-and every environment variable it sets is a real blackbox setting."""
+and every environment variable it sets is a real blackbox setting. Its defaults are
+safe: no default ClickHouse password, published ports on 127.0.0.1 only, topics never
+auto-created, and an override puts Kafka's external listener behind SASL_SSL. The
+Maven file that fetches Apache Kafka pins the version the compose file runs."""
 
+import os
 import pathlib
+import re
 import shutil
 import subprocess
 
@@ -15,6 +20,22 @@ from dask_blackbox.cli.supervisor import PROCESSOR_ARGS, SINK_ARGS
 
 ROOT = pathlib.Path(__file__).parent.parent
 COMPOSE = ROOT / "infra" / "docker-compose.yml"
+SASL = ROOT / "infra" / "docker-compose.sasl.yml"
+SECRETS = {"CLICKHOUSE_PASSWORD": "pw", "KAFKA_EXTERNAL_HOST": "kafka.example.org",
+           "KAFKA_SASL_PASSWORD": "sasl-pw", "KAFKA_SSL_PASSWORD": "ssl-pw"}
+
+
+def compose_config(*files, **env):
+    """`docker-compose config` of ``files`` with only ``env`` set: (returncode,
+    resolved config or None, stderr)."""
+    tool = shutil.which("docker-compose")
+    assert tool, "docker-compose (Debian package) is needed to lint the compose file"
+    base = {k: v for k, v in os.environ.items() if k not in SECRETS and k not in (
+        "KAFKA_BIND", "CLICKHOUSE_BIND")}
+    args = [a for f in files for a in ("-f", str(f))]
+    out = subprocess.run([tool, *args, "config"], capture_output=True, text=True,
+                         env={**base, **env})
+    return out.returncode, yaml.safe_load(out.stdout) if out.returncode == 0 else None, out.stderr
 
 
 @pytest.fixture(scope="module")
@@ -27,11 +48,69 @@ def _our_services(compose):
 
 
 def test_compose_is_valid_for_compose_itself():
-    tool = shutil.which("docker-compose")
-    assert tool, "docker-compose (Debian package) is needed to lint the compose file"
-    out = subprocess.run([tool, "-f", str(COMPOSE), "config", "-q"],
-                         capture_output=True, text=True)
-    assert out.returncode == 0, out.stderr
+    code, _, err = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw")
+    assert code == 0, err
+    code, _, err = compose_config(COMPOSE, SASL, **SECRETS)
+    assert code == 0, err
+
+
+def test_no_default_clickhouse_password():
+    code, _, err = compose_config(COMPOSE)
+    assert code != 0 and "set CLICKHOUSE_PASSWORD" in err
+    assert "blackbox}" not in COMPOSE.read_text()  # no fallback value anywhere
+    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="s3cret")
+    assert resolved["services"]["clickhouse"]["environment"]["CLICKHOUSE_PASSWORD"] == "s3cret"
+    assert "blackbox:s3cret@" in resolved["services"]["sink"]["environment"][
+        "DASK_BLACKBOX__CLICKHOUSE__DSN"]
+
+
+def _published(resolved):
+    out = {}
+    for name, service in resolved["services"].items():
+        for port in service.get("ports", ()):
+            text = port if isinstance(port, str) else (
+                f"{port.get('host_ip', '')}:{port['published']}:{port['target']}")
+            host_ip, published, _target = re.fullmatch(
+                r"(?:(.*):)?(\d+):(\d+)(?:/tcp)?", text).groups()
+            out[(name, int(published))] = host_ip
+    return out
+
+
+def test_only_what_users_reach_is_published_and_on_loopback_by_default():
+    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw")
+    published = _published(resolved)
+    assert published == {("kafka", 29092): "127.0.0.1", ("clickhouse", 8123): "127.0.0.1"}
+    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw", KAFKA_BIND="0.0.0.0")
+    assert _published(resolved)[("kafka", 29092)] == "0.0.0.0"  # when the user says so
+
+
+def test_topics_are_never_auto_created(compose):
+    assert compose["services"]["kafka"]["environment"]["KAFKA_AUTO_CREATE_TOPICS_ENABLE"] == "false"
+
+
+def test_external_listener_with_sasl_ssl():
+    _, resolved, _ = compose_config(COMPOSE, SASL, **SECRETS)
+    env = resolved["services"]["kafka"]["environment"]
+    protocols = dict(p.split(":") for p in env["KAFKA_LISTENER_SECURITY_PROTOCOL_MAP"].split(","))
+    assert protocols["EXTERNAL"] == "SASL_SSL" and protocols["INTERNAL"] == "PLAINTEXT"
+    assert "EXTERNAL://kafka.example.org:29092" in env["KAFKA_ADVERTISED_LISTENERS"]
+    assert 'user_blackbox="sasl-pw"' in env["KAFKA_LISTENER_NAME_EXTERNAL_PLAIN_SASL_JAAS_CONFIG"]
+    assert env["KAFKA_SSL_KEYSTORE_PASSWORD"] == "ssl-pw"
+    # Only the external listener is published; the internal plaintext one is not.
+    assert _published(resolved) == {("kafka", 29092): "127.0.0.1",
+                                    ("clickhouse", 8123): "127.0.0.1"}
+    code, _, err = compose_config(COMPOSE, SASL, CLICKHOUSE_PASSWORD="pw")
+    assert code != 0 and "KAFKA_" in err  # no secret, no start
+
+
+def test_maven_fetches_the_kafka_the_compose_file_runs(compose):
+    pom = (ROOT / "infra" / "kafka" / "pom.xml").read_text()
+    version = re.search(r"<kafka.version>([\d.]+)</kafka.version>", pom)[1]
+    assert version.startswith("4.")
+    assert compose["services"]["kafka"]["image"] == f"apache/kafka:{version}"
+    assert "<artifactId>kafka_2.13</artifactId>" in pom
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "infra/kafka/pom.xml" in ci and "DASK_BLACKBOX__LOCAL__KAFKA_HOME" in ci
 
 
 def test_services_run_the_commands_the_tests_run(compose):

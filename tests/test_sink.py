@@ -98,6 +98,7 @@ def prepare_chdb(data_dir, sql: str) -> None:
         client.close()
 
 
+@pytest.mark.both_brokers
 def test_sink_loads_every_topic_and_dead_letters_what_cannot_be_stored(bb_config, tmp_path):
     data_dir = tmp_path / "data"
     # A DBA's constraint: ClickHouse itself will reject the transition with a huge key.
@@ -187,6 +188,7 @@ def test_sink_loads_every_topic_and_dead_letters_what_cannot_be_stored(bb_config
         direct.close()
 
 
+@pytest.mark.both_brokers
 def test_sigkill_before_during_and_after_inserts_leaves_crash_free_rows(bb_config, tmp_path):
     produce_everything(n_envelopes=40, events=30)
     small_batches = {"batch_max_rows": "300"}
@@ -223,6 +225,7 @@ def test_sigkill_before_during_and_after_inserts_leaves_crash_free_rows(bb_confi
     assert sum(len(rows) for rows in actual.values()) > 6000
 
 
+@pytest.mark.both_brokers
 def test_clickhouse_unable_to_write_delays_loading_and_loses_nothing(bb_config, tmp_path):
     """ClickHouse fails every insert into transitions while its data directory is
     immutable (chattr +i: a read-only disk, as far as ClickHouse can tell): the sink
