@@ -142,10 +142,10 @@ class Journal:
 
     def commit(
         self, changes: dict[str, object], records: Callable[[], dict[str, object]],
-        partition: int,
+        partition: int, base: bool = False,
     ) -> list[Message]:
         """The changelog messages of the next checkpoint, in the order to send them:
-        ``changes`` as a delta, or ``records()`` as a new base."""
+        ``changes`` as a delta, or ``records()`` as a new base (always if ``base``)."""
         self.epoch += 1
         c = self.cluster_id
         out: list[Message] = []
@@ -153,7 +153,8 @@ class Journal:
         delta = _parts(changes.items(), self.part_bytes)
         delta_size = sum(map(len, delta))
         if (
-            self.delta_bytes + delta_size > max(self.base_bytes, self.compact_min_bytes)
+            base
+            or self.delta_bytes + delta_size > max(self.base_bytes, self.compact_min_bytes)
             or len(self.deltas) >= self.compact_max_deltas
         ):
             slot = 0 if self.base is None else 1 - self.base[0]

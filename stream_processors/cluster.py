@@ -204,11 +204,17 @@ class ClusterState:
     def snapshots(self, final: bool = False) -> list[dict]:
         """SPAN_STATE records of the spans changed since the last call (with their
         ancestors, which roll them up); ``final``: also of every span whose tree is
-        not done (the cluster is being forgotten, they are published as they stand)."""
+        not done (the cluster is being forgotten, they are published as they stand).
+        Spans whose SPAN event has not been applied yet are not published."""
         tree = self.tree
         ids = tree.take_unpublished()
         if final:
             ids |= tree.open_spans()
+        # A span is published once its SPAN event is known (a worker's digests or a
+        # child may name it first): a snapshot always has a name and enqueued.
+        spans = tree.spans
+        ids = [sid for sid in ids if spans[sid].name is not None
+               and spans[sid].enqueued is not None]
         if not ids:
             return []
         now = time.time()

@@ -2,7 +2,7 @@
 
 A raw message is accepted when it is at most ``contract.MAX_ENVELOPE_BYTES`` long,
 decodes as JSON, passes ``contract.validate_envelope``, names a known ``source`` and
-is keyed by its own ``cluster_id`` (the key decides the partition, and the partition
+has a string (or null) ``cluster_name`` and is keyed by its own ``cluster_id`` (the key decides the partition, and the partition
 decides which processor owns the cluster's state, so a message keyed otherwise would
 split a cluster across processors). Anything else becomes a dead letter
 (``contract.DEAD_LETTER_FIELDS``) saying why.
@@ -40,6 +40,10 @@ def decode(value: bytes | None, key: bytes | None) -> dict:
             f"unknown source {envelope['source']!r}; expected one of "
             f"{sorted(contract.SOURCES)}"
         )
+    name = envelope["cluster_name"]
+    if name is not None and not isinstance(name, str):
+        raise InvalidEnvelope(
+            f"cluster_name must be a string or null, got a {type(name).__name__}")
     if key is not None and key != envelope["cluster_id"].encode():
         raise InvalidEnvelope(
             f"message key {key.decode('utf-8', 'replace')!r} is not the envelope's "

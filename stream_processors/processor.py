@@ -16,14 +16,27 @@ messages after it are read again, their envelopes are applied again (those the
 checkpoint already covers are duplicates by ``seq`` and skipped), and re-publish
 exactly the records published before the crash (same ``partial_id``), never fewer.
 
+A message that is not a valid envelope becomes one dead letter; so does every event
+of a valid envelope that its cluster refuses (:class:`~.cluster.Rejection`: the
+reason names the event, its kind and the field), and the rest is applied.
+
 Every ``snapshot-interval`` (:meth:`Processor.tick`), the spans that changed are
 published as snapshots (not awaited: a snapshot lost in a crash is published again
 after the restart, which re-publishes every span), the partials of producers silent
-for a whole window are closed, and clusters whose scheduler_close this worker applied
-more than ``finished-cluster-ttl`` ago are forgotten (their checkpoint deleted).
+for a whole window are closed, producers silent for ``idle-cluster-ttl`` are
+forgotten by their cluster, and clusters are forgotten (their checkpoint deleted):
+those whose scheduler_close this worker applied more than ``finished-cluster-ttl``
+ago, and those none of whose producers sent anything for ``idle-cluster-ttl`` (a
+cluster killed without closing). Before such a cluster is forgotten, its spans are
+published as they stand (every span whose tree is not done gets a last snapshot, its
+``done`` false) and its open partials are closed, and the worker waits for the
+broker to acknowledge them.
 
 After a rebalance (:meth:`Processor.on_recovered`), the clusters of the partitions
-this worker owns are rebuilt from the changelog (:func:`read_changelog`).
+this worker owns are rebuilt from the changelog (:func:`read_changelog`). A record
+that cannot be read, or a span link that would close a cycle, is skipped with a dead
+letter (topic: the changelog; key: the changelog entry) instead of crashing every
+restart; a cluster whose meta record cannot be read is dropped with a dead letter.
 """
 
 from __future__ import annotations
@@ -37,16 +50,21 @@ from collections.abc import Iterable
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from dask_blackbox import config
+from dask_blackbox.config import KafkaSettings
 from dask_blackbox.contract import (
     DEAD_LETTER, GAPS, PREFIX_STATS, SPAN_STATE, InvalidEnvelope,
 )
 
 from . import envelopes
-from .checkpoint import Journal, parse_key
-from .cluster import ClusterState
+from .checkpoint import Journal, entry_key, parse_key
+from .cluster import BadRecord, ClusterState
+from .settings import ProcessorSettings
 
 logger = logging.getLogger(__name__)
+
+#: Dead letters published for the refused events of one message, at most; the rest
+#: are summed up in one more.
+MAX_REJECTIONS_PER_MESSAGE = 10
 
 
 class Processor:
@@ -55,15 +73,13 @@ class Processor:
     ``outputs`` the faust topics by contract name (SPAN_STATE, PREFIX_STATS, GAPS,
     DEAD_LETTER)."""
 
-    def __init__(self, app, raw_topic: str, table, outputs: dict, *, window: float,
-                 max_keys: int, ttl: float):
+    def __init__(self, app, settings: ProcessorSettings, raw_topic: str, table,
+                 outputs: dict):
         self.app = app
+        self.settings = settings
         self.raw_topic = raw_topic
         self.table = table
         self.outputs = outputs
-        self.window = window
-        self.max_keys = max_keys
-        self.ttl = ttl
         self.clusters: dict[str, ClusterState] = {}
         self.journals: dict[str, Journal] = {}
         #: one batch, tick or recovery at a time: each runs apply-publish-checkpoint
@@ -71,7 +87,8 @@ class Processor:
         self.lock = asyncio.Lock()
         self.counters = {"envelopes": 0, "events": 0, "duplicates": 0, "dead_letters": 0,
                          "gaps": 0, "partials": 0, "snapshots": 0, "adopted": 0,
-                         "not_owned": 0}
+                         "not_owned": 0, "rejected_events": 0, "expired_idle": 0,
+                         "forgotten_producers": 0}
         #: (wall clock, process CPU seconds) when the first batch of envelopes began,
         #: and when the latest one was done (for throughput measurements)
         self.first_began: tuple[float, float] | None = None
@@ -117,7 +134,13 @@ class Processor:
                 if applied is None:
                     self.counters["duplicates"] += 1
                     continue
-                gaps, closed = applied
+                gaps, closed, rejected = applied
+                if rejected:
+                    for record in self._rejections(msg, rejected):
+                        sent.append(self._publish(DEAD_LETTER, record["key"], record))
+                    self.counters["rejected_events"] += len(rejected)
+                    self.counters["dead_letters"] += min(
+                        len(rejected), MAX_REJECTIONS_PER_MESSAGE + 1)
                 for gap in gaps:
                     sent.append(self._publish(GAPS, state.cluster_id, gap.record(state.cluster_id)))
                 for record in state.partial_records(closed):
@@ -135,11 +158,23 @@ class Processor:
                 self.first_began = self.first_began or began
                 self.last_done = (time.time(), time.process_time())
 
+    @staticmethod
+    def _rejections(msg, rejected) -> list[dict]:
+        """Dead letters for the events of ``msg`` its cluster refused."""
+        reasons = [r.describe() for r in rejected[:MAX_REJECTIONS_PER_MESSAGE]]
+        if len(rejected) > MAX_REJECTIONS_PER_MESSAGE:
+            reasons.append(f"and {len(rejected) - MAX_REJECTIONS_PER_MESSAGE} more "
+                           "refused events")
+        return [envelopes.dead_letter(msg.topic, msg.partition, msg.offset, msg.key,
+                                      msg.value, f"refused {reason}; the rest of the "
+                                      "envelope was applied")
+                for reason in reasons]
+
     def _state(self, cluster_id: str, partition: int) -> ClusterState:
         state = self.clusters.get(cluster_id)
         if state is None:
             state = self.clusters[cluster_id] = ClusterState(
-                cluster_id, self.window, self.max_keys)
+                cluster_id, self.settings.prefix_window, self.settings.max_live_keys)
             self.journals[cluster_id] = Journal(cluster_id)
         state.partition = partition
         return state
@@ -157,32 +192,53 @@ class Processor:
     # ------------------------------------------------------------- periodic
 
     async def tick(self) -> None:
-        """Publish changed spans; close idle producers' partials; forget clusters
-        closed for longer than the TTL."""
+        """Publish changed spans; close idle producers' partials; forget producers
+        and clusters past their TTLs."""
         async with self.lock:
             now = time.time()
+            settings = self.settings
             sent, touched, expired = [], [], []
             for state in self.clusters.values():
-                for record in state.snapshots():
-                    self._publish(SPAN_STATE, state.cluster_id, record)
+                idle = now - state.last_applied > settings.idle_cluster_ttl
+                finished = (state.close_seen is not None
+                            and now - state.close_seen > settings.finished_cluster_ttl)
+                for record in state.snapshots(final=idle and not finished):
+                    # awaited only for a cluster about to be forgotten
+                    future = self._publish(SPAN_STATE, state.cluster_id, record)
+                    if idle or finished:
+                        sent.append(future)
                     self.counters["snapshots"] += 1
-                closed = state.close_idle(now, self.window)
+                closed = state.close_idle(now, settings.prefix_window)
+                more, gone = state.forget_producers(now, settings.idle_cluster_ttl)
+                closed += more
+                if idle or finished:
+                    closed += state.windows.close_all()
+                    expired.append(state)
                 if closed:
                     for record in state.partial_records(closed):
                         sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
                     self.counters["partials"] += len(closed)
+                if closed or gone:
                     touched.append(state)
-                if state.close_seen is not None and now - state.close_seen > self.ttl:
-                    expired.append(state)
+                self.counters["forgotten_producers"] += len(gone)
             if sent:
                 await asyncio.gather(*sent)
             for state in touched:
-                self._checkpoint(state)
+                if state not in expired:
+                    self._checkpoint(state)
             for state in expired:
-                self._write(state.partition, self.journals.pop(state.cluster_id).drop())
-                del self.clusters[state.cluster_id]
-                logger.info("forgot cluster %s, closed %.0fs ago", state.cluster_id,
-                            now - state.close_seen)
+                self._forget(state.cluster_id)
+                if state.close_seen is not None:
+                    logger.info("forgot cluster %s, closed %.0fs ago", state.cluster_id,
+                                now - state.close_seen)
+                else:
+                    self.counters["expired_idle"] += 1
+                    logger.info("forgot cluster %s, silent for %.0fs without closing",
+                                state.cluster_id, now - state.last_applied)
+
+    def _forget(self, cluster_id: str) -> None:
+        state = self.clusters.pop(cluster_id)
+        self._write(state.partition, self.journals.pop(cluster_id).drop())
 
     # ------------------------------------------------------------- rebalance
 
@@ -200,28 +256,62 @@ class Processor:
             owned = self._owned_partitions()
             # faust's copy of the changelog is not used (see read_changelog)
             self.table.data.clear()
-            entries = await read_changelog(self.table.changelog_topic.get_topic_name(), owned)
+            topic = self.table.changelog_topic.get_topic_name()
+            entries = await read_changelog(topic, owned, self.settings.kafka)
             by_cluster: dict[str, dict[tuple, bytes]] = defaultdict(dict)
-            for key, value in entries.items():
+            for key, (_, value) in entries.items():
                 cid, path = parse_key(key)
                 by_cluster[cid][path] = value
             self.clusters.clear()
             self.journals.clear()
+            sent = []
             for cid, found in by_cluster.items():
-                journal, records, partition, garbage = Journal.recover(cid, found)
-                if journal is None:
+                rec = Journal.recover(cid, found)
+                if rec.journal is None:
                     continue  # an interrupted first checkpoint; the next one overwrites it
-                state = ClusterState.from_records(cid, records, self.window, self.max_keys)
-                state.partition = partition
+                self._write(rec.partition, [(k, None) for k in rec.garbage])
+                try:
+                    state = ClusterState.from_records(
+                        cid, rec.records, self.settings.prefix_window,
+                        self.settings.max_live_keys)
+                except BadRecord as e:
+                    origin = rec.origins.get(e.key, entry_key(cid, "M"))
+                    sent.append(self._recovery_dead_letter(
+                        topic, rec.partition, entries, origin, e.key, rec.records,
+                        f"cluster {cid}: {e}; the cluster's state is dropped"))
+                    self._write(rec.partition, rec.journal.drop())
+                    continue
+                for rk, why in state.problems:
+                    sent.append(self._recovery_dead_letter(
+                        topic, rec.partition, entries,
+                        rec.origins.get(rk, entry_key(cid, "M")), rk, rec.records,
+                        f"cluster {cid}: record {rk}: {why}"))
+                state.partition = rec.partition
                 # Whatever was published before a crash is published again.
-                state.tree.unpublished = set(state.tree.spans)
+                state.tree.republish_all()
                 self.clusters[cid] = state
-                self.journals[cid] = journal
-                self._write(partition, [(k, None) for k in garbage])
+                self.journals[cid] = rec.journal
+                if state.problems:
+                    # the repaired state replaces the bad records on the changelog
+                    self._write(rec.partition, rec.journal.commit(
+                        {}, state.records, rec.partition, base=True))
+            if sent:
+                await asyncio.gather(*sent)
             self.counters["adopted"] += len(self.clusters)
             logger.info("raw partitions %s: %d clusters rebuilt from the changelog",
                         sorted(owned), len(self.clusters))
             await self._rewind_uncommitted()
+
+    def _recovery_dead_letter(self, topic: str, partition: int, entries: dict,
+                              origin: bytes, record_key: str, records: dict | None,
+                              reason: str):
+        offset = entries.get(origin, (-1, None))[0]
+        value = (records or {}).get(record_key, (None, None))[1]
+        record = envelopes.dead_letter(
+            topic, partition, offset, origin, orjson.dumps([record_key, value]), reason)
+        self.counters["dead_letters"] += 1
+        logger.warning("changelog %s: %s", topic, reason)
+        return self._publish(DEAD_LETTER, record["key"], record)
 
     async def _rewind_uncommitted(self) -> None:
         """Start raw partitions without a committed offset from their beginning.
@@ -247,13 +337,19 @@ class Processor:
         and when the latest one was done. ``envelopes`` and ``events`` include
         duplicates; ``adopted`` counts clusters rebuilt from the changelog after
         rebalances; ``not_owned`` raw messages skipped because a rebalance had given
-        their partition to another worker."""
+        their partition to another worker; ``rejected_events`` events refused by their
+        cluster (each a dead letter, at most :data:`MAX_REJECTIONS_PER_MESSAGE` + 1 per
+        message); ``expired_idle`` clusters forgotten for silence (idle-cluster-ttl)
+        and ``forgotten_producers`` producers forgotten so."""
         return {**self.counters, "clusters": len(self.clusters),
                 "first_began": self.first_began, "last_done": self.last_done}
 
 
-async def read_changelog(topic: str, partitions: Iterable[int]) -> dict[bytes, bytes]:
-    """The latest value of every key of these changelog partitions, read to the end.
+async def read_changelog(
+    topic: str, partitions: Iterable[int], kafka: KafkaSettings
+) -> dict[bytes, tuple[int, bytes]]:
+    """The latest ``(offset, value)`` of every key of these changelog partitions,
+    read to the end.
 
     faust's own table recovery stops at the partition's end offset as the broker
     reports it, and Tansu reports it wrong for batched writes (the base offset of
@@ -264,11 +360,11 @@ async def read_changelog(topic: str, partitions: Iterable[int]) -> dict[bytes, b
     if not tps:
         return {}
     consumer = AIOKafkaConsumer(
-        **config.kafka_client_kwargs(), group_id=None, enable_auto_commit=False,
+        **kafka.client_kwargs(), group_id=None, enable_auto_commit=False,
         max_partition_fetch_bytes=16 * 1024 * 1024, fetch_max_wait_ms=100,
     )
     await consumer.start()
-    out: dict[bytes, bytes] = {}
+    out: dict[bytes, tuple[int, bytes]] = {}
     try:
         consumer.assign(tps)
         await consumer.seek_to_beginning(*tps)
@@ -281,7 +377,7 @@ async def read_changelog(topic: str, partitions: Iterable[int]) -> dict[bytes, b
                     if r.value is None:
                         out.pop(r.key, None)
                     else:
-                        out[r.key] = r.value
+                        out[r.key] = (r.offset, r.value)
             if batch:
                 idle = 0
             elif all([await consumer.position(tp) >= ends[tp] for tp in tps]):

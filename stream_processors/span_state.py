@@ -690,16 +690,17 @@ class SpanTree:
         stop = agg.stop
         done = agg.done
         intervals: list[list] = []
-        rows = [[*k, v] for k, v in metrics.items()]
+        known_history = enqueued is not None and bool(self.nthreads_times)
         if enqueued is not None:
             if start:
                 start = max(start, enqueued)
             stop = max(stop, enqueued)
-            if self.nthreads_times:
+            if known_history:
                 intervals = nthreads_intervals(self.nthreads_times, self.nthreads_counts,
                                                enqueued, stop, done)
         active = sum((t1 - t0) * n for t0, t1, n in intervals)
-        if intervals:
+        rows = [[*k, v] for k, v in metrics.items()]
+        if known_history:
             known = sum(v for k, v in metrics.items()
                         if k[0] == "execute" and k[-1] == "seconds" and k != IDLE_KEY)
             metrics = {**metrics, IDLE_KEY: max(0.0, active - known)}

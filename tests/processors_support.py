@@ -9,16 +9,21 @@ import os
 import pathlib
 import signal
 import subprocess
+import time
+import types
+import typing
 import urllib.request
 
 from aiokafka import AIOKafkaConsumer
 
-from dask_blackbox import config
+from dask_blackbox import config, contract
 from dask_blackbox.cli.tansu import free_port
+from kafka_reader import read_json
+from polling import wait_for
 
 SPAN_FIELDS = ("name", "parent_id", "enqueued", "start", "stop", "duration",
                "nbytes_total", "states", "all_durations", "cumulative_worker_metrics",
-               "done")
+               "done", "nthreads_intervals", "active_cpu_seconds")
 
 
 class FaustWorker:
@@ -79,9 +84,9 @@ class FaustWorker:
 def dask_truth(dask_scheduler) -> dict:
     """Spans and prefixes as the scheduler knows them (run with run_on_scheduler).
 
-    Spans: every field a snapshot carries, Dask's way; ``cumulative_worker_metrics``
-    without the synthetic ``idle or other spans`` entry (derived from the thread-count
-    history, not published). Prefixes: ``state_counts`` and ``all_durations``.
+    Spans: every field a snapshot carries, Dask's way (``cumulative_worker_metrics``
+    with its derived ``idle or other spans`` entry). Prefixes: ``state_counts`` and
+    ``all_durations``.
     """
     ext = dask_scheduler.extensions["spans"]
     spans = {}
@@ -97,10 +102,10 @@ def dask_truth(dask_scheduler) -> dict:
             "states": {k: v for k, v in s.states.items() if v},
             "all_durations": dict(s.all_durations),
             "cumulative_worker_metrics": [
-                [*k, v] for k, v in s.cumulative_worker_metrics.items()
-                if k != ("execute", "N/A", "idle or other spans", "seconds")
-            ],
+                [*k, v] for k, v in s.cumulative_worker_metrics.items()],
             "done": s.done,
+            "nthreads_intervals": [list(i) for i in s.nthreads_intervals],
+            "active_cpu_seconds": s.active_cpu_seconds,
         }
     prefixes = {
         name: {"state_counts": {k: v for k, v in tp.state_counts.items() if v},
@@ -129,6 +134,8 @@ def span_differences(truth: dict, snapshot: dict | None) -> list[str]:
         t, s = truth[field], snapshot[field]
         if field in ("duration",):
             same = round(t * 1e6) == round(s * 1e6)
+        elif field == "active_cpu_seconds":
+            same = abs(t - s) <= 1e-9 * max(1.0, abs(t))
         elif field == "all_durations":
             same = _us(t) == _us(s)
         elif field == "cumulative_worker_metrics":
@@ -139,6 +146,87 @@ def span_differences(truth: dict, snapshot: dict | None) -> list[str]:
             same = t == s
         if not same:
             out.append(f"{field}: dask={t!r} pipeline={s!r}")
+    return out
+
+
+def span_diffs(truth: dict, snapshots: dict, cluster_id: str, name=None) -> dict:
+    """Per span name: what differs between Dask's spans and the latest snapshots."""
+    out = {}
+    for sid, t in truth["spans"].items():
+        if name is not None and t["name"] != [name]:
+            continue
+        d = span_differences(t, snapshots.get((cluster_id, sid)))
+        if d:
+            out[tuple(t["name"])] = d
+    return out
+
+
+def converge(client, cluster_id: str, name=None, timeout=45.0) -> tuple[dict, dict]:
+    """Once the cluster is idle, re-read Dask's truth and the pipeline's snapshots
+    until they agree (workers report metrics with heartbeats, the producers with their
+    own interval); return the truth and the remaining differences."""
+    wait_for(lambda: not any(client.processing().values()), 30, "an idle cluster")
+    deadline = time.monotonic() + timeout
+    while True:
+        truth = client.run_on_scheduler(dask_truth)
+        snaps = latest_snapshots(read_json(contract.SPAN_STATE, idle=0.3))
+        diffs = span_diffs(truth, snaps, cluster_id, name)
+        if not diffs or time.monotonic() > deadline:
+            return truth, diffs
+        time.sleep(0.5)
+
+
+# ------------------------------------------------------------ the contract
+
+
+def _type_problem(value, tp) -> str | None:
+    """Why ``value`` is not of the declared type ``tp`` (None: it is). ``float``
+    takes an int too (PEP 484's numeric tower), never a bool."""
+    origin = typing.get_origin(tp)
+    if tp is typing.Any:
+        return None
+    if origin in (typing.Union, types.UnionType):
+        problems = [_type_problem(value, a) for a in typing.get_args(tp)]
+        return None if None in problems else " and ".join(problems)
+    if tp is type(None):
+        return None if value is None else f"{value!r:.60} is not null"
+    if tp is float:
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        return None if ok else f"{value!r:.60} is not a number"
+    if tp in (int, str, bool):
+        ok = type(value) is tp
+        return None if ok else f"{value!r:.60} is not {tp.__name__}"
+    if origin is list:
+        if not isinstance(value, list):
+            return f"{value!r:.60} is not a list"
+        (item,) = typing.get_args(tp)
+        for i, v in enumerate(value):
+            if (p := _type_problem(v, item)) is not None:
+                return f"[{i}]: {p}"
+        return None
+    if origin is dict:
+        if not isinstance(value, dict):
+            return f"{value!r:.60} is not an object"
+        kt, vt = typing.get_args(tp)
+        for k, v in value.items():
+            if (p := _type_problem(k, kt) or _type_problem(v, vt)) is not None:
+                return f"[{k!r}]: {p}"
+        return None
+    raise TypeError(f"no check for declared type {tp!r}")
+
+
+def contract_violations(topic: str, records: list[dict]) -> list[str]:
+    """What in these records of a derived topic differs from its declaration in
+    ``contract.RECORDS``: missing or extra fields, values of another type."""
+    declared = contract.field_types(contract.RECORDS[topic])
+    out = []
+    for r in records:
+        if set(r) != set(declared):
+            out.append(f"{topic}: fields {sorted(set(r) ^ set(declared))} differ: {r!r:.200}")
+            continue
+        for field, tp in declared.items():
+            if (p := _type_problem(r[field], tp)) is not None:
+                out.append(f"{topic}.{field}: {p}")
     return out
 
 

@@ -4,6 +4,9 @@ Load tests and benchmarks record the raw topic of a real workload once, then pub
 it many times as if it came from many clusters: :func:`renamed` gives a copy a new
 ``cluster_id`` (and ``cluster_name``) and suffixes every ``producer_id``, so each
 copy is processed as distinct clusters and producers, with its own sequences.
+
+Test and benchmark code only (not shipped): the benches import it with the repository
+root on ``sys.path`` (``from tests import replay``).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ What is compared, precisely:
 - spans: for every span of ``scheduler.extensions["spans"]``, the latest snapshot
   has the same name, parent, enqueued, start, stop, nbytes_total, states (non-zero
   counts) and done; duration and all_durations in whole microseconds (Dask's unit);
-  cumulative_worker_metrics to 1e-9 relative, without Dask's synthetic "idle or other
-  spans" entry;
+  cumulative_worker_metrics (with Dask's derived "idle or other spans" entry) and
+  active_cpu_seconds to 1e-9 relative, nthreads_intervals exactly;
 - prefixes: summed over the partials (one per partial_id), ``finished`` equals
   ``TaskPrefix.state_counts`` (how many times a task entered each state),
   ``durations`` equals ``TaskPrefix.all_durations`` in microseconds, ``n_erred``
@@ -45,11 +45,11 @@ from dask_blackbox import producers
 from dask_blackbox import contract, kafka
 from kafka_reader import read_json
 from processors_support import (
-    FaustWorker, committed_clusters, dask_truth, env_for, latest_snapshots, prefix_totals,
-    span_differences, unique_partials,
+    FaustWorker, committed_clusters, contract_violations, converge, env_for,
+    latest_snapshots, prefix_totals, span_diffs, unique_partials,
 )
 from polling import wait_for
-from dask_blackbox.stream_processors import replay
+import replay
 from dask_blackbox.stream_processors.checkpoint import Journal, parse_key
 from dask_blackbox.stream_processors.cluster import ClusterState
 
@@ -129,32 +129,6 @@ def run_workload(client: Client, marker: str, agree) -> list:
     return held
 
 
-def span_diffs(truth: dict, snapshots: dict, cluster_id: str, name=None) -> dict:
-    out = {}
-    for sid, t in truth["spans"].items():
-        if name is not None and t["name"] != [name]:
-            continue
-        d = span_differences(t, snapshots.get((cluster_id, sid)))
-        if d:
-            out[tuple(t["name"])] = d
-    return out
-
-
-def converge(client: Client, cluster_id: str, name=None, timeout=45.0) -> tuple[dict, dict]:
-    """Once the cluster is idle, re-read Dask's truth and the pipeline's snapshots
-    until they agree (workers report metrics with heartbeats, the producers with their
-    own interval); return the truth and the remaining differences."""
-    wait_for(lambda: not any(client.processing().values()), 30, "an idle cluster")
-    deadline = time.monotonic() + timeout
-    while True:
-        truth = client.run_on_scheduler(dask_truth)
-        snaps = latest_snapshots(read_json(contract.SPAN_STATE, idle=0.3))
-        diffs = span_diffs(truth, snaps, cluster_id, name)
-        if not diffs or time.monotonic() > deadline:
-            return truth, diffs
-        time.sleep(0.5)
-
-
 def prefix_diffs(truth: dict, partials: list[dict]) -> dict:
     totals = prefix_totals(partials)
     out = {}
@@ -228,6 +202,8 @@ def recorded(broker, tmp_path_factory):
             wait_for(lambda: worker.stats()["envelopes"] >= len(rec.raw), 30,
                      "every envelope")
             rec.stats = worker.stats()
+            rec.published = {topic: read_json(topic, idle=0.3)
+                             for topic in (contract.SPAN_STATE, contract.PREFIX_STATS)}
         finally:
             worker.stop()
     return rec
@@ -280,6 +256,14 @@ def test_prefix_partials_sum_to_dask_task_prefixes(recorded):
     assert all(p["max_duration"] <= p["durations"].get("compute", 0) for p in recorded.partials)
 
 
+def test_published_records_follow_the_contract(recorded):
+    """Every record published, not only the latest: exactly the fields
+    ``contract.RECORDS`` declares, each of its declared type."""
+    for topic, records in recorded.published.items():
+        assert records, topic
+        assert contract_violations(topic, records) == [], topic
+
+
 # --------------------------------------------- crash, scale-out, dead letters, gaps
 
 
@@ -322,6 +306,7 @@ def _garbage(good: dict, key: bytes) -> list[tuple[bytes, bytes, str]]:
     ]
 
 
+@pytest.mark.both_brokers
 def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_path):
     """Copies of the recorded stream under new cluster ids, spread over both
     partitions, with garbage in between and one copy missing envelopes, go through
@@ -401,6 +386,7 @@ def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_
         b.stop()
 
     dead = read_json(contract.DEAD_LETTER, idle=0.5)
+    assert contract_violations(contract.DEAD_LETTER, dead) == []
     got = {(d["key"], d["payload"][:50], d["reason"]) for d in dead}
     for key, value, reason in garbage:
         assert any(k == key.decode() and p == value[:50].decode("utf-8", "replace")
@@ -408,6 +394,7 @@ def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_
     assert len({(d["partition"], d["offset"]) for d in dead}) == len(garbage)
 
     gaps = read_json(contract.GAPS, idle=0.5)
+    assert contract_violations(contract.GAPS, gaps) == []
     assert {(g["cluster_id"], g["producer_id"], g["missing_from"], g["missing_to"])
             for g in gaps} == {(gappy, scheduler_pid + "@" + gappy, 5, 7)}
 
@@ -415,6 +402,7 @@ def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_
 # ------------------------------------------------------- checkpoint consistency
 
 
+@pytest.mark.both_brokers
 def test_checkpoints_recover_from_a_crash_at_any_message(recorded):
     """Apply the recorded stream with a checkpoint after every few envelopes, keep
     every changelog message, then for each cut of that log (a crash after message
@@ -451,8 +439,34 @@ def test_checkpoints_recover_from_a_crash_at_any_message(recorded):
             else:
                 store[key] = value
         entries = {parse_key(k)[1]: v for k, v in store.items()}
-        j, records, _, _ = Journal.recover(cid, entries, **sizes)
-        recovered = fresh() if j is None else ClusterState.from_records(cid, records, 60.0, 10**6)
+        rec = Journal.recover(cid, entries, **sizes)
+        recovered = fresh() if rec.journal is None else ClusterState.from_records(
+            cid, rec.records, 60.0, 10**6)
+        assert not recovered.problems
         for envelope in source:
             recovered.apply(envelope)
         assert recovered.records() == expected, f"crash after changelog message {cut}"
+
+
+# ------------------------------------------------------------------ settings
+
+
+def test_settings_are_resolved_once_and_validated():
+    from dask_blackbox.config import ConfigError
+    from dask_blackbox.stream_processors.settings import ProcessorSettings
+
+    with dask.config.set({"blackbox.processors.idle-cluster-ttl": "90s",
+                          "blackbox.kafka.bootstrap-servers": "127.0.0.1:9"}):
+        s = ProcessorSettings.from_config()
+    assert s.idle_cluster_ttl == 90 and s.kafka.bootstrap_servers == ("127.0.0.1:9",)
+    with pytest.raises(Exception):
+        s.prefix_window = 1  # frozen
+    for key, value, fix in (
+            ("processors.snapshot-interval", "0s", "snapshot-interval: '0s' must be at least"),
+            ("processors.idle-cluster-ttl", "soon", "idle-cluster-ttl: 'soon' is not a duration"),
+            ("processors.session-timeout", "500ms", "session-timeout: '500ms' must be at least 1s"),
+            ("processors.batch-max-envelopes", 0, "batch-max-envelopes: 0 must be an integer")):
+        with dask.config.set({f"blackbox.{key}": value,
+                              "blackbox.kafka.bootstrap-servers": "127.0.0.1:9"}):
+            with pytest.raises(ConfigError, match=fix.replace("(", r"\(")):
+                ProcessorSettings.from_config()
