@@ -45,7 +45,9 @@ from dask_blackbox.cli.brokers import free_port
 from report import report
 from dask_blackbox.stream_processors import envelopes
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))  # support modules import their neighbours
 from tests import replay  # noqa: E402  (test/bench-only, not shipped)
+from tests.processors_support import processor_settings  # noqa: E402
 from dask_blackbox.stream_processors.checkpoint import Journal
 from dask_blackbox.stream_processors.cluster import ClusterState
 
@@ -53,13 +55,7 @@ TARGET, AIM = 50_000, 200_000
 
 
 def settings(broker: str, prefix: str) -> dict:
-    return {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": 2,
-        "blackbox.processors.app-id": f"bench-{prefix}",
-        "blackbox.processors.session-timeout": "6s",
-    }
+    return processor_settings(broker, prefix)
 
 
 def record(broker: str, size: int) -> list[tuple[bytes, bytes]]:

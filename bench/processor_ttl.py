@@ -41,18 +41,11 @@ from dask_blackbox import kafka, producers  # noqa: E402
 from dask_blackbox.cli.tansu import start_broker  # noqa: E402
 from report import report  # noqa: E402
 from tests import replay  # noqa: E402  (test/bench-only, not shipped)
-from tests.processors_support import FaustWorker, env_for  # noqa: E402
+from tests.processors_support import FaustWorker, env_for, processor_settings  # noqa: E402
 
 
 def settings(broker: str, prefix: str, ttl: float) -> dict:
-    return {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": 2,
-        "blackbox.processors.app-id": f"bench-{prefix}",
-        "blackbox.processors.session-timeout": "6s",
-        "blackbox.processors.idle-cluster-ttl": f"{ttl}s",
-    }
+    return processor_settings(broker, prefix, idle_cluster_ttl=f"{ttl}s")
 
 
 def record(broker: str) -> list[dict]:

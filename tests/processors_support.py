@@ -261,6 +261,20 @@ def prefix_totals(partials: list[dict]) -> dict[str, dict]:
     return out
 
 
+def processor_settings(broker: str, prefix: str, partitions: int = 2, **processors) -> dict:
+    """``blackbox.*`` settings for a processor of its own: topics under ``prefix`` on
+    ``broker``, the app id ``app-<prefix>``, the 6 s session Kafka allows at least, and
+    any ``blackbox.processors.*`` given (``snapshot_interval="200ms"``, ...)."""
+    return {
+        "blackbox.kafka.bootstrap-servers": broker,
+        "blackbox.kafka.topic-prefix": prefix,
+        "blackbox.kafka.partitions": partitions,
+        "blackbox.processors.app-id": f"app-{prefix}",
+        "blackbox.processors.session-timeout": "6s",
+        **{f"blackbox.processors.{k.replace('_', '-')}": v for k, v in processors.items()},
+    }
+
+
 def env_for(settings: dict) -> dict[str, str]:
     """os.environ plus ``blackbox.*`` settings as DASK_ environment variables."""
     return {**os.environ, **{

@@ -11,15 +11,13 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import subprocess
 import sys
-import threading
-import time
 
 import pytest
 
 from polling import wait_for
+from up_process import Up
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -56,47 +54,6 @@ def _clean_env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
-class Up:
-    """`python -m dask_blackbox.cli up --data-dir D` whose output can be awaited."""
-
-    def __init__(self, data_dir):
-        self.data_dir = data_dir
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dask_blackbox.cli", "up", "--data-dir", str(data_dir)],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=_clean_env(),
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def wait_for(self, text: str, timeout: float = 180) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if text in line:
-                return
-        raise AssertionError(f"no {text!r} in up's output:\n{''.join(self.output)}")
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
-
 def _query(data_dir, sql: str) -> list[dict]:
     out = subprocess.run(
         [sys.executable, "-m", "dask_blackbox.cli", "query", sql, "--data-dir", str(data_dir),
@@ -109,7 +66,7 @@ def _query(data_dir, sql: str) -> list[dict]:
 
 def test_attach_without_a_broker_records_into_the_running_up(tmp_path):
     data_dir = tmp_path / "data"
-    up = Up(data_dir)
+    up = Up(data_dir, env=_clean_env())
     try:
         up.wait_for("healthy in")
         state = json.loads((data_dir / "up.json").read_text())
@@ -144,4 +101,4 @@ def test_attach_without_a_broker_records_into_the_running_up(tmp_path):
                                  f"WHERE cluster_id = '{cluster_id}'")
         assert names == [{"cluster_name": "x"}]
     finally:
-        up.stop()
+        up.terminate()

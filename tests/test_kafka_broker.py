@@ -21,7 +21,7 @@ import pytest
 
 from dask_blackbox.cli.brokers import port_open
 
-from test_local_pipeline import Up
+from up_process import Up
 
 KAFKA_HOME = os.environ.get("DASK_BLACKBOX__LOCAL__KAFKA_HOME")
 needs_kafka = pytest.mark.skipif(

@@ -8,66 +8,23 @@ from __future__ import annotations
 
 import json
 import os
-import pathlib
-import queue
 import re
 import stat
 import signal
 import subprocess
 import sys
-import threading
-import time
 
 import psutil
 import pytest
 
 from dask_blackbox.cli.brokers import port_open
 from dask_blackbox.cli.supervisor import Child, PipelineError, lock_data_dir
+from up_process import Up
 
 
 def cli(*args, timeout=120, **kwargs):
     return subprocess.run([sys.executable, "-m", "dask_blackbox.cli", *args],
                           capture_output=True, text=True, timeout=timeout, **kwargs)
-
-
-class Up:
-    """A `dask-blackbox up` subprocess whose output lines can be awaited."""
-
-    def __init__(self, data_dir, *extra):
-        self.data_dir = data_dir
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "dask_blackbox.cli", "up", "--data-dir", str(data_dir), *extra],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-        )
-        self.lines: queue.Queue[str] = queue.Queue()
-        self.output: list[str] = []
-        threading.Thread(target=self._pump, daemon=True).start()
-
-    def _pump(self):
-        for line in self.proc.stdout:
-            self.output.append(line)
-            self.lines.put(line)
-
-    def wait_for(self, text, timeout=120):
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                line = self.lines.get(timeout=0.5)
-            except queue.Empty:
-                if self.proc.poll() is not None:
-                    break
-                continue
-            if text in line:
-                return line
-        raise AssertionError(f"no {text!r} in up's output:\n{''.join(self.output)}")
-
-    def state(self):
-        return json.loads((self.data_dir / "up.json").read_text())
-
-    def stop(self):
-        if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
 
 
 @pytest.fixture

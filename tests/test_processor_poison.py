@@ -26,7 +26,7 @@ from kafka_reader import read_json, read_records
 from polling import wait_for
 from processors_support import (
     FaustWorker, committed_clusters, contract_violations, converge, env_for,
-    latest_snapshots,
+    latest_snapshots, processor_settings,
 )
 import replay
 
@@ -112,15 +112,8 @@ async def seed_changelog(topic: str, messages, partition: int) -> None:
 def poisoned(broker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("poison")
     prefix = "x" + uuid.uuid4().hex[:10]
-    settings = {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": PARTITIONS,
-        "blackbox.processors.app-id": f"app-{prefix}",
-        "blackbox.processors.session-timeout": "6s",
-        "blackbox.processors.snapshot-interval": "200ms",
-        "blackbox.processors.idle-cluster-ttl": f"{IDLE_TTL}s",
-    }
+    settings = processor_settings(broker, prefix, PARTITIONS, snapshot_interval="200ms",
+                                  idle_cluster_ttl=f"{IDLE_TTL}s")
     with dask.config.set(settings):
         asyncio.run(kafka.ensure_topics())
         changelog = f"app-{prefix}-cluster-state-changelog"

@@ -46,7 +46,7 @@ from dask_blackbox import contract, kafka
 from kafka_reader import read_json
 from processors_support import (
     FaustWorker, committed_clusters, contract_violations, converge, env_for,
-    latest_snapshots, prefix_totals, span_diffs, unique_partials,
+    latest_snapshots, prefix_totals, processor_settings, span_diffs, unique_partials,
 )
 from polling import wait_for
 import replay
@@ -162,13 +162,7 @@ class Recorded:
 def recorded(broker, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("processors")
     prefix = "p" + uuid.uuid4().hex[:10]
-    settings = {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": PARTITIONS,
-        "blackbox.processors.app-id": f"app-{prefix}",
-        **PROCESSOR_SETTINGS,
-    }
+    settings = processor_settings(broker, prefix, PARTITIONS, snapshot_interval="200ms")
     rec = Recorded()
     with dask.config.set(settings):
         asyncio.run(kafka.ensure_topics())

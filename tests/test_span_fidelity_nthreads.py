@@ -16,7 +16,7 @@ from distributed import Client, LocalCluster, span, wait
 
 from dask_blackbox import kafka, producers
 from polling import wait_for
-from processors_support import FaustWorker, converge, env_for
+from processors_support import FaustWorker, converge, env_for, processor_settings
 
 
 def nap(i):
@@ -27,14 +27,7 @@ def nap(i):
 @pytest.fixture
 def processor(broker, tmp_path):
     prefix = "n" + uuid.uuid4().hex[:10]
-    settings = {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": 1,
-        "blackbox.processors.app-id": f"app-{prefix}",
-        "blackbox.processors.session-timeout": "6s",
-        "blackbox.processors.snapshot-interval": "200ms",
-    }
+    settings = processor_settings(broker, prefix, 1, snapshot_interval="200ms")
     with dask.config.set(settings):
         asyncio.run(kafka.ensure_topics())
         worker = FaustWorker(env_for(settings), tmp_path, "nthreads").start()
