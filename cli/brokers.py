@@ -59,6 +59,17 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def terminate(proc: subprocess.Popen, timeout: float) -> None:
+    """SIGTERM ``proc`` (a clean shutdown) and wait; SIGKILL after ``timeout``."""
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def port_open(host: str, port: int) -> bool:
     try:
         with socket.create_connection((host, port), timeout=0.2):
@@ -155,13 +166,7 @@ class LocalBroker:
     def stop(self, timeout: float = 30.0) -> None:
         """SIGTERM (a clean shutdown), SIGKILL after ``timeout``."""
         if self.proc is not None:
-            if self.proc.poll() is None:
-                self.proc.terminate()
-                try:
-                    self.proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    self.proc.kill()
-                    self.proc.wait()
+            terminate(self.proc, timeout)
             self.proc = None
 
     def kill(self) -> None:

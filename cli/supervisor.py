@@ -486,10 +486,4 @@ def _supervisor_log(path: pathlib.Path, max_bytes: int) -> logging.Logger:
 
 
 def _terminate(child: Child, timeout: float = 15.0) -> None:
-    if child.alive():
-        child.proc.terminate()
-        try:
-            child.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            child.proc.kill()
-            child.proc.wait()
+    brokers.terminate(child.proc, timeout)

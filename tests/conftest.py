@@ -119,17 +119,15 @@ def own_broker_factory(broker_kind, tmp_path):
         broker.kill()
 
 
-@pytest.fixture
-def bb_config(broker, tmp_path):
-    """Point dask-blackbox at the session broker with topics of its own, and at a
-    fresh data directory. Yields the settings as ``DASK_BLACKBOX__*`` environment
-    variables for subprocesses (faust workers, the sink, the CLI)."""
-    prefix = "t" + uuid.uuid4().hex[:10]
+def pipeline_settings(broker: str, prefix: str, data_dir) -> tuple[dict, dict[str, str]]:
+    """Settings for a pipeline of its own on ``broker``: topics under ``prefix``, its
+    own consumer groups and data directory; and the same as ``DASK_BLACKBOX__*``
+    environment variables for subprocesses (faust workers, the sink, the CLI)."""
     settings = {
         "blackbox.kafka.bootstrap-servers": broker,
         "blackbox.kafka.topic-prefix": prefix,
         "blackbox.kafka.partitions": 2,
-        "blackbox.data-dir": str(tmp_path / "data"),
+        "blackbox.data-dir": str(data_dir),
         "blackbox.processors.app-id": f"app-{prefix}",
         "blackbox.sink.group-id": f"sink-{prefix}",
     }
@@ -137,6 +135,15 @@ def bb_config(broker, tmp_path):
         "DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
         for k, v in settings.items()
     }
+    return settings, env
+
+
+@pytest.fixture
+def bb_config(broker, tmp_path):
+    """Point dask-blackbox at the session broker with topics of its own, and at a
+    fresh data directory. Yields the settings as ``DASK_BLACKBOX__*`` environment
+    variables for subprocesses (faust workers, the sink, the CLI)."""
+    settings, env = pipeline_settings(broker, "t" + uuid.uuid4().hex[:10], tmp_path / "data")
     with dask.config.set(settings):
         asyncio.run(kafka.ensure_topics())
         yield env

@@ -39,6 +39,7 @@ from dask_blackbox import producers
 from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
 from dask_blackbox.read import backends
 
+from conftest import pipeline_settings
 from polling import wait_for
 
 import playwright.sync_api as playwright_sync  # noqa: E402  (a test dependency)
@@ -146,16 +147,8 @@ def recorded(broker, tmp_path_factory):
     `dask-blackbox ui` subprocess over it."""
     prefix = "ui" + uuid.uuid4().hex[:8]
     root = tmp_path_factory.mktemp("ui")
-    settings = {
-        "blackbox.kafka.bootstrap-servers": broker,
-        "blackbox.kafka.topic-prefix": prefix,
-        "blackbox.kafka.partitions": 2,
-        "blackbox.data-dir": str(root / "data"),
-        "blackbox.processors.app-id": f"app-{prefix}",
-        "blackbox.sink.group-id": f"sink-{prefix}",
-    }
-    env = {**os.environ, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-                            for k, v in settings.items()}}
+    settings, bb_env = pipeline_settings(broker, prefix, root / "data")
+    env = {**os.environ, **bb_env}
     truth: dict = {"root": root, "env": env}
     with dask.config.set({**settings, "optimization.fuse.active": False,
                           "distributed.scheduler.allowed-failures": 1}):
