@@ -38,7 +38,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # processors_support imports its neighbours
 
 from dask_blackbox import kafka, producers  # noqa: E402
-from dask_blackbox.cli.tansu import start_broker  # noqa: E402
+from dask_blackbox.cli.brokers import TansuBroker  # noqa: E402
 from report import report  # noqa: E402
 from tests import replay  # noqa: E402  (test/bench-only, not shipped)
 from tests.processors_support import FaustWorker, env_for, processor_settings  # noqa: E402
@@ -129,7 +129,8 @@ def main() -> None:
     parser.add_argument("--ttl", type=float, default=10.0)
     args = parser.parse_args()
     wait_s = args.ttl + 8  # the TTL, plus a few snapshot ticks
-    proc, port = start_broker()
+    tansu = TansuBroker().start()
+    port = tansu.port
     broker = f"127.0.0.1:{port}"
     try:
         with tempfile.TemporaryDirectory() as tmp:
@@ -156,8 +157,7 @@ def main() -> None:
             report("processor RSS, killed clusters, idle TTL", round(b["rss"], 1),
                    "MiB", None)
     finally:
-        proc.kill()
-        proc.wait()
+        tansu.kill()
 
 
 if __name__ == "__main__":

@@ -447,10 +447,11 @@ def end_to_end(args, root: pathlib.Path) -> dict:
     """N transitions through Tansu and the sink subprocess, twice: produced while the
     sink runs (the bench's producer shares the two cores with broker and sink), and as
     a backlog the sink drains on its own."""
-    from dask_blackbox.cli.tansu import start_broker
+    from dask_blackbox.cli.brokers import TansuBroker
     from aiokafka import AIOKafkaProducer
 
-    broker, port = start_broker()
+    broker = TansuBroker().start()
+    port = broker.port
     clusters = max(1, args.e2e // 100_000)
     offsets: dict = {}
     payload = []
@@ -536,7 +537,6 @@ def end_to_end(args, root: pathlib.Path) -> dict:
             if sink.poll() is None:
                 sink.kill()
         broker.kill()
-        broker.wait()
 
 
 def main() -> None:

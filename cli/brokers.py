@@ -480,15 +480,3 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
                        home=config.get("local.kafka-home"),
                        heap=config.get_bytes("local.kafka-heap"),
                        java=config.get("local.java"))
-
-
-def start_broker(port: int | None = None, timeout: float = 20.0, **popen_kwargs
-                 ) -> tuple[subprocess.Popen, int]:
-    """Start Tansu on 127.0.0.1 and wait until it accepts connections (the historical
-    helper of tests and benchmarks; :class:`TansuBroker` is the same)."""
-    broker = TansuBroker(port or 0)
-    try:
-        broker.start(timeout, **popen_kwargs)
-    except BrokerError as e:
-        raise RuntimeError(str(e)) from None
-    return broker.proc, broker.port

@@ -17,7 +17,7 @@ import urllib.request
 from aiokafka import AIOKafkaConsumer
 
 from dask_blackbox import config, contract
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 from kafka_reader import read_json
 from polling import wait_for
 

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 
 
 def run_cli(*args, timeout=60):

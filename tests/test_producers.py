@@ -29,7 +29,7 @@ from dask_blackbox.contract import (
     EVENTS, Transition, EVENT, EVENT_FIELDS, GRAPH, LIFECYCLE, LOG, MAX_ENVELOPE_BYTES, RAW, SCHEDULER_METRICS,
     SPAN, TRANSITION, WORKER_DIGESTS, WORKER_METRICS, encode_key,
 )
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 from kafka_reader import read_records
 from polling import wait_for
 from dask_blackbox.producers.encode import sanitize

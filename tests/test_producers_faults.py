@@ -27,7 +27,7 @@ from conftest import subprocess_env
 from dask_blackbox.contract import (
     DROPS, EVENT, GRAPH, LOG, TRANSITION, WORKER_METRICS, encode_key,
 )
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 from polling import wait_for
 from producers_support import (
     own_broker, published, scheduler_plugin_stats, scheduler_transitions,

@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from dask_blackbox import config
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 
 from conftest import subprocess_env
 

@@ -19,7 +19,7 @@ import orjson
 import pytest
 
 from dask_blackbox import config, contract
-from dask_blackbox.cli.tansu import free_port
+from dask_blackbox.cli.brokers import free_port
 from dask_blackbox.read import backends, queries
 from dask_blackbox.cli import sink as service
 from dask_blackbox.sinks.schema import Target, migrate

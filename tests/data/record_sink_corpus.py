@@ -32,7 +32,7 @@ import dask.array as da  # noqa: E402
 from distributed import Client, LocalCluster, span, wait  # noqa: E402
 
 from dask_blackbox import contract, kafka, producers  # noqa: E402
-from dask_blackbox.cli.tansu import free_port, start_broker  # noqa: E402
+from dask_blackbox.cli.brokers import TansuBroker, free_port  # noqa: E402
 from kafka_reader import read_records  # noqa: E402
 from processors_support import FaustWorker, env_for  # noqa: E402
 from sink_support import produce  # noqa: E402
@@ -70,7 +70,7 @@ def workload(client: Client) -> None:
 
 def main() -> None:
     port = free_port()
-    proc, _ = start_broker(port)
+    tansu = TansuBroker(port).start()
     prefix = "corpus" + uuid.uuid4().hex[:6]
     settings = {"blackbox.kafka.bootstrap-servers": f"127.0.0.1:{port}",
                 "blackbox.kafka.topic-prefix": prefix}
@@ -103,8 +103,7 @@ def main() -> None:
     finally:
         if faust is not None:
             faust.stop()
-        proc.terminate()
-        proc.wait(30)
+        tansu.stop()
     OUT.write_text(json.dumps(corpus, indent=0) + "\n")
     print(OUT, {t: len(v) for t, v in corpus.items()},
           f"{OUT.stat().st_size / 1e3:.0f} kB")
