@@ -122,10 +122,11 @@ def run(timeout: float = 120.0, progress=print) -> int:
 
         written = report.write_report(config.data_dir() / "demo-bob-report.html", "demo-bob",
                                       backend=backend)
-        progress(f"Report of demo-bob, the run as the dashboard showed it (opens offline): "
-                 f"{written['path']} ({written['bytes'] / 1e6:.1f} MB)")
-        progress("Browse every recorded run: dask-blackbox ui --data-dir "
-                 f"{config.data_dir()}   (then open http://127.0.0.1:8787/)")
+        progress(f"The run of demo-bob as the dashboard showed it, one HTML file that opens "
+                 f"offline ({written['bytes'] / 1e6:.1f} MB):")
+        progress(f"  {written['path']}")
+        progress("Browse every recorded run (then open http://127.0.0.1:8787/):")
+        progress(f"  dask-blackbox ui --data-dir {config.data_dir()}")
         progress("Try: dask-blackbox query \"SELECT * FROM transitions LIMIT 5\"")
         return 0
     finally:

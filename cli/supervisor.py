@@ -280,7 +280,8 @@ class LocalPipeline:
             # The sink describes itself in this file once it serves queries.
             self._wait(sink, timeout, lambda: (runfiles.read(data, runfiles.SINK) or {}).get("pid")
                        == sink.proc.pid)
-            progress(f"sink       ready, ClickHouse at {config.redact(config.clickhouse_dsn())}")
+            progress("sink       ready, ClickHouse at")
+            progress(f"             {config.redact(config.clickhouse_dsn())}")
             for w in workers:
                 self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
             progress(f"processors {self.processors} faust worker(s) ready "
