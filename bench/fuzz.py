@@ -8,19 +8,37 @@ spliced -- and drives each through a target:
 
 - ``--target sink``: ``sinks.batch.Batch.add``. A *crash* is any exception out of it;
   a message is *unaccounted* when it left neither a row nor a dead letter.
-- ``--target processors``: not here yet (the processors' turn: add a Target to
-  TARGETS).
+- ``--target processors``: tests/test_fuzz_processors.py's ``ProcessorFeed``, which
+  applies, publishes and checkpoints each message as ``stream_processors.processor``
+  does (decode or dead letter, ``ClusterState.apply``, refused events as dead
+  letters, gap and partial records, a checkpoint per message; every 25 messages
+  span snapshots, idle partials and a checkpoint round trip). The raw messages are
+  taken in corpus order (so transitions meet their tasks and spans their parents),
+  each with its ``seq`` renumbered before it is mutated (so mutated envelopes are
+  applied, not skipped as duplicates) and keyed by the original cluster_id; one in
+  twenty is a derived record instead (a dead letter on the raw topic). Half the
+  messages are mutated as for the sink, half only structurally (values inside events
+  replaced, dropped or swapped for another of the message's: still JSON, so they
+  reach ``apply``). After every
+  pass over the corpus its clusters are forgotten (final snapshots and partials).
+  A *crash* is any exception, an assertion of the feed included: a published record
+  off the contract, a span cycle, a recovered state unlike the state, a dead letter
+  without a reason.
 
 Prints, every 100k messages and at the end: messages tried, crashes, unaccounted,
-dead letters, messages/s. One run gives one figure; crashes are written (topic and
+dead letters, messages/s (the processors target also what became of the messages:
+applied, duplicates, dead letters, refused events, records published, checkpoint
+round trips). One run gives one figure; crashes are written (topic and
 value) to ``--crashes`` for replay. Exit status 1 if anything crashed.
 
     nice python bench/fuzz.py --messages 1000000
+    nice python bench/fuzz.py --target processors --messages 1000000
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import pathlib
 import random
@@ -132,9 +150,39 @@ def mutate(rng: random.Random, topic: str, value: bytes, seeds: list[tuple[str, 
     return value
 
 
+def structural(rng: random.Random, value: bytes) -> bytes:
+    """``value`` (JSON) with one to three values replaced, dropped or swapped for
+    another of the same message (an id, a parent, a key), mostly inside an event:
+    still JSON, so it reaches what comes after decoding."""
+    try:
+        decoded = orjson.loads(value)
+    except orjson.JSONDecodeError:
+        return value
+    for _ in range(rng.randrange(1, 4)):
+        paths = _paths(decoded)[1:]
+        if not paths:
+            break
+        inside = [p for p in paths if len(p) > 2 and p[0] == "events"]  # an event's
+        path = rng.choice(inside if inside and rng.random() < 0.8 else paths)
+        how = rng.random()
+        if how < 0.5:
+            decoded = _set(decoded, path, random_value(rng))
+        elif how < 0.7:
+            decoded = _set(decoded, path, None, drop=True)
+        else:
+            other = decoded
+            for step in rng.choice(paths):
+                other = other[step]
+            decoded = _set(decoded, path, copy.deepcopy(other))
+    return json.dumps(decoded, separators=(",", ":")).encode()
+
+
 # --------------------------------------------------------------------- targets
 
 class Target(Protocol):
+    def seed(self, rng: random.Random, seeds: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+        """The next message to mutate."""
+
     def add(self, topic: str, value: bytes) -> bool:
         """Drive one message through; False when it was not accounted for. Raises
         what the code under test raises (a crash)."""
@@ -154,6 +202,9 @@ class SinkTarget:
         self.offset = 0
         self.n_dead = 0
 
+    def seed(self, rng: random.Random, seeds: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+        return rng.choice(seeds)
+
     def add(self, topic: str, value: bytes) -> bool:
         if self.batch.n_messages >= 2_000:
             self.n_dead += len(self.batch.tables["dead_letters"])
@@ -167,7 +218,57 @@ class SinkTarget:
         return self.n_dead + len(self.batch.tables["dead_letters"])
 
 
-TARGETS = {"sink": SinkTarget}
+class ProcessorsTarget:
+    """tests/test_fuzz_processors.py's ProcessorFeed (see the module docstring)."""
+
+    def __init__(self) -> None:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from dask_blackbox import contract
+        from test_fuzz_processors import ProcessorFeed, key_of, renumbered
+
+        self.key_of, self.renumbered = key_of, renumbered
+        self.raw = contract.RAW
+        self.feed = ProcessorFeed(check_every=25)
+        self.seqs: dict[str, int] = {}
+        self.at = 0
+        self.key: bytes | None = None
+
+    def seed(self, rng: random.Random, seeds: list[tuple[str, bytes]]) -> tuple[str, bytes]:
+        raw = [v for t, v in seeds if t == self.raw]
+        if rng.randrange(20) == 0:
+            topic, value = rng.choice([(t, v) for t, v in seeds if t != self.raw])
+            self.key = self.key_of(value)
+            return topic, value
+        if self.at == len(raw):  # a pass is over: its clusters are forgotten
+            self.feed.expire()
+            self.at, self.seqs = 0, {}
+        value = raw[self.at]
+        self.at += 1
+        self.key = self.key_of(value) if rng.randrange(10) else None
+        return self.raw, self.renumbered(value, self.seqs)
+
+    def mutate(self, rng: random.Random, topic: str, value: bytes,
+               seeds: list[tuple[str, bytes]]) -> bytes:
+        """Half the messages mutated as for the sink, half only structurally."""
+        if rng.random() < 0.5:
+            return mutate(rng, topic, value, seeds)
+        return structural(rng, value)
+
+    def add(self, topic: str, value: bytes) -> bool:
+        return self.feed.add(self.key, value) in ("applied", "duplicate", "dead")
+
+    def dead_letters(self) -> int:
+        return self.feed.counts["dead_letters"]
+
+    def details(self) -> str:
+        c = self.feed.counts
+        return (f"messages applied {c['applied']:,}, duplicates {c['duplicate']:,}, dead "
+                f"letters {c['dead']:,}; refused events {c['rejected_events']:,}; published "
+                f"{c['gaps']:,} gaps, {c['partials']:,} partials, {c['snapshots']:,} "
+                f"snapshots; {c['round_trips']:,} checkpoint round trips")
+
+
+TARGETS = {"sink": SinkTarget, "processors": ProcessorsTarget}
 
 
 def main() -> int:
@@ -188,6 +289,7 @@ def main() -> int:
         tune_gc()
     target = TARGETS[args.target]()
     rng = random.Random(args.seed)
+    mutator = getattr(target, "mutate", mutate)
     crashes = unaccounted = 0
     start = time.perf_counter()
     print(f"fuzzing {args.target} with {args.messages:,} mutated messages from {len(seeds)} "
@@ -200,9 +302,9 @@ def main() -> int:
               f"({elapsed:.0f}s)", flush=True)
 
     for n in range(1, args.messages + 1):
-        topic, value = rng.choice(seeds)
+        topic, value = target.seed(rng, seeds)
         try:
-            value = mutate(rng, topic, value, seeds)
+            value = mutator(rng, topic, value, seeds)
         except RecursionError:  # the mutator's own limit (json.dumps), not the target's
             pass
         try:
@@ -221,6 +323,8 @@ def main() -> int:
             report(n)
     if args.messages % 100_000:
         report(args.messages)
+    if hasattr(target, "details"):
+        print(target.details(), flush=True)
     return 1 if crashes or unaccounted else 0
 
 

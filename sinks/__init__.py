@@ -10,7 +10,7 @@ Modules, in the order data flows:
 - :mod:`sinks.events` and :mod:`sinks.records` -- one converter per signal (raw event
   kinds; derived records), each checked against :mod:`dask_blackbox.contract` at import;
 - :mod:`sinks.typed` (msgspec field kinds, the typed envelope decoder: the fast path)
-  and :mod:`sinks.checks` (one value at a time, size and depth bounds: the checked path);
+  and :mod:`sinks.checks` (one value at a time: the checked path; the depth bound before decoding is the ground's :mod:`dask_blackbox.nesting`);
 - :mod:`sinks.tables` -- the tables' columns and rows held as columns;
 - :mod:`sinks.arrow` -- columns to Arrow, typed after the ClickHouse columns;
 - :mod:`sinks.loader` -- insert a batch exactly once (journal, crash recovery,

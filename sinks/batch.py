@@ -8,7 +8,7 @@ plausible timestamps), so what ClickHouse receives is well typed.
 Nothing a producer or processor publishes can stop the sink. Before anything is
 decoded, a message larger than :data:`MAX_MESSAGE_BYTES` is a dead letter; before
 anything is decoded into Python objects (orjson, the checked path), so is a message
-nested deeper than ``sinks.checks.MAX_DEPTH``. (The typed path's msgspec decoder
+nested deeper than ``dask_blackbox.nesting.MAX_DEPTH``. (The typed path's msgspec decoder
 comes first: it decodes in C, bounded by its own recursion guard, and whatever it
 fails on, RecursionError included, goes to the checked path; so the depth scan, a
 about 15% of the typed path's cost, is only paid for irregular messages.) After that,
@@ -37,7 +37,7 @@ from typing import Any
 import msgspec
 import orjson
 
-from dask_blackbox import contract
+from dask_blackbox import contract, nesting
 from dask_blackbox.sinks import checks
 from dask_blackbox.sinks.checks import Invalid
 from dask_blackbox.sinks.events import (
@@ -76,7 +76,7 @@ def _event_text(event: Any, message: Message) -> str:
 def payload_of(message: Message, event: int | None) -> str:
     """The text to keep in a dead letter for ``message`` / its event ``event``."""
     if event is not None and len(message.value) <= MAX_MESSAGE_BYTES \
-            and not checks.too_deep(message.value):
+            and not nesting.too_deep(message.value):
         try:
             decoded = orjson.loads(message.value)
             items = decoded["events"] if type(decoded) is dict else decoded
@@ -129,10 +129,10 @@ class Batch:
             return
         if message.topic == contract.RAW and self._add_typed(message, now):
             return
-        depth = checks.too_deep(message.value)
+        depth = nesting.too_deep(message.value)
         if depth:
             self.dead_letter(message, None, f"nested {depth} deep; the sink decodes at most "
-                             f"{checks.MAX_DEPTH} levels of arrays and objects", now)
+                             f"{nesting.MAX_DEPTH} levels of arrays and objects", now)
             return
         try:
             decoded = orjson.loads(message.value)

@@ -1,6 +1,8 @@
 """Turning one raw Kafka message into an envelope, or into a dead letter.
 
 A raw message is accepted when it is at most ``contract.MAX_ENVELOPE_BYTES`` long,
+nests arrays and objects at most :data:`MAX_DEPTH` deep (checked before decoding: a
+deeper value would make decoding, ``repr`` or encoding recurse past Python's limit),
 decodes as JSON, passes ``contract.validate_envelope``, names a known ``source`` and
 has a string (or null) ``cluster_name`` and is keyed by its own ``cluster_id`` (the key decides the partition, and the partition
 decides which processor owns the cluster's state, so a message keyed otherwise would
@@ -16,9 +18,10 @@ import orjson
 
 from dask_blackbox import contract
 from dask_blackbox.contract import InvalidEnvelope
+from dask_blackbox.nesting import MAX_DEPTH, too_deep
 
 #: Dead letters keep at most this much of the offending message.
-MAX_PAYLOAD_BYTES = 64 * 1024
+MAX_PAYLOAD_BYTES = contract.DEAD_LETTER_PAYLOAD_MAX
 
 
 def decode(value: bytes | None, key: bytes | None) -> dict:
@@ -30,6 +33,10 @@ def decode(value: bytes | None, key: bytes | None) -> dict:
             f"message is {len(value)} bytes, more than the contract's "
             f"MAX_ENVELOPE_BYTES={contract.MAX_ENVELOPE_BYTES}"
         )
+    depth = too_deep(value)
+    if depth:
+        raise InvalidEnvelope(f"nested {depth} deep; the processors decode at most "
+                              f"{MAX_DEPTH} levels of arrays and objects")
     try:
         obj = orjson.loads(value)
     except orjson.JSONDecodeError as e:

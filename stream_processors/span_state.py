@@ -47,7 +47,8 @@ are empty, ``active_cpu_seconds`` is 0 and the derived entry is left out. A hist
 entry changes the snapshot (and version) of every span whose interval it falls in.
 
 Input is checked before it changes anything: an event with a field of the wrong
-type, a startstop whose duration does not fit in whole microseconds, or a span that
+type, a startstop whose duration does not fit in whole microseconds, the first task
+of a new task group without a prefix (partials are per prefix), or a span that
 would be its own ancestor (a self-parent, two spans each other's parent) raises
 :class:`Rejected` naming the field, and the tree is left as it was. The tree never
 holds a span cycle, also after :meth:`SpanTree.load` (which cuts any it finds and
@@ -411,6 +412,8 @@ class SpanTree:
             return None, None
         group = self.live_groups.get(name)
         if group is None:
+            if prefix is None:  # (partials are per prefix: a new group needs one)
+                raise Rejected("prefix", f"null for the first task of group {name!r:.80}")
             group = Group(self.next_group, name, prefix)
             self.next_group += 1
             self.groups[group.uid] = group

@@ -33,7 +33,7 @@ from hypothesis import strategies as st
 from dask_blackbox import contract
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.batch import MAX_MESSAGE_BYTES, Batch
-from dask_blackbox.sinks.checks import MAX_DEPTH
+from dask_blackbox.nesting import MAX_DEPTH
 from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.tables import COLUMNS, Message
 
