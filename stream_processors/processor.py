@@ -49,6 +49,7 @@ from collections.abc import Iterable
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
+from aiokafka.errors import IllegalStateError
 
 from dask_blackbox.config import KafkaSettings
 from dask_blackbox.contract import (
@@ -327,7 +328,15 @@ class Processor:
                  if tp.topic == self.raw_topic and not (offset and offset > 0)]
         if fresh:
             for tp, offset in (await consumer.earliest_offsets(*fresh)).items():
-                await consumer.seek(tp, offset)
+                # A rebalance may have taken the partition away meanwhile (Apache
+                # Kafka does it while a dead member's session expires): its next
+                # owner rewinds it, this worker must not crash on it.
+                if tp not in consumer.assignment():
+                    continue
+                try:
+                    await consumer.seek(tp, offset)
+                except IllegalStateError:
+                    logger.info("raw partition %s was revoked while rewinding it", tp)
 
     # ------------------------------------------------------------- monitoring
 
