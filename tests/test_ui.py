@@ -44,6 +44,8 @@ from polling import wait_for
 
 import playwright.sync_api as playwright_sync  # noqa: E402  (a test dependency)
 
+pytestmark = [pytest.mark.browser, pytest.mark.integration]
+
 CHROMIUM = "/usr/bin/chromium"
 HTML_KEY = "<script>alert(1)</script>"
 HTML_LOG = "<b>not bold</b><img src=x onerror=alert(2)>"
