@@ -1,9 +1,17 @@
 """dask-blackbox: a flight recorder for Dask clusters.
 
-This package holds what every layer shares: the wire contract (:mod:`.contract`),
-configuration (:mod:`.config`) and Kafka connection settings (:mod:`.kafka`), plus
-the ``dask-blackbox`` command line. The layers themselves are the top-level packages
-``producers`` (inside Dask), ``stream_processors`` (faust) and ``sinks`` (ClickHouse).
+The modules of this folder are the ground every other part stands on, and import
+nothing else of the project: the typed wire contract (:mod:`.contract`), configuration
+(:mod:`.config`), Kafka and ClickHouse connection helpers (:mod:`.kafka`,
+:mod:`.clickhouse`), the run files through which local processes find each other
+(:mod:`.runfiles`) and the nesting bound of JSON messages (:mod:`.nesting`).
+
+Above it, installed under this name from their own folders (see pyproject.toml):
+the stages :mod:`dask_blackbox.producers` (inside Dask),
+:mod:`dask_blackbox.stream_processors` (faust) and :mod:`dask_blackbox.sinks`
+(ClickHouse), which never import each other; the read side :mod:`dask_blackbox.read`
+(queries, query server, web UI, reports); and the roof :mod:`dask_blackbox.cli`
+(the ``dask-blackbox`` command, demo, local supervisor).
 """
 
 from dask_blackbox import config as _config  # noqa: F401  registers the YAML defaults
