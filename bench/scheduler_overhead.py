@@ -1,141 +1,359 @@
-"""What the producers cost a busy scheduler: one transition-heavy dask.array graph,
-run with and without dask-blackbox on the same LocalCluster (worker processes).
+"""What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
-The Tansu broker is started once. Runs come in quads on a fresh LocalCluster each,
-ordered A B B A or B A A B (A without, B with dask-blackbox): a quad's ratio
-(B1 + B2) / (A1 + A2) cancels any linear drift of the cluster's speed (a scheduler
-gets slower as its spans and prefixes accumulate). The B runs attach the producers
-(scheduler plugin, worker plugins, log shipping) with :func:`producers.attach` and
-detach them after, so both sides share the same processes and warm caches.
+FINDINGS (2026-11-23, a 2-core machine shared with other jobs, load average 2-37)
 
-Figures, each over all quads:
+The noise first: the same code gave 32k CPU ratios of 1.290 and 1.201 in one
+2-quad run and 1.085 and 1.023 in another an hour later (event-loop thread +2.5 s
+median in the first, -0.36 s in the second). On this machine two quads cannot
+resolve a 5 % target; what is stable is each thread's own CPU, and instructions.
 
-- wall clock of ``compute()``: the median of the quads' ratios, and the pooled ratio
-  (all B time over all A time); the target is <= 1.05, aim <= 1.02;
-- CPU seconds of this process, which hosts the LocalCluster's scheduler (and the
-  client, the same work on both sides), from submission until the producers'
-  buffer is drained (waited for inside the scheduler, so the waiting costs
-  nothing): the whole cost, including the sender thread's encoding;
-- the CPU time of the producer's sender thread (encoding, Kafka I/O) relative to the
-  plain run's process CPU: the part of the cost that other load cannot blur (the
-  hot path's share is measured by ``bench/transition_hotpath.py``).
+Where the scheduler process's extra CPU goes, per thread (``/proc`` per-thread
+utime+stime, ``bench/scheduler_profile.py``: py-spy on every thread at 200 Hz):
 
-Run-to-run noise on a 2-core machine is about +-10% of wall clock (the scheduler and
-two busy worker processes share the cores), larger than the effect measured, hence
-many runs: 2 quads (4 A/B pairs) of a ~32k-task graph, about 9 minutes.
+- The sender thread is the one cost that shows every time: 0.98-1.25 s per 32k run
+  (about 160k events, ~7 us each; 7 % of a 15.6 s scheduler-process run), 0.6-0.8 s
+  on the 13k-task fused shape, 7.4 s on the 200k graph (6.9 % of that run's
+  106 s). Of its busy samples: socket send and re-acquiring the GIL after it
+  32-50 %, building event dicts 14-18 %, zstd (aiokafka, level 3) 13 %, orjson
+  7-12 %, the packing loop 6-11 %, aiokafka's own Python 8-9 %.
+- The event-loop thread: producers code was 1.6 % of its busy samples on the 32k
+  graph (the ``transition`` hook 1.1 %, ``update_graph`` 0.5 %: ~0.2 s) and 1.7 %
+  on the 200k graph (~1.4 s, the hook; ``update_graph`` ~0: it walks at most
+  ``graph-max-tasks`` = 10,000 tasks). Its median difference between sides is
+  noise-dominated (+2.5 s, +1.3 s, -0.4 s in three 2-quad runs).
+- Garbage collection is not it: the ``gc.callbacks`` probe shows the same CPU in
+  collections with and without (0.77 vs 0.74 s before, 0.79 vs 0.71 s after per
+  32k run), ~70 more gen-0 and ~3 more gen-1 collections, no gen-2 on either side.
+- Dask-Offload (graph materialization): unchanged, 1.6-2.2 s.
+- Instructions (``transition_hotpath.py --callgrind``, 10,000 transitions of a
+  realistic mix, 4 in 5 without kwargs): before, the hook added 5,575 per
+  transition and the sender spent 20,895 per event building and encoding plus
+  3,778 in zstd; after (Dask's own ``transition_log`` record buffered as it is,
+  encoded straight to JSON bytes), 4,316 (-23 %) and 16,415 + 3,771 (-18 % in
+  all).
 
-Run: ``python bench/scheduler_overhead.py [quads]``.
+So the recording's cost in the scheduler process is essentially the sender thread
+(~7 %) plus the hook (~1-2 %): reaching <= 5 % needs the sender's CPU halved or
+moved out of the process (a helper process fed the compact records through a pipe
+would leave only the hook and a pickle of the records: by estimate, not measured,
+a few thousand instructions per event instead of ~20k), and zstd is 19 % of what is left (``blackbox.kafka
+.compression: lz4`` costs less CPU).
+
+SETUP
+
+Every shape runs on a cluster whose scheduler is a process of its own (``dask
+scheduler`` and ``dask worker --nworkers 2 --nthreads 1`` subprocesses, see
+``process_cluster.py``), so "scheduler-process CPU" is the scheduler's alone (with
+a LocalCluster the client shares the process, which dilutes the ratio), and its
+threads can be told apart: ``/proc/<pid>/task/*/stat`` utime+stime per thread,
+labelled with the Python thread names the scheduler reports (the producers' sender
+is ``dask-blackbox-scheduler-sender``). A Tansu broker nothing consumes is started
+once. A is without, B with dask-blackbox (scheduler plugin, worker plugins, log
+shipping, attached with :func:`producers.attach`); a quad runs A B B A or B A A B and
+its ratio (B1 + B2) / (A1 + A2) cancels linear drift. Graph optimization happens in
+this process with ``optimization.fuse.active: False``.
+
+Shapes (``--shapes``, default all):
+
+- ``32k``: ``(da.ones((3100, 3100), chunks=20) + 1).sum()``, ~32k tasks, scheduler
+  ``worker-saturation: inf`` (root tasks all sent at once: throughput bound by the
+  scheduler's work). One cluster per quad, warmed up with a smaller graph; the B
+  runs attach the producers and detach them after.
+- ``fresh40k``: the shape of issue #15's independent A/B: a fresh cluster per run,
+  ``(x * 2 + 1).sum()`` of ``x = da.ones((2000, 2000), chunks=20)`` computed with
+  ``optimize_graph=False`` (43k tasks; with optimization this Dask fuses the
+  blockwise chain to 13k even with ``optimization.fuse.active: False``),
+  default worker-saturation, B attaches right after the cluster starts, one warm-up
+  compute of the same graph, then the timed one.
+- ``200k``: as ``32k`` with a 7740 x 7740 array (~200k tasks).
+- ``noop100k``: scheduler throughput, ``client.map`` of a no-op function over
+  100,000 inputs (100k independent tasks), one cluster per quad as ``32k``; the
+  figure is tasks per second, with / without.
+
+A run's CPU counts from submission until the producers' buffer is delivered (waited
+for inside the scheduler). Figures: per quad the wall-clock ratio and the
+scheduler-process CPU ratio, their medians over quads (targets: CPU <= 1.05, wall
+<= 1.03; aim CPU <= 1.03, wall <= 1.02; no-op throughput within 3%), and the
+median over runs of each thread's CPU seconds, A and B, and of the garbage
+collector's work in the scheduler process (CPU seconds inside collections and
+their number per generation, from a ``gc.callbacks`` probe installed on both sides).
+
+Run: ``nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes 32k,200k]
+[--scheduler-only]``
+(``--quick``: 1 quad of ``32k`` and ``fresh40k`` only).
 """
 
 from __future__ import annotations
 
-import asyncio
-import os
+import argparse
 import statistics
 import sys
 import time
+from dataclasses import dataclass
+from typing import Callable
 
 import dask
 import dask.array as da
-import dask.config
-import psutil
-from distributed import Client, LocalCluster
+from distributed import wait
 
 from dask_blackbox import producers
 from local_broker import local_broker
+from process_cluster import cpu_by_thread, process_cluster, process_cpu, thread_cpu, thread_names
 from report import report
 
-QUADS = (1 if "--quick" in sys.argv else
-         int(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1].isdigit() else 2)
-SIDE = 3_100
-CHUNK = 20  # 155 x 155 chunks: ~32k tasks on the scheduler, 5 transitions each
+
+@dataclass(frozen=True)
+class Shape:
+    name: str
+    description: str
+    #: runs one timed computation on ``client``; returns the number of tasks
+    compute: Callable
+    #: a cheaper computation warming a quad's cluster up (None: fresh cluster per run)
+    warm_up: Callable | None
+    scheduler_config: dict
 
 
-def _sender_stats(dask_scheduler) -> dict:
-    return dask_scheduler.plugins["dask-blackbox"].transport.stats()
+def _array_sum(side: int) -> Callable:
+    def compute(client) -> int:
+        graph = (da.ones((side, side), chunks=20) + 1).sum()
+        (optimized,) = dask.optimize(graph)
+        n = len(optimized.__dask_graph__())
+        assert client.compute(graph).result() == 2 * side * side
+        return n
+    return compute
+
+
+def _affine_sum(client) -> int:
+    x = da.ones((2000, 2000), chunks=20)
+    graph = (x * 2 + 1).sum()
+    # Unoptimized: this Dask's blockwise fusion (not switched off by
+    # optimization.fuse.active) would leave ~13k tasks instead of the issue's ~40k.
+    n = len(graph.__dask_graph__())
+    assert client.compute(graph, optimize_graph=False).result() == 3 * 2000 * 2000
+    return n
+
+
+def _noop(i):
+    return None
+
+
+def _noop_map(client) -> int:
+    futures = client.map(_noop, range(100_000), pure=False)
+    wait(futures)
+    del futures
+    return 100_000
+
+
+#: ``--scheduler-only``: B attaches the scheduler plugin alone (no worker plugins,
+#: no log shipping on workers), to tell the scheduler's own cost from the effect of
+#: the workers' plugins on the scheduler.
+SCHEDULER_ONLY = "--scheduler-only" in sys.argv
+
+
+def attach(client) -> None:
+    if SCHEDULER_ONLY:
+        client.register_plugin(producers.BlackboxSchedulerPlugin(
+            producers.ProducerSettings.resolve()), name=producers.PLUGIN_NAME)
+    else:
+        producers.attach(client)
+
+
+async def _detach_scheduler_plugin(dask_scheduler) -> None:
+    plugin = dask_scheduler.plugins.get(producers.PLUGIN_NAME)
+    if plugin is not None:
+        dask_scheduler.remove_plugin(producers.PLUGIN_NAME)
+        await plugin.close()
+
+
+def detach(client) -> None:
+    if SCHEDULER_ONLY:
+        client.run_on_scheduler(_detach_scheduler_plugin)
+    else:
+        producers.detach(client)
+
+
+SATURATED = {"distributed.scheduler.worker-saturation": "inf"}
+SHAPES = {
+    "32k": Shape("32k", "(ones(3100x3100, chunks 20) + 1).sum(), worker-saturation inf",
+                 _array_sum(3100), _array_sum(775), SATURATED),
+    "fresh40k": Shape("fresh40k", "(ones(2000x2000, chunks 20) * 2 + 1).sum(), fresh "
+                      "cluster per run, warm-up compute", _affine_sum, None, {}),
+    "200k": Shape("200k", "(ones(7740x7740, chunks 20) + 1).sum(), worker-saturation inf",
+                  _array_sum(7740), _array_sum(775), SATURATED),
+    "noop100k": Shape("noop100k", "client.map(no-op, range(100_000))", _noop_map,
+                      _array_sum(775), {}),
+}
 
 
 async def _wait_delivered(dask_scheduler) -> None:
-    """Wait, on the scheduler, until everything accepted so far was delivered."""
+    """On the scheduler: wait until everything the producer accepted was delivered."""
+    import asyncio
+
     transport = dask_scheduler.plugins["dask-blackbox"].transport
     target = transport.accepted_events
     while not transport.delivered(target):
         await asyncio.sleep(0.005)
 
 
-def run(client, with_blackbox: bool, side: int = SIDE) -> tuple[float, float, float, int]:
-    """(wall seconds of compute, CPU seconds of this process, CPU seconds of the
-    producer's sender thread, graph tasks)."""
-    if with_blackbox:
-        producers.attach(client)
-    graph = (da.ones((side, side), chunks=CHUNK) + 1).sum()
-    (optimized,) = dask.optimize(graph)
-    n_tasks = len(optimized.__dask_graph__())  # what the scheduler runs
-    me = psutil.Process(os.getpid())
-    cpu0 = sum(me.cpu_times()[:2])
+def _gc_probe(dask_scheduler) -> tuple[float, int, int, int]:
+    """On the scheduler: CPU seconds spent in garbage collections and their number
+    per generation so far (a gc callback installed on first call, on both sides)."""
+    import gc
+    import time as _time
+
+    state = getattr(dask_scheduler, "_bench_gc", None)
+    if state is None:
+        state = dask_scheduler._bench_gc = [0.0, 0, 0, 0, 0.0]
+
+        def callback(phase, info, state=state):
+            if phase == "start":
+                state[4] = _time.thread_time()
+            else:
+                state[0] += _time.thread_time() - state[4]
+                state[1 + info["generation"]] += 1
+        gc.callbacks.append(callback)
+    return tuple(state[:4])
+
+
+@dataclass
+class Run:
+    with_blackbox: bool
+    wall: float
+    cpu: float
+    threads: dict[str, float]
+    tasks: int
+    gc: tuple[float, int, int, int] = (0.0, 0, 0, 0)
+
+
+def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
+    names = thread_names(client)
+    gc0 = client.run_on_scheduler(_gc_probe)
+    before, cpu0 = thread_cpu(pid), process_cpu(pid)
     t0 = time.perf_counter()
-    assert graph.compute() == 2 * side * side
+    n = shape.compute(client)
     wall = time.perf_counter() - t0
-    if with_blackbox:  # the sender's work counts too: wait until it delivered
+    if with_blackbox:  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
-    cpu = sum(me.cpu_times()[:2]) - cpu0
-    sender_cpu = 0.0
-    if with_blackbox:
-        stats = client.run_on_scheduler(_sender_stats)
-        sender_cpu = stats["sender_cpu_seconds"] or 0.0
-        producers.detach(client)
-    return wall, cpu, sender_cpu, n_tasks
+    after, cpu1 = thread_cpu(pid), process_cpu(pid)
+    gc1 = client.run_on_scheduler(_gc_probe)
+    names.update(thread_names(client))
+    return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
+               tuple(b - a for a, b in zip(gc0, gc1)))
 
 
-def _quad_ratio(runs: list[tuple[bool, float]]) -> float:
-    """(B1 + B2) / (A1 + A2) of one quad's (with_blackbox, figure) runs."""
-    return (sum(v for b, v in runs if b) / sum(v for b, v in runs if not b))
+def quad_of(q: int) -> tuple[bool, ...]:
+    return (False, True, True, False) if q % 2 == 0 else (True, False, False, True)
+
+
+def ratio(runs: list[Run], figure: str) -> float:
+    b = sum(getattr(r, figure) for r in runs if r.with_blackbox)
+    a = sum(getattr(r, figure) for r in runs if not r.with_blackbox)
+    return b / a
+
+
+def run_shape(shape: Shape, quads: int) -> list[list[Run]]:
+    out = []
+    for q in range(quads):
+        runs = []
+        if shape.warm_up is not None:
+            with process_cluster(2, shape.scheduler_config) as (client, pid):
+                shape.warm_up(client)
+                for with_blackbox in quad_of(q):
+                    if with_blackbox:
+                        attach(client)
+                    runs.append(timed(client, pid, shape, with_blackbox))
+                    if with_blackbox:
+                        detach(client)
+                    _print_run(shape, q, runs[-1])
+        else:
+            for with_blackbox in quad_of(q):
+                with process_cluster(2, shape.scheduler_config) as (client, pid):
+                    if with_blackbox:
+                        attach(client)
+                    shape.compute(client)  # warm-up, the same graph
+                    if with_blackbox:
+                        client.run_on_scheduler(_wait_delivered)
+                    runs.append(timed(client, pid, shape, with_blackbox))
+                _print_run(shape, q, runs[-1])
+        out.append(runs)
+        print(f"  {shape.name} quad {q + 1}: wall ratio {ratio(runs, 'wall'):.3f}, "
+              f"scheduler CPU ratio {ratio(runs, 'cpu'):.3f}", flush=True)
+    return out
+
+
+def _print_run(shape: Shape, q: int, r: Run) -> None:
+    top = sorted(r.threads.items(), key=lambda kv: -kv[1])[:4]
+    print(f"    {shape.name} quad {q + 1} {'B with   ' if r.with_blackbox else 'A without'}"
+          f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s  "
+          + ", ".join(f"{k} {v:.2f}s" for k, v in top), flush=True)
+
+
+def summarize(shape: Shape, quads: list[list[Run]]) -> None:
+    every = [r for runs in quads for r in runs]
+    walls = [ratio(runs, "wall") for runs in quads]
+    cpus = [ratio(runs, "cpu") for runs in quads]
+    n = every[0].tasks
+    print(f"\n{shape.name}: {shape.description}; {n:,} tasks; {len(quads)} quads "
+          f"({len(every)} runs, ABBA/BAAB)")
+    print(f"  wall ratios per quad : {', '.join(f'{x:.3f}' for x in walls)}"
+          f"   MEDIAN {statistics.median(walls):.3f} (target <= 1.03, aim <= 1.02)")
+    print(f"  CPU ratios per quad  : {', '.join(f'{x:.3f}' for x in cpus)}"
+          f"   MEDIAN {statistics.median(cpus):.3f} (target <= 1.05, aim <= 1.03)")
+    if shape.name == "noop100k":
+        a = statistics.median(n / r.wall for r in every if not r.with_blackbox)
+        b = statistics.median(n / r.wall for r in every if r.with_blackbox)
+        thr = [1 / w for w in walls]
+        print(f"  no-op throughput: without {a:,.0f} tasks/s, with {b:,.0f} tasks/s "
+              f"(medians of runs); with/without per quad {', '.join(f'{x:.3f}' for x in thr)}"
+              f"   MEDIAN {statistics.median(thr):.3f} (target >= 0.97)")
+        report("no-op throughput with/without (100k tasks)", statistics.median(thr), "x",
+               target=0.97, better="higher")
+    labels = sorted({k for r in every for k in r.threads},
+                    key=lambda k: -max(r.threads.get(k, 0) for r in every))
+    print(f"  scheduler-process CPU seconds per thread (median over runs; A n={len(every)//2}, "
+          f"B n={len(every)//2}):")
+    print(f"    {'thread':38s} {'A without':>10s} {'B with':>10s} {'B - A':>8s}")
+    for label in labels:
+        a = statistics.median(r.threads.get(label, 0.0) for r in every if not r.with_blackbox)
+        b = statistics.median(r.threads.get(label, 0.0) for r in every if r.with_blackbox)
+        if max(a, b) >= 0.01:
+            print(f"    {label[:38]:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
+    a = statistics.median(r.cpu for r in every if not r.with_blackbox)
+    b = statistics.median(r.cpu for r in every if r.with_blackbox)
+    print(f"    {'whole process':38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
+    for i, what in enumerate(("in garbage collection (CPU s)", "gen-0 collections",
+                              "gen-1 collections", "gen-2 collections")):
+        a = statistics.median(r.gc[i] for r in every if not r.with_blackbox)
+        b = statistics.median(r.gc[i] for r in every if r.with_blackbox)
+        print(f"    {what:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}" if i == 0 else
+              f"    {what:38s} {a:10.0f} {b:10.0f} {b - a:+8.0f}")
+    report(f"scheduler overhead {shape.name}, wall ratio", statistics.median(walls), "x",
+           target=1.03, aim=1.02)
+    report(f"scheduler overhead {shape.name}, scheduler-process CPU ratio",
+           statistics.median(cpus), "x", target=1.05, aim=1.03)
 
 
 def main() -> None:
-    quads: list[list[tuple[bool, float, float, float]]] = []
-    for q in range(QUADS):
-        order = (False, True, True, False) if q % 2 == 0 else (True, False, False, True)
-        with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                          dashboard_address=":0") as cluster, Client(cluster) as client:
-            run(client, False, side=SIDE // 4)  # warm up imports and worker state
-            runs = []
-            for with_blackbox in order:
-                wall, cpu, sender_cpu, n_tasks = run(client, with_blackbox)
-                runs.append((with_blackbox, wall, cpu, sender_cpu))
-                print(f"  quad {q + 1}: {'with   ' if with_blackbox else 'without'} dask-blackbox"
-                      f"  wall {wall:6.2f}s  scheduler-process CPU {cpu:6.2f}s"
-                      + (f" (sender thread {sender_cpu:.2f}s)" if with_blackbox else ""),
-                      flush=True)
-        quads.append(runs)
-    every = [r for runs in quads for r in runs]
-    wall_ratios = [_quad_ratio([(r[0], r[1]) for r in runs]) for runs in quads]
-    cpu_ratios = [_quad_ratio([(r[0], r[2]) for r in runs]) for runs in quads]
-    pooled = _quad_ratio([(r[0], r[1]) for r in every])
-    sender_share = sum(r[3] for r in every if r[0]) / sum(r[2] for r in every if not r[0])
-    print(f"scheduler overhead: {QUADS} quads (ABBA / BAAB, a fresh LocalCluster with 2 "
-          f"worker processes each), dask.array graph of {n_tasks:,} tasks")
-    print(f"  wall-clock ratios per quad: {', '.join(f'{r:.3f}' for r in wall_ratios)}")
-    print(f"  MEDIAN WALL-CLOCK RATIO with/without: {statistics.median(wall_ratios):.3f} "
-          f"(target <= 1.05, aim <= 1.02)")
-    print(f"  pooled wall-clock ratio (all with / all without): {pooled:.3f}")
-    print(f"  CPU ratios per quad       : {', '.join(f'{r:.3f}' for r in cpu_ratios)}")
-    print(f"  MEDIAN SCHEDULER-PROCESS CPU RATIO with/without: {statistics.median(cpu_ratios):.3f}")
-    print(f"  sender thread CPU / scheduler-process CPU without: {sender_share:.3f} "
-          "(the producer's own work, noise-free part)")
-    report(f"scheduler overhead, wall ratio ({n_tasks // 1000}k tasks)",
-           statistics.median(wall_ratios), "x", target=1.05, aim=1.02)
-    report("scheduler overhead, pooled wall ratio", pooled, "x", target=1.05, aim=1.02)
-    report("scheduler-process CPU ratio", statistics.median(cpu_ratios), "x",
-           target=1.05, aim=1.02)
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("quads_pos", nargs="?", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--quads", type=int, default=4)
+    parser.add_argument("--shapes", default=",".join(SHAPES))
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--scheduler-only", action="store_true",
+                        help="B attaches the scheduler plugin only")
+    args = parser.parse_args()
+    quads = args.quads_pos or (1 if args.quick else args.quads)
+    names = "32k,fresh40k" if args.quick else args.shapes
+    unknown = [s for s in names.split(",") if s not in SHAPES]
+    if unknown:
+        sys.exit(f"--shapes: unknown {unknown}; choose from {', '.join(SHAPES)}")
+    results = {}
+    for name in names.split(","):
+        results[name] = run_shape(SHAPES[name], quads)
+    for name, quads_ in results.items():
+        summarize(SHAPES[name], quads_)
 
 
 if __name__ == "__main__":
-    with local_broker(**{
-        "optimization.fuse.active": False,
-        # Hand all root tasks to the workers at once instead of queuing them on the
-        # scheduler: throughput is then bound by the scheduler's work, not by
-        # scheduler<->worker round trips, which makes its overhead visible.
-        "distributed.scheduler.worker-saturation": "inf",
-    }):
+    with local_broker(**{"optimization.fuse.active": False}):
         main()

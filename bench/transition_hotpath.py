@@ -11,15 +11,42 @@ sender thread keeps draining meanwhile; its own CPU per event and the wall-clock
 difference (which includes waiting for the GIL it holds) are printed too.
 
 Run: ``python bench/transition_hotpath.py`` (target <= 5 us, aim <= 2 us).
+
+``--callgrind``: the same A/B counted in instructions, which the load of a shared
+machine does not move. The script re-runs itself under ``valgrind --tool=callgrind
+--separate-threads=yes``; sections are delimited by calls of ``os.getppid()``
+(``--zero-before=getppid``) and ``os.getpgrp()`` (``--dump-before=getpgrp``), and
+only the main thread's counts are read. On a real Scheduler with
+:data:`CG_KEYS` tuple-keyed tasks, each key goes through the five transitions a
+task of ``scheduler_overhead.py``'s graphs goes through (released->waiting,
+waiting->processing, processing->memory with the kwargs Dask passes,
+memory->released, released->forgotten), called as ``SchedulerState._transition``
+calls plugins. Figures, per transition: the no-op plugin's call (A), the
+dask-blackbox hook (B), B - A (what the event loop pays); then, with the sender
+thread parked (a flush interval of an hour), draining the same buffer in the main
+thread with the sender's own code: building and encoding the envelopes (what the
+sender thread pays per event besides Kafka), and zstd-compressing them as aiokafka
+does. Before each section the heap is collected and frozen (``gc.freeze``): the counts
+include the collections a section's own allocations trigger, over its own objects,
+not a full collection of whatever the process held (which lands in one section or
+another by chance). ``perf stat -e instructions`` is not supported on this
+machine's virtual CPU, hence callgrind.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
+import glob
+import os
 import statistics
+import subprocess
+import sys
+import tempfile
 import time
 
 from distributed import Scheduler
+from distributed.scheduler import Transition
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from local_broker import local_broker
@@ -62,7 +89,8 @@ async def main() -> None:
     scheduler = await Scheduler(dashboard_address=":0", validate=False)
     key = ("inc-0123456789abcdef", 3, 7)
     scheduler.new_task(key, None, "memory")
-    scheduler.transition_log.append((key, "processing", "memory", {}, "task-finished-1.0", time.time()))
+    scheduler.transition_log.append(
+        Transition(key, "processing", "memory", {}, "task-finished-1.0", time.time()))
     kwargs = {
         "worker": "tcp://127.0.0.1:40000", "nbytes": 80_000, "type": b"\x80\x04numpy",
         "typename": "numpy.ndarray", "metadata": {}, "thread": 140000000000,
@@ -104,6 +132,142 @@ async def main() -> None:
            target=5.0, aim=2.0)
 
 
+#: Tasks driven through their transitions in the callgrind run.
+CG_KEYS = 2_000
+_TRANSITIONS = (
+    ("released", "waiting", False), ("waiting", "processing", False),
+    ("processing", "memory", True), ("memory", "released", False),
+    ("released", "forgotten", False),
+)
+
+
+def _section(name: str, fn) -> None:
+    """Run ``fn`` as one callgrind section (zeroed before, dumped after). Objects
+    from before are collected and frozen first, so the garbage collections inside
+    the section are those its own allocations trigger, over its own objects."""
+    gc.collect()
+    gc.freeze()
+    os.getppid()  # --zero-before=getppid
+    fn()
+    os.getpgrp()  # --dump-before=getpgrp
+    _SECTIONS.append(name)
+
+
+_SECTIONS: list[str] = []
+
+
+async def callgrind_child(out: str) -> None:
+    """The part that runs under valgrind; writes the section names to ``out``."""
+    scheduler = await Scheduler(dashboard_address=":0", validate=False)
+    keys = [(f"ones-like-{i % 7:02d}0123456789abcdef0123456789abcdef", i, i + 1)
+            for i in range(CG_KEYS)]
+    for key in keys:
+        scheduler.new_task(key, None, "released")
+    scheduler.transition_log.append(Transition(
+        keys[0], "processing", "memory", {}, "task-finished-1.0", time.time()))
+    done = {
+        "worker": "tcp://127.0.0.1:40000", "nbytes": 3_200, "type": b"\x80\x04numpy",
+        "typename": "numpy.ndarray", "metadata": {}, "thread": 140000000000,
+        "startstops": ({"action": "compute", "start": 1.0, "stop": 1.001},),
+    }
+    settings = ProducerSettings.resolve({
+        "producer.buffer-max-events": 10_000_000, "producer.buffer-max-bytes": "4GiB",
+        "producer.flush-interval": "1h", "producer.metrics-interval": "1h",
+    })
+    blackbox = BlackboxSchedulerPlugin(settings)
+    await blackbox.start(scheduler)
+    transport = blackbox.transport
+    transport.cluster_id = None  # park the sender: it sends nothing without one
+    noop = NoopPlugin()
+    now = time.time()
+    calls = [(key, a, b, f"stim-{i}", done if carries else {},
+              Transition(key, a, b, {}, f"stim-{i}", now + i))
+             for i, key in enumerate(keys) for a, b, carries in _TRANSITIONS]
+
+    def drive(plugin):
+        def run():  # as SchedulerState._transition: log the record, call the plugin
+            transition, log = plugin.transition, scheduler.transition_log.append
+            for key, a, b, stimulus_id, kwargs, record in calls:
+                log(record)
+                transition(key, a, b, stimulus_id=stimulus_id, **kwargs)
+        return run
+
+    for _ in range(2):  # warm up both (caches, specialization), then count
+        drive(noop)()
+    _section("A: no-op plugin, per transition", drive(noop))
+    _section("B: dask-blackbox hook, per transition", drive(blackbox))
+    envelopes: list[bytes] = []
+
+    def drain():
+        carry = __import__("collections").deque()
+        transport.cluster_id = scheduler.id
+        while True:
+            packed = transport._pack(carry)
+            if packed is None:
+                break
+            envelopes.append(packed[0])
+        transport.cluster_id = None
+
+    _section("sender: build + encode, per event", drain)
+    from aiokafka.codec import zstd_encode
+
+    _section("sender: zstd level 3 (aiokafka), per event",
+             lambda: [zstd_encode(e) for e in envelopes])
+    with open(out, "w") as f:
+        f.write("\n".join(_SECTIONS) + "\n" + str(len(calls)) + "\n"
+                + str(sum(len(e) for e in envelopes)))
+    transport.cluster_id = scheduler.id
+    await scheduler.close()
+    os._exit(0)  # no flush at exit: nothing listens
+
+
+def _instructions(path: str) -> int:
+    with open(path) as f:
+        for line in f:
+            if line.startswith(("summary:", "totals:")):
+                return int(line.split()[1])
+    raise ValueError(f"no totals in {path}")
+
+
+def callgrind_main() -> None:
+    tmp = tempfile.mkdtemp(prefix="blackbox-callgrind-")
+    names = os.path.join(tmp, "sections.txt")
+    cmd = ["valgrind", "--tool=callgrind", "--separate-threads=yes",
+           "--zero-before=getppid", "--dump-before=getpgrp",
+           f"--callgrind-out-file={tmp}/cg.out",
+           sys.executable, os.path.abspath(__file__), "--callgrind-child", names]
+    env = {**os.environ, "PYTHONHASHSEED": "0"}
+    t0 = time.monotonic()
+    subprocess.run(cmd, env=env, check=True, stdout=subprocess.DEVNULL,
+                   stderr=subprocess.DEVNULL)
+    lines = open(names).read().split("\n")
+    sections, n_calls, n_bytes = lines[:-2], int(lines[-2]), int(lines[-1])
+    # dumps are numbered in order; thread 1 is the main thread
+    dumps = sorted(glob.glob(f"{tmp}/cg.out.*-01"),
+                   key=lambda p: int(p.rsplit(".", 1)[1].split("-")[0]))
+    counts = [_instructions(p) for p in dumps[-len(sections):]]
+    per = {name: c / n_calls for name, c in zip(sections, counts)}
+    a, b = per[sections[0]], per[sections[1]]
+    print(f"instructions (valgrind --tool=callgrind, main thread only, one run; "
+          f"{n_calls:,} transitions of {CG_KEYS:,} tuple-keyed tasks; "
+          f"{time.monotonic() - t0:.0f}s):")
+    for name in sections:
+        print(f"  {name:46s} {per[name]:10,.0f}")
+    print(f"  {'HOT PATH ADDED (B - A), per transition':46s} {b - a:10,.0f}")
+    sender = per[sections[2]] + per[sections[3]]
+    print(f"  {'sender total besides Kafka I/O, per event':46s} {sender:10,.0f}"
+          f"   ({n_bytes / n_calls:.0f} encoded bytes per event)")
+    report("transition() hot path added (instructions)", b - a, "instr", target=None)
+    report("sender build+encode+compress per event (instructions)", sender, "instr",
+           target=None)
+
+
 if __name__ == "__main__":
-    with local_broker():
-        asyncio.run(main())
+    if "--callgrind-child" in sys.argv:
+        with local_broker():
+            asyncio.run(callgrind_child(sys.argv[sys.argv.index("--callgrind-child") + 1]))
+    elif "--callgrind" in sys.argv:
+        callgrind_main()
+    else:
+        with local_broker():
+            asyncio.run(main())

@@ -26,6 +26,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from typing import Any
 
+import orjson
 from distributed.protocol import pickle
 
 from dask_blackbox.contract import LIFECYCLE, TRANSITION, Lifecycle, Transition, encode_key
@@ -33,6 +34,20 @@ from dask_blackbox.producers.encode import cap_text
 
 #: Encoded tuple keys remembered per builder (sender thread only).
 KEY_TEXT_CACHE = 100_000
+#: TaskGroups whose encoded names are remembered per encoder (sender thread only).
+GROUP_CACHE = 4_096
+#: Buffer weight of one scheduler transition (its encoded event is ~300-500 bytes).
+TRANSITION_WEIGHT = 400
+
+#: The JSON of a TRANSITION event that carried nothing but what Dask's
+#: ``transition_log`` records, in the contract's field order, around its values.
+_RECORD_HEAD = b'{"kind":' + orjson.dumps(TRANSITION) + b',"ts":'
+_RECORD_KEY = b',"key":'
+_RECORD_START = b',"start":'
+_RECORD_FINISH = b',"finish":'
+_RECORD_STIMULUS = b',"stimulus_id":'
+_RECORD_TAIL = (b',"worker":null,"nbytes":null,"typename":null,"startstops":null,'
+                b'"exception":null,"traceback":null,"cause":null}')
 
 
 class TransitionBuilder:
@@ -96,6 +111,75 @@ class TransitionBuilder:
             cache.clear()
         text = cache[key] = encode_key(key)
         return text
+
+
+class TransitionJSON:
+    """Encodes a scheduler transition that carried nothing extra straight from
+    Dask's ``transition_log`` record (``key, start, finish, recommendations,
+    stimulus_id, timestamp``) and its ``TaskGroup`` to the JSON of its
+    ``TRANSITION`` event: the same fields, order and values as
+    :meth:`TransitionBuilder.build` encoded by orjson, without a mapping per event.
+    Every value goes through ``orjson.dumps``; what repeats (a key's text, shared
+    with ``builder``, a group's names, the states, the last stimulus id) is encoded
+    once.
+    """
+
+    __slots__ = ("_builder", "_keys", "_groups", "_states", "_last_stimulus",
+                 "_last_stimulus_json")
+
+    def __init__(self, builder: TransitionBuilder) -> None:
+        self._builder = builder
+        self._keys: dict[Hashable, bytes] = {}
+        self._groups: dict[Any, bytes] = {}
+        self._states: dict[str, bytes] = {}
+        self._last_stimulus: Any = _NOTHING
+        self._last_stimulus_json = b"null"
+
+    def encode(self, record: tuple, group: Any) -> bytes:
+        key, start, finish, _, stimulus_id, ts = record
+        states = self._states
+        if stimulus_id is not self._last_stimulus:
+            self._last_stimulus = stimulus_id
+            self._last_stimulus_json = _dumps(stimulus_id)
+        return b"".join((
+            _RECORD_HEAD, _dumps(ts),
+            _RECORD_KEY, self._keys.get(key) or self._key_json(key),
+            self._groups.get(group) or self._group_json(group),
+            _RECORD_START, states.get(start) or self._state_json(start),
+            _RECORD_FINISH, states.get(finish) or self._state_json(finish),
+            _RECORD_STIMULUS, self._last_stimulus_json,
+            _RECORD_TAIL,
+        ))
+
+    def _key_json(self, key: Hashable) -> bytes:
+        cache = self._keys
+        if len(cache) >= KEY_TEXT_CACHE:
+            cache.clear()
+        builder = self._builder
+        text = key if type(key) is str else (builder._key_texts.get(key)
+                                             or builder._key_text(key))
+        encoded = cache[key] = _dumps(text)
+        return encoded
+
+    def _group_json(self, group: Any) -> bytes:
+        if group is None:
+            return b',"prefix":null,"group":null,"span_id":null'
+        cache = self._groups
+        if len(cache) >= GROUP_CACHE:
+            cache.clear()
+        encoded = cache[group] = b"".join((
+            b',"prefix":', _dumps(group.prefix.name), b',"group":', _dumps(group.name),
+            b',"span_id":', _dumps(group.span_id),
+        ))
+        return encoded
+
+    def _state_json(self, state: Any) -> bytes:
+        encoded = self._states[state] = _dumps(state)
+        return encoded
+
+
+_NOTHING = object()
+_dumps = orjson.dumps
 
 
 def lifecycle(

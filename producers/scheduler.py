@@ -22,11 +22,21 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
   them (the whole history in scheduler_start);
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
-``transition`` is the hot path: one dict lookup, one tuple, one deque append. Names
-are resolved and the event built later, in the sender thread, by the
-:class:`~producers.events.TransitionBuilder` the worker plugin uses too; this is safe
-because a TaskGroup's name, prefix and span id never change once the task is
-runnable.
+``transition`` is the hot path. A transition that carried nothing but what Dask's
+``Scheduler.transition_log`` records (released->waiting, waiting->processing,
+memory->released, ->forgotten: ~4 in 5) costs one dict lookup and two deque appends
+of objects that exist already (the task's ``TaskGroup``, then the very log record
+Dask just appended): no allocation, no Python-level call. The
+others (processing->memory with worker, nbytes, startstops; erred with the error)
+offer one tuple with Dask's kwargs. Names are resolved and the event encoded later,
+in the sender thread (:class:`~producers.events.TransitionJSON` for the records, the
+:class:`~producers.events.TransitionBuilder` the worker plugin uses too for the
+rest); this is safe because a TaskGroup's name, prefix and span id never change
+once the task is runnable.
+
+``update_graph`` walks at most ``graph-max-tasks`` tasks of the graph on the event
+loop (capturing keys, groups and dependencies before tasks can be forgotten);
+everything else about a graph is built in the sender thread.
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ from itertools import islice
 from typing import TYPE_CHECKING, Any
 
 import orjson
+from distributed import scheduler as _dask_scheduler
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -100,6 +111,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._offer = _discard
         self._tasks_get = _NO_TASKS.get
         self._transition_log: Any = ()
+        self._records: Any = ()
+        self._buffer: Any = ()
+        self._push = self._push_group = self._push_transition = _discard
         self._build_transition = self._build_graph = self._build_structured = None
         self._erred_bytes = _TRANSITION_BYTES
 
@@ -125,17 +139,26 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         if self.transport is not None:  # already running on this scheduler
             return
         self.scheduler = scheduler
+        builder = TransitionBuilder(self.settings.max_value_bytes)
         self.transport = transport = Transport(
             self.settings,
             "scheduler",
             cluster_id=scheduler.id,
             cluster_name=self.settings.cluster_name or scheduler.address,
+            transition_builder=builder,
         )
         # Bound once: the hot path must not allocate bound methods per call.
         self._offer = transport.offer
+        self._buffer = transport._buffer
+        self._push = transport._buffer.append
+        self._push_group = transport._groups.append
+        self._push_transition = transport.push_transition
         self._tasks_get = scheduler.tasks.get  # Scheduler.tasks is never replaced
         self._transition_log = scheduler.transition_log
-        self._build_transition = TransitionBuilder(self.settings.max_value_bytes).build
+        # Records are buffered as they are only if Dask's are of their own tuple
+        # type: the sender tells them from offered tuples by type.
+        self._records = scheduler.transition_log if _RECORDS_TYPED else ()
+        self._build_transition = builder.build
         self._build_graph = self._graph_event
         self._build_structured = self._structured_event
         self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes
@@ -178,7 +201,19 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         stimulus_id: str | None = None,
         **kwargs: Any,
     ) -> None:
+        records = self._records
         ts = self._tasks_get(key)
+        if not kwargs and records and ts is not None:
+            # Carried nothing extra: the record Dask just appended for this very
+            # transition says it all (key, start, finish, stimulus_id, the time
+            # Scheduler.story() shows); buffer it as it is, the group first.
+            t = self.transport
+            if len(self._buffer) + t._held_events < t.room:
+                self._push_group(ts.group)
+                self._push(records[-1])
+            else:
+                self._push_transition(records[-1], ts.group)
+            return
         log = self._transition_log
         self._offer((
             self._build_transition,
@@ -430,8 +465,13 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
 _NO_TASKS: dict = {}
 
+#: Whether Dask's ``transition_log`` records are of a type of their own (a
+#: NamedTuple), which the sender tells from the tuples ``offer`` buffers.
+_RECORDS_TYPED = (isinstance(_Transition := getattr(_dask_scheduler, "Transition", None), type)
+                  and issubclass(_Transition, tuple) and _Transition is not tuple)
 
-def _discard(item: tuple) -> None:
+
+def _discard(*item: Any) -> None:
     """The offer of a plugin that has not started: nothing to publish with yet."""
 
 

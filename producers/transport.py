@@ -1,18 +1,29 @@
 """A bounded buffer filled by Dask's event loop and drained by a sender thread.
 
-The hot path (:meth:`Transport.offer`) appends one tuple to a ``collections.deque``
-and bumps two counters: no I/O, no lock, no encoding. Everything else happens in a
-daemon thread running its own asyncio loop with an aiokafka producer, so the Dask
-event loop never waits on Kafka or on encoding.
+The hot path appends to a ``collections.deque``: no I/O, no lock, no encoding.
+Everything else happens in a daemon thread running its own asyncio loop with an
+aiokafka producer, so the Dask event loop never waits on Kafka or on encoding.
 
-Buffer items are tuples ``(build, nbytes, *payload)``: the sender calls
-``build(item)`` to get the event mapping and packs events into envelopes
-(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
-:data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each envelope's events
-with one orjson call. ``nbytes`` is the producer's cheap estimate of the item's
-weight, used for ``blackbox.producer.buffer-max-bytes``. A partial envelope leaves at
-most once per ``flush-interval``; a full one as soon as it is full. Kafka compresses
-it on the way (``blackbox.kafka.compression``, zstd by default).
+Two kinds of buffer items, one order:
+
+- tuples ``(build, nbytes, *payload)`` (:meth:`Transport.offer`, which also bumps two
+  counters): the sender calls ``build(item)`` to get the event mapping; ``nbytes``
+  is the producer's cheap estimate of the item's weight;
+- a scheduler transition that carried nothing but what Dask's own
+  ``Scheduler.transition_log`` records (the common case, ~4 in 5): that very record,
+  appended as it is (:meth:`Transport.push_transition`, which allocates nothing),
+  its ``TaskGroup`` appended first to a second deque read in lockstep. It weighs
+  :data:`~producers.events.TRANSITION_WEIGHT` and is encoded by the sender straight
+  to JSON bytes (:class:`~producers.events.TransitionJSON`), without a mapping.
+
+The sender packs events into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`)
+of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run of
+mappings with one orjson call. ``blackbox.producer.buffer-max-bytes`` counts each
+record as ``TRANSITION_WEIGHT`` and every buffered item as at least that much (a
+cheap upper bound: the hot path compares ``len(buffer)`` plus the items the sender
+holds with a precomputed :attr:`Transport.room` and updates no counter). A partial envelope leaves at most once per
+``flush-interval``; a full one as soon as it is full. Kafka compresses it on the way
+(``blackbox.kafka.compression``, zstd by default).
 
 Delivery semantics:
 
@@ -39,6 +50,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import sys
 import threading
 import time
 import uuid
@@ -51,6 +63,7 @@ from aiokafka import AIOKafkaProducer
 
 from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, Drops
 from dask_blackbox.producers.encode import describe, encode_event, type_name
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
 from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
@@ -66,6 +79,9 @@ _CARRIED_WEIGHT = 500
 _FIRST_BACKOFF = 0.05
 #: Names of sender threads start with this (the log handler ignores their records).
 SENDER_THREAD_PREFIX = "dask-blackbox-"
+#: The sender thread's name for the OS (``/proc/<pid>/task/<tid>/comm``, top -H,
+#: py-spy): at most 15 characters.
+OS_THREAD_NAME = "blackbox-sender"
 #: How long one send or connect may take before it counts as failed.
 _REQUEST_TIMEOUT = 10.0
 
@@ -73,6 +89,18 @@ _REQUEST_TIMEOUT = 10.0
 def _resolve(future: asyncio.Future) -> None:
     if not future.done():
         future.set_result(None)
+
+
+def _name_os_thread(name: str) -> None:
+    """Give the calling thread ``name`` for the OS too (Linux; elsewhere nothing)."""
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except Exception:  # no libc prctl: the OS name stays the process's
+        pass
 
 
 def ready(item: tuple) -> dict:
@@ -83,8 +111,10 @@ def ready(item: tuple) -> dict:
 class Transport:
     """One producer: buffer, sender thread and Kafka connection.
 
-    ``source`` is ``"scheduler"`` or ``"worker"``. ``cluster_id``/``cluster_name`` may
-    be set later with :meth:`set_identity`; nothing is sent before they are known.
+    ``source`` is ``"scheduler"`` or ``"worker"``; ``transition_builder`` is the
+    builder of its transitions, whose key texts the encoder of transition records
+    shares. ``cluster_id``/``cluster_name`` may be set later with
+    :meth:`set_identity`; nothing is sent before they are known.
     """
 
     def __init__(
@@ -93,6 +123,7 @@ class Transport:
         source: str,
         cluster_id: str | None = None,
         cluster_name: str | None = None,
+        transition_builder: TransitionBuilder | None = None,
     ):
         self.settings = settings
         self.source = source
@@ -102,12 +133,20 @@ class Transport:
         self._kafka_kwargs = settings.kafka.producer_kwargs()
 
         self._buffer: deque[tuple] = deque()
+        # Encoder of transition records (sender thread only), sharing the key texts
+        # of the builder of the other transitions.
+        self._encode_record = TransitionJSON(
+            transition_builder or TransitionBuilder(settings.max_value_bytes)).encode
+        #: TaskGroups of the transition records in the buffer, in their order
+        self._groups: deque = deque()
         self._max_events = settings.buffer_max_events
         self._max_bytes = settings.buffer_max_bytes
-        # bytes_in is written only by the producing thread(s), bytes_out only by the
-        # sender: their difference is the buffer's weight without a lock.
-        self._bytes_in = 0
+        # bytes_in is written only by the producing thread(s), bytes_out and
+        # records_taken only by the sender: the buffer's weight without a lock.
+        self._bytes_in = 0  # weight of offered items
         self._bytes_out = 0  # weight of delivered (or unbuildable) items
+        self._records_taken = 0  # weight of transition records taken by the sender
+        self._taken = 0  # items taken from the buffer by the sender
         # Items taken from the buffer but not delivered yet (packed, in carry or in the
         # envelope being retried): they still count against the buffer's limits, so
         # an outage can neither grow memory past them nor let newer items in behind
@@ -121,7 +160,6 @@ class Transport:
         self._reported_events = 0
         self._reported_bytes = 0
 
-        self.accepted_events = 0  # offered and buffered (written by producing threads)
         self.next_seq = 0
         self.sent_envelopes = 0
         self.sent_events = 0  # delivered, DROPS reports included
@@ -129,6 +167,12 @@ class Transport:
         self.lost_at_close = 0
         self.build_errors = 0
         self.connected = False
+
+        #: The hot path accepts a record while ``len(buffer) + held < room``. Written
+        #: only by the producing side; what the sender does (take, release) never
+        #: makes the true room smaller, so a stale value errs on the safe side and
+        #: is recomputed (:meth:`push_transition`) when it runs out.
+        self.room = self._compute_room()
 
         self._closing = False
         self._close_deadline = float("inf")
@@ -144,20 +188,51 @@ class Transport:
 
     def offer(self, item: tuple) -> None:
         """Buffer ``item`` (``(build, nbytes, *payload)``), or drop and count it when
-        the buffer is full. Called on the hot path: keep it this small."""
+        the buffer is full."""
         n = item[1]
         if len(self._buffer) + self._held_events < self._max_events and (
-            self._bytes_in - self._bytes_out + n <= self._max_bytes
+            self.buffered_bytes + n <= self._max_bytes
         ):
             self._bytes_in += n
-            self.accepted_events += 1
             self._buffer.append(item)
+            self.room = self._compute_room()
         else:
-            self.dropped_events += 1
-            self.dropped_bytes += n
-            self._last_drop = now = time.time()
-            if self._first_unreported_drop is None:
-                self._first_unreported_drop = now
+            self.drop(n)
+
+    def push_transition(self, record: tuple, group: Any) -> None:
+        """Buffer a ``Scheduler.transition_log`` record and the task's TaskGroup, or
+        drop and count it when the buffer is full. The scheduler plugin inlines the
+        fast case (``len(buffer) + held < room``: two appends, the group first) and
+        calls this only when the room it saw ran out."""
+        self.room = room = self._compute_room()
+        if len(self._buffer) + self._held_events < room:
+            self._groups.append(group)
+            self._buffer.append(record)
+        else:
+            self.drop(TRANSITION_WEIGHT)
+
+    def drop(self, nbytes: int) -> None:
+        """Count an item the full buffer did not take."""
+        self.dropped_events += 1
+        self.dropped_bytes += nbytes
+        self._last_drop = now = time.time()
+        if self._first_unreported_drop is None:
+            self._first_unreported_drop = now
+
+    def _compute_room(self) -> int:
+        """The ``len(buffer) + held`` below which one more transition record fits
+        both limits (the weight of what is buffered besides the records in the
+        buffer, plus :data:`TRANSITION_WEIGHT` per buffered item, see
+        :attr:`buffered_bytes`)."""
+        rest = self._bytes_in + self._records_taken - self._bytes_out
+        return max(min(self._max_events,
+                       (self._max_bytes - rest) // TRANSITION_WEIGHT + self._held_events), 0)
+
+    @property
+    def accepted_events(self) -> int:
+        """Items buffered so far (never less: the sender counts an item as taken
+        before it takes it)."""
+        return self._taken + len(self._buffer)
 
     def set_identity(self, cluster_id: str, cluster_name: str) -> None:
         self.cluster_name = cluster_name
@@ -169,7 +244,10 @@ class Transport:
 
     @property
     def buffered_bytes(self) -> int:
-        return self._bytes_in - self._bytes_out
+        """The buffer's weight, an upper bound: every item still in the buffer counts
+        :data:`TRANSITION_WEIGHT` more than its own estimate, records nothing else."""
+        return (self._bytes_in + self._records_taken - self._bytes_out
+                + TRANSITION_WEIGHT * len(self._buffer))
 
     @property
     def sender_alive(self) -> bool:
@@ -233,6 +311,7 @@ class Transport:
         self._closing = True
         # Later offers are dropped: nothing drains the buffer after the sender stops.
         self._max_events = 0
+        self.room = 0
         _LIVE.discard(self)
         loop = self._loop
         if loop is not None:
@@ -248,6 +327,7 @@ class Transport:
     # ------------------------------------------------------------ sender thread
 
     def _thread_main(self) -> None:
+        _name_os_thread(OS_THREAD_NAME)
         try:
             asyncio.run(self._sender())
         except Exception:
@@ -301,9 +381,11 @@ class Transport:
         finally:
             lost = len(self._buffer) + len(carry) + (envelope[1] if envelope else 0)
             # Whatever was not delivered is gone now (and counted below).
+            self._taken += len(self._buffer)
             self._buffer.clear()
+            self._groups.clear()
             self._held_events = 0
-            self._bytes_out = self._bytes_in
+            self._bytes_out = self._bytes_in + self._records_taken
             if lost:
                 self.lost_at_close = lost
                 logger.warning(
@@ -347,23 +429,42 @@ class Transport:
             events.append(event)
             weights.append(w)
             weight += _CARRIED_WEIGHT
-        # The sender's inner loop, once per event: locals only.
-        popleft, add_event, add_weight = self._buffer.popleft, events.append, weights.append
-        try:
-            while weight < _BATCH_ESTIMATE:
-                item = popleft()
-                self._held_events += 1  # before building: offer() must see it held
-                n = item[1]
-                weight += n
+        # The sender's inner loop, once per event: locals only. Only this thread
+        # takes from the buffer, so the items counted here exist; each is counted
+        # taken and held before it leaves the buffer (accepted_events and the room
+        # never err on the unsafe side).
+        buffer = self._buffer
+        popleft, pop_group = buffer.popleft, self._groups.popleft
+        add_event, add_weight = events.append, weights.append
+        encode_record = self._encode_record
+        for _ in range(len(buffer)):
+            if weight >= _BATCH_ESTIMATE:
+                break
+            item = buffer[0]
+            self._taken += 1
+            self._held_events += 1
+            if type(item) is not tuple:  # a transition_log record
+                self._records_taken += TRANSITION_WEIGHT
+                popleft()
+                weight += TRANSITION_WEIGHT
                 try:
-                    add_event(item[0](item))
-                except Exception:  # a bug in a builder must not stop the sender
+                    add_event(encode_record(item, pop_group()))
+                except Exception:  # a bug in the encoder must not stop the sender
                     self._build_failed(item)
-                    self._release([n])
+                    self._release([TRANSITION_WEIGHT])
                     continue
-                add_weight(n)
-        except IndexError:  # the buffer is empty
-            pass
+                add_weight(TRANSITION_WEIGHT)
+                continue
+            popleft()
+            n = item[1]
+            weight += n
+            try:
+                add_event(item[0](item))
+            except Exception:  # a bug in a builder must not stop the sender
+                self._build_failed(item)
+                self._release([n])
+                continue
+            add_weight(n)
         if not events:
             return None
         body = self._encode_events(events)
@@ -374,6 +475,8 @@ class Transport:
             body = self._encode_events(events)
         if len(body) > _EVENTS_BUDGET:
             event = events[0]
+            if type(event) is bytes:
+                event = orjson.loads(event)
             logger.warning(
                 "dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
                 "replaced by its description", event.get("kind"), len(body),
@@ -395,7 +498,29 @@ class Transport:
         )
         return b"".join((header[:-1], b',"events":', body, b"}")), len(events), weights
 
-    def _encode_events(self, events: list[dict]) -> bytes:
+    def _encode_events(self, events: list) -> bytes:
+        """The JSON array of ``events``: mappings, and transitions already encoded
+        (bytes) by :class:`~producers.events.TransitionJSON`. Each run of mappings
+        is encoded with one orjson call (:meth:`_encode_mappings`)."""
+        parts: list = []
+        run: list[dict] = []
+        for event in events:
+            if type(event) is bytes:
+                if run:
+                    parts.append(memoryview(self._encode_mappings(run))[1:-1])
+                    run = []
+                parts.append(event)
+            else:
+                run.append(event)
+        if not parts:
+            return self._encode_mappings(run)
+        if run:
+            parts.append(memoryview(self._encode_mappings(run))[1:-1])
+        parts[0] = b"[" + parts[0]
+        parts[-1] = bytes(parts[-1]) + b"]"
+        return b",".join(parts)
+
+    def _encode_mappings(self, events: list[dict]) -> bytes:
         """The JSON array of ``events``: one orjson call, values it cannot encode
         described; per event with :func:`encode_event`'s fallbacks if that fails."""
         try:

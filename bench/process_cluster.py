@@ -1,0 +1,132 @@
+"""A Dask cluster whose scheduler runs in a process of its own, for benchmarks that
+measure the scheduler process alone (its CPU per thread, py-spy on its pid).
+
+``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` are started as
+subprocesses on free loopback ports; Dask config for them travels as ``DASK_*``
+environment variables (the scheduler reads its own config, not the client's). The
+client side (graph construction and optimization) stays in the calling process.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import sys
+import time
+
+from distributed import Client
+
+from dask_blackbox.cli.brokers import free_port
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+
+
+def _env(config: dict[str, object]) -> dict[str, str]:
+    env = dict(os.environ)
+    for key, value in config.items():
+        name = "DASK_" + "__".join(part.upper().replace("-", "_") for part in key.split("."))
+        env[name] = str(value)
+    return env
+
+
+@contextlib.contextmanager
+def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None):
+    """``(client, scheduler_pid)`` of a fresh cluster; everything is killed after."""
+    env = _env(config or {})
+    port = free_port()
+    address = f"tcp://127.0.0.1:{port}"
+    procs = []
+    try:
+        scheduler = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+             "--port", str(port), "--dashboard-address", ":0", "--no-show"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(scheduler)
+        workers = subprocess.Popen(
+            [sys.executable, "-m", "distributed.cli.dask_worker", address,
+             "--nworkers", str(n_workers), "--nthreads", "1", "--no-dashboard",
+             "--memory-limit", "0", "--host", "127.0.0.1"],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        procs.append(workers)
+        client = Client(address, timeout=60)
+        try:
+            client.wait_for_workers(n_workers, timeout=120)
+            yield client, scheduler.pid
+        finally:
+            client.close()
+    finally:
+        for p in reversed(procs):
+            p.terminate()
+        for p in reversed(procs):
+            try:
+                p.wait(20)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
+    """``{tid: (comm, utime + stime seconds)}`` of every live thread of ``pid``."""
+    out = {}
+    base = f"/proc/{pid}/task"
+    for tid in os.listdir(base):
+        try:
+            with open(f"{base}/{tid}/stat") as f:
+                stat = f.read()
+            with open(f"{base}/{tid}/comm") as f:
+                comm = f.read().strip()
+        except OSError:  # the thread ended meanwhile
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
+    return out
+
+
+def process_cpu(pid: int) -> float:
+    """utime + stime seconds of the whole process ``pid`` (ended threads included)."""
+    with open(f"/proc/{pid}/stat") as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def _python_thread_names(dask_scheduler=None) -> dict[int, str]:
+    import threading
+    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
+
+
+def thread_names(client) -> dict[int, str]:
+    """``{tid: Python thread name}`` of the scheduler process's Python threads."""
+    return client.run_on_scheduler(_python_thread_names)
+
+
+def thread_label(tid: int, comm: str, names: dict[int, str]) -> str:
+    """A stable label for a thread across runs: its Python name with pool numbers
+    cut (``ThreadPoolExecutor-0_1`` -> ``ThreadPoolExecutor``), else its comm."""
+    name = names.get(tid, comm)
+    if name.startswith("dask-blackbox-"):
+        return name
+    if name == "MainThread":
+        return "MainThread (event loop)"
+    return re.sub(r"[-_]?\d+$", "", name) or name
+
+
+def cpu_by_thread(before: dict, after: dict, names: dict[int, str]) -> dict[str, float]:
+    """CPU seconds per thread label used between two :func:`thread_cpu` snapshots."""
+    out: dict[str, float] = {}
+    for tid, (comm, cpu) in after.items():
+        used = cpu - before.get(tid, (comm, 0.0))[1]
+        if used > 0:
+            label = thread_label(tid, comm, names)
+            out[label] = out.get(label, 0.0) + used
+    return out
+
+
+def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError("condition not reached")
+        time.sleep(interval)
