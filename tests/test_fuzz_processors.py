@@ -45,6 +45,7 @@ from dask_blackbox.stream_processors import envelopes
 from dask_blackbox.stream_processors.checkpoint import Journal, parse_key
 from dask_blackbox.stream_processors.cluster import ClusterState
 from dask_blackbox.stream_processors.processor import Processor
+from fuzz_support import dropped, json_values, nodes, replaced
 from processors_support import contract_violations
 
 pytestmark = pytest.mark.fuzz
@@ -237,44 +238,8 @@ def renumbered(value: bytes, seqs: dict[str, int]) -> bytes:
 
 # ------------------------------------------------------------------ mutations
 
-json_scalars = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=20),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.sampled_from(["transition", "span", "lifecycle", "worker_digests", "memory",
-                     "processing", "scheduler_start", "scheduler_close", "compute"]),
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-    max_leaves=12,
-)
-
-
-def nodes(value, path=()):
-    yield path, value
-    if type(value) is dict:
-        for k, v in value.items():
-            yield from nodes(v, (*path, k))
-    elif type(value) is list:
-        for i, v in enumerate(value):
-            yield from nodes(v, (*path, i))
-
-
-def replaced(value, path, new, drop=False):
-    """``value`` with the node at ``path`` replaced by ``new`` (or dropped)."""
-    head, rest = path[0], path[1:]
-    if type(value) is dict:
-        if not rest and drop:
-            return {k: v for k, v in value.items() if k != head}
-        return {**value, head: new if not rest else replaced(value[head], rest, new, drop)}
-    out = list(value)
-    if not rest and drop:
-        del out[head]
-    else:
-        out[head] = new if not rest else replaced(value[head], rest, new, drop)
-    return out
+JSON_VALUES = json_values("transition", "span", "lifecycle", "worker_digests", "memory",
+                          "processing", "scheduler_start", "scheduler_close", "compute")
 
 
 @st.composite
@@ -293,7 +258,7 @@ def mutation(draw, value: bytes) -> bytes:
                 continue
             path = draw(st.sampled_from(paths))
             if how == "drop":
-                decoded = replaced(decoded, path, None, drop=True)
+                decoded = dropped(decoded, path)
             elif how == "deep":
                 depth = draw(st.sampled_from([100, 255, 1_100, 5_000]))
                 text = json.dumps(replaced(decoded, path, "\x00deep\x00")).encode()
@@ -303,7 +268,7 @@ def mutation(draw, value: bytes) -> bytes:
                 other = dict(nodes(decoded))[draw(st.sampled_from(paths))]
                 decoded = replaced(decoded, path, other)
             else:
-                decoded = replaced(decoded, path, draw(json_values))
+                decoded = replaced(decoded, path, draw(JSON_VALUES))
             # (json: orjson cannot write integers beyond 64 bits, which producers may)
             value = json.dumps(decoded, ensure_ascii=False, separators=(",", ":")).encode()
         else:

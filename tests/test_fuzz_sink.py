@@ -36,6 +36,7 @@ from dask_blackbox.sinks.batch import MAX_MESSAGE_BYTES, Batch
 from dask_blackbox.nesting import MAX_DEPTH
 from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.tables import COLUMNS, Message
+from fuzz_support import dropped, json_values, nodes, replaced
 
 pytestmark = pytest.mark.fuzz
 
@@ -74,55 +75,7 @@ def test_the_corpus_is_real_and_loads_as_recorded():
 
 # ------------------------------------------------------------------ mutations
 
-json_scalars = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=20),
-    st.integers(min_value=-(2**70), max_value=2**70),
-    st.floats(allow_nan=False, allow_infinity=False),
-)
-json_values = st.recursive(
-    json_scalars,
-    lambda inner: st.one_of(st.lists(inner, max_size=4),
-                            st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-    max_leaves=12,
-)
-
-def nodes(value, path=()):
-    """Every (path, node) of a decoded message, the root included."""
-    yield path, value
-    if type(value) is dict:
-        for k, v in value.items():
-            yield from nodes(v, (*path, k))
-    elif type(value) is list:
-        for i, v in enumerate(value):
-            yield from nodes(v, (*path, i))
-
-
-def replaced(value, path, new):
-    if not path:
-        return new
-    head, rest = path[0], path[1:]
-    if type(value) is dict:
-        return {**value, head: replaced(value[head], rest, new)}
-    out = list(value)
-    out[head] = replaced(value[head], rest, new)
-    return out
-
-
-def dropped(value, path):
-    """``value`` without the dict key or list item at ``path``."""
-    *parent, last = path
-    def drop(node, rest):
-        if not rest:
-            if type(node) is dict:
-                return {k: v for k, v in node.items() if k != last}
-            return [v for i, v in enumerate(node) if i != last]
-        head = rest[0]
-        if type(node) is dict:
-            return {**node, head: drop(node[head], rest[1:])}
-        out = list(node)
-        out[head] = drop(node[head], rest[1:])
-        return out
-    return drop(value, parent)
+JSON_VALUES = json_values()
 
 
 def deep_text(depth: int) -> bytes:
@@ -151,7 +104,7 @@ def mutated(draw) -> tuple[str, bytes]:
                 value = text.replace(json.dumps(marker).encode(), deep_text(depth))
                 continue
             else:
-                decoded = replaced(decoded, path, draw(json_values))
+                decoded = replaced(decoded, path, draw(JSON_VALUES))
             # (json: orjson cannot write integers beyond 64 bits, which producers may)
             value = json.dumps(decoded, ensure_ascii=False, separators=(",", ":")).encode()
         else:

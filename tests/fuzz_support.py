@@ -1,0 +1,65 @@
+"""What both fuzzing tiers (sink, processors) mutate messages with: JSON values drawn
+by hypothesis, the nodes of a decoded message, and a node replaced or dropped."""
+
+from __future__ import annotations
+
+from hypothesis import strategies as st
+
+
+def json_values(*words: str):
+    """A strategy for JSON values: scalars (and ``words``, strings the code under
+    test gives a meaning to), and lists and objects of them."""
+    scalars = st.one_of(
+        st.none(), st.booleans(), st.text(max_size=20),
+        st.integers(min_value=-(2**70), max_value=2**70),
+        st.floats(allow_nan=False, allow_infinity=False),
+        *([st.sampled_from(words)] if words else []),
+    )
+    return st.recursive(
+        scalars,
+        lambda inner: st.one_of(st.lists(inner, max_size=4),
+                                st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+        max_leaves=12,
+    )
+
+
+def nodes(value, path=()):
+    """Every (path, node) of a decoded message, the root included."""
+    yield path, value
+    if type(value) is dict:
+        for k, v in value.items():
+            yield from nodes(v, (*path, k))
+    elif type(value) is list:
+        for i, v in enumerate(value):
+            yield from nodes(v, (*path, i))
+
+
+def replaced(value, path, new):
+    """``value`` with the node at ``path`` replaced by ``new`` (the root: ``new``)."""
+    if not path:
+        return new
+    head, rest = path[0], path[1:]
+    if type(value) is dict:
+        return {**value, head: replaced(value[head], rest, new)}
+    out = list(value)
+    out[head] = replaced(value[head], rest, new)
+    return out
+
+
+def dropped(value, path):
+    """``value`` without the dict key or list item at ``path``."""
+    *parent, last = path
+
+    def drop(node, rest):
+        if not rest:
+            if type(node) is dict:
+                return {k: v for k, v in node.items() if k != last}
+            return [v for i, v in enumerate(node) if i != last]
+        head = rest[0]
+        if type(node) is dict:
+            return {**node, head: drop(node[head], rest[1:])}
+        out = list(node)
+        out[head] = drop(node[head], rest[1:])
+        return out
+
+    return drop(value, parent)
