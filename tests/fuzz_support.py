@@ -63,3 +63,16 @@ def dropped(value, path):
         return out
 
     return drop(value, parent)
+
+
+def mutated_bytes(draw, value: bytes) -> bytes:
+    """``value`` truncated, with one bit flipped, or with a few bytes inserted, at a
+    place ``draw`` (hypothesis's, inside a composite strategy) chooses."""
+    cut = draw(st.integers(0, len(value)))
+    kind = draw(st.sampled_from(["truncate", "flip", "insert"]))
+    if kind == "truncate":
+        return value[:cut]
+    if kind == "flip" and value:
+        i = min(cut, len(value) - 1)
+        return value[:i] + bytes([value[i] ^ (1 << draw(st.integers(0, 7)))]) + value[i + 1:]
+    return value[:cut] + draw(st.binary(max_size=8)) + value[cut:]

@@ -45,7 +45,7 @@ from dask_blackbox.stream_processors import envelopes
 from dask_blackbox.stream_processors.checkpoint import Journal, parse_key
 from dask_blackbox.stream_processors.cluster import ClusterState
 from dask_blackbox.stream_processors.processor import Processor
-from fuzz_support import dropped, json_values, nodes, replaced
+from fuzz_support import dropped, json_values, mutated_bytes, nodes, replaced
 from processors_support import contract_violations
 
 pytestmark = pytest.mark.fuzz
@@ -272,15 +272,7 @@ def mutation(draw, value: bytes) -> bytes:
             # (json: orjson cannot write integers beyond 64 bits, which producers may)
             value = json.dumps(decoded, ensure_ascii=False, separators=(",", ":")).encode()
         else:
-            cut = draw(st.integers(0, len(value)))
-            kind = draw(st.sampled_from(["truncate", "flip", "insert"]))
-            if kind == "truncate":
-                value = value[:cut]
-            elif kind == "flip" and value:
-                i = min(cut, len(value) - 1)
-                value = value[:i] + bytes([value[i] ^ (1 << draw(st.integers(0, 7)))]) + value[i + 1:]
-            else:
-                value = value[:cut] + draw(st.binary(max_size=8)) + value[cut:]
+            value = mutated_bytes(draw, value)
     return value
 
 

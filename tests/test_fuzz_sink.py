@@ -36,7 +36,7 @@ from dask_blackbox.sinks.batch import MAX_MESSAGE_BYTES, Batch
 from dask_blackbox.nesting import MAX_DEPTH
 from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.tables import COLUMNS, Message
-from fuzz_support import dropped, json_values, nodes, replaced
+from fuzz_support import dropped, json_values, mutated_bytes, nodes, replaced
 
 pytestmark = pytest.mark.fuzz
 
@@ -108,15 +108,7 @@ def mutated(draw) -> tuple[str, bytes]:
             # (json: orjson cannot write integers beyond 64 bits, which producers may)
             value = json.dumps(decoded, ensure_ascii=False, separators=(",", ":")).encode()
         else:
-            cut = draw(st.integers(0, len(value)))
-            kind = draw(st.sampled_from(["truncate", "flip", "insert"]))
-            if kind == "truncate":
-                value = value[:cut]
-            elif kind == "flip" and value:
-                i = min(cut, len(value) - 1)
-                value = value[:i] + bytes([value[i] ^ (1 << draw(st.integers(0, 7)))]) + value[i + 1:]
-            else:
-                value = value[:cut] + draw(st.binary(max_size=8)) + value[cut:]
+            value = mutated_bytes(draw, value)
     return topic, value
 
 
