@@ -88,7 +88,8 @@ def record(seconds: float) -> list[tuple[float, dict]]:
 
 
 def _read_raw() -> list[tuple[float, dict]]:
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+    root = pathlib.Path(__file__).resolve().parents[1]
+    sys.path[:0] = [str(root), str(root / "tests")]  # support modules import their neighbours
     from tests.replay import read_raw
 
     envelopes = sorted((orjson.loads(value) for _, value in asyncio.run(read_raw(idle=3))),

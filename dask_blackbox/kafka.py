@@ -105,28 +105,3 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
         done = meta.offset if meta is not None and meta.offset >= 0 else begin[tp]
         lag[tp.topic] += max(end[tp] - done, 0)
     return lag
-
-
-async def read_topic(topic: str, idle: float = 1.0, timeout: float = 120.0) -> list:
-    """Every record of ``topic`` (a full name) from its beginning, as aiokafka
-    ConsumerRecords in partition order, read until nothing new arrives for ``idle``
-    seconds (or ``timeout`` passes). Used for replays, benchmarks and tests."""
-    from aiokafka import AIOKafkaConsumer
-
-    consumer = AIOKafkaConsumer(
-        topic, **config.kafka_client_kwargs(), group_id=None,
-        auto_offset_reset="earliest", enable_auto_commit=False,
-    )
-    await consumer.start()
-    out = []
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        last_new = loop.time()
-        while loop.time() < deadline and loop.time() - last_new < idle:
-            for records in (await consumer.getmany(timeout_ms=100)).values():
-                out.extend(records)
-                last_new = loop.time()
-    finally:
-        await consumer.stop()
-    return out

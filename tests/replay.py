@@ -17,7 +17,8 @@ from collections.abc import Iterable
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from dask_blackbox import config, contract, kafka
+from dask_blackbox import config, contract
+from kafka_reader import read_topic
 
 
 def renamed(envelope: dict, cluster_id: str, producer_suffix: str) -> dict:
@@ -30,7 +31,7 @@ def renamed(envelope: dict, cluster_id: str, producer_suffix: str) -> dict:
 async def read_raw(idle: float = 1.0, timeout: float = 120.0) -> list[tuple[bytes | None, bytes]]:
     """``(key, value)`` of every message on the raw topic, in partition order, read
     until nothing new arrives for ``idle`` seconds."""
-    records = await kafka.read_topic(config.topic(contract.RAW), idle, timeout)
+    records = await read_topic(config.topic(contract.RAW), idle, timeout)
     return [(r.key, r.value) for r in records]
 
 

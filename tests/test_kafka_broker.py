@@ -21,6 +21,7 @@ import pytest
 
 from dask_blackbox.cli.brokers import port_open
 
+from kafka_reader import read_topic
 from up_process import Up
 
 KAFKA_HOME = os.environ.get("DASK_BLACKBOX__LOCAL__KAFKA_HOME")
@@ -242,6 +243,6 @@ def test_own_broker_restarts_on_its_port(own_broker_factory, broker_kind):
         broker.start(timeout=120)
         assert port_open("127.0.0.1", broker.port)
         asyncio.run(kafka.ensure_topics())
-        values = [r.value for r in asyncio.run(kafka.read_topic(config.topic("raw"), idle=2))]
+        values = [r.value for r in asyncio.run(read_topic(config.topic("raw"), idle=2))]
     assert broker.persistent == (broker_kind == "kafka")
     assert values == ([b"before the restart"] if broker.persistent else [])
