@@ -157,44 +157,15 @@ def bootstrap_servers() -> list[str]:
 
 
 def kafka_client_kwargs() -> dict[str, Any]:
-    """Connection and security keyword arguments for any aiokafka client."""
-    protocol = str(get("kafka.security-protocol") or "PLAINTEXT").upper()
-    if protocol not in _PROTOCOLS:
-        raise ConfigError(
-            f"blackbox.kafka.security-protocol: {protocol!r} is not one of {_PROTOCOLS}"
-        )
-    kwargs: dict[str, Any] = {
-        "bootstrap_servers": bootstrap_servers(),
-        "security_protocol": protocol,
-    }
-    if protocol.startswith("SASL"):
-        mechanism = str(get("kafka.sasl-mechanism") or "").upper()
-        if mechanism not in _SASL_MECHANISMS:
-            raise ConfigError(
-                f"blackbox.kafka.sasl-mechanism: {mechanism or None!r} must be one of "
-                f"{_SASL_MECHANISMS} with security-protocol {protocol}"
-            )
-        user, password = get("kafka.sasl-username"), get("kafka.sasl-password")
-        if not user or password is None:
-            raise ConfigError(
-                "blackbox.kafka.sasl-username and sasl-password are required with "
-                f"security-protocol {protocol}"
-            )
-        kwargs.update(
-            sasl_mechanism=mechanism,
-            sasl_plain_username=str(user),
-            sasl_plain_password=str(password),
-        )
-    if protocol in ("SSL", "SASL_SSL"):
-        kwargs["ssl_context"] = _ssl_context(
-            *(get(f"kafka.ssl-{k}") for k in ("cafile", "certfile", "keyfile")))
-    return kwargs
+    """Connection and security keyword arguments for any aiokafka client, from the
+    current config (:meth:`KafkaSettings.client_kwargs`)."""
+    return KafkaSettings.from_config().client_kwargs()
 
 
 def kafka_producer_kwargs() -> dict[str, Any]:
     """:func:`kafka_client_kwargs` plus the ``compression_type`` of every blackbox
     producer (raw envelopes, replays)."""
-    return {**kafka_client_kwargs(), "compression_type": compression()}
+    return KafkaSettings.from_config().producer_kwargs()
 
 
 def compression() -> str | None:
@@ -263,17 +234,39 @@ class KafkaSettings:
     @classmethod
     def from_config(cls) -> KafkaSettings:
         """Read and validate ``blackbox.kafka.*`` (ConfigError naming the key)."""
-        client = kafka_client_kwargs()
+        protocol = str(get("kafka.security-protocol") or "PLAINTEXT").upper()
+        if protocol not in _PROTOCOLS:
+            raise ConfigError(
+                f"blackbox.kafka.security-protocol: {protocol!r} is not one of {_PROTOCOLS}"
+            )
+        mechanism = user = password = None
+        if protocol.startswith("SASL"):
+            mechanism = str(get("kafka.sasl-mechanism") or "").upper()
+            if mechanism not in _SASL_MECHANISMS:
+                raise ConfigError(
+                    f"blackbox.kafka.sasl-mechanism: {mechanism or None!r} must be one of "
+                    f"{_SASL_MECHANISMS} with security-protocol {protocol}"
+                )
+            user, password = get("kafka.sasl-username"), get("kafka.sasl-password")
+            if not user or password is None:
+                raise ConfigError(
+                    "blackbox.kafka.sasl-username and sasl-password are required with "
+                    f"security-protocol {protocol}"
+                )
+            user, password = str(user), str(password)
+        cafile, certfile, keyfile = (get(f"kafka.ssl-{k}") for k in ("cafile", "certfile", "keyfile"))
+        if protocol in ("SSL", "SASL_SSL"):
+            _ssl_context(cafile, certfile, keyfile)  # a bad file fails here, naming its key
         return cls(
-            bootstrap_servers=tuple(client["bootstrap_servers"]),
+            bootstrap_servers=tuple(bootstrap_servers()),
             topic_prefix=topic_prefix(),
-            security_protocol=client["security_protocol"],
-            sasl_mechanism=client.get("sasl_mechanism"),
-            sasl_username=client.get("sasl_plain_username"),
-            sasl_password=client.get("sasl_plain_password"),
-            ssl_cafile=get("kafka.ssl-cafile"),
-            ssl_certfile=get("kafka.ssl-certfile"),
-            ssl_keyfile=get("kafka.ssl-keyfile"),
+            security_protocol=protocol,
+            sasl_mechanism=mechanism,
+            sasl_username=user,
+            sasl_password=password,
+            ssl_cafile=cafile,
+            ssl_certfile=certfile,
+            ssl_keyfile=keyfile,
             compression=compression(),
             partitions=get_int("kafka.partitions"),
             replication_factor=get_int("kafka.replication-factor"),
