@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, span
 
 from dask_blackbox import config
 from dask_blackbox.cli.formatting import working
-from dask_blackbox.cli.supervisor import LocalPipeline, running_pipeline, wait_drained
+from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
 
 
 class DemoFailure(Exception):
@@ -90,7 +90,7 @@ def run(timeout: float = 120.0, progress=print) -> int:
 
     quiet_dask_console()
     pipeline = None
-    if running_pipeline() is None:
+    if config.running_up() is None:
         progress("[1/4] starting the local pipeline (broker, faust processors, sink)")
         pipeline = LocalPipeline()
         pipeline.start(progress=lambda m: progress("      " + m))

@@ -121,21 +121,6 @@ def lock_data_dir(data: pathlib.Path):
     return f
 
 
-def running_pipeline() -> dict | None:
-    """The state of a live ``up`` using this data directory, or None."""
-    return runfiles.read(config.data_dir(), runfiles.UP)
-
-
-def use_running_pipeline() -> dict | None:
-    """Point this process's config at the broker of a live ``up``, if there is one
-    and the user did not name a broker explicitly."""
-    state = running_pipeline()
-    if state is not None:
-        dask.config.set({"blackbox.kafka.bootstrap-servers": state["kafka"],
-                         "blackbox.kafka.topic-prefix": state["topic_prefix"]})
-    return state
-
-
 def child_env() -> dict[str, str]:
     """The environment of a child: ours, plus our resolved ``blackbox`` config, so
     flags given to the supervisor reach the children."""
