@@ -25,6 +25,10 @@ CLK_TCK = os.sysconf("SC_CLK_TCK")
 
 def _env(config: dict[str, object]) -> dict[str, str]:
     env = dict(os.environ)
+    # Functions of these bench modules (thread names, the producers' drain) are
+    # pickled by reference and run in the scheduler: it must import them too.
+    here = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
     for key, value in config.items():
         name = "DASK_" + "__".join(part.upper().replace("-", "_") for part in key.split("."))
         env[name] = str(value)

@@ -223,22 +223,39 @@ class Run:
     threads: dict[str, float]
     tasks: int
     gc: tuple[float, int, int, int] = (0.0, 0, 0, 0)
+    #: CPU seconds of the producers' helper process (``producer.sender: process``)
+    helper_cpu: float = 0.0
+
+    @property
+    def cpu_with_helper(self) -> float:
+        return self.cpu + self.helper_cpu
+
+
+def _helper_cpu(dask_scheduler) -> float:
+    """On the scheduler: CPU seconds the producers' helper process used so far."""
+    plugin = dask_scheduler.plugins.get("dask-blackbox")
+    if plugin is None or plugin.transport is None:
+        return 0.0
+    return plugin.transport.stats().get("relay_cpu_seconds") or 0.0
 
 
 def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     names = thread_names(client)
     gc0 = client.run_on_scheduler(_gc_probe)
+    helper0 = client.run_on_scheduler(_helper_cpu)
     before, cpu0 = thread_cpu(pid), process_cpu(pid)
     t0 = time.perf_counter()
     n = shape.compute(client)
     wall = time.perf_counter() - t0
     if with_blackbox:  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
+        time.sleep(0.2)  # the helper's last status carries its CPU
     after, cpu1 = thread_cpu(pid), process_cpu(pid)
+    helper = client.run_on_scheduler(_helper_cpu) - helper0
     gc1 = client.run_on_scheduler(_gc_probe)
     names.update(thread_names(client))
     return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
-               tuple(b - a for a, b in zip(gc0, gc1)))
+               tuple(b - a for a, b in zip(gc0, gc1)), helper)
 
 
 def quad_of(q: int) -> tuple[bool, ...]:
@@ -246,8 +263,12 @@ def quad_of(q: int) -> tuple[bool, ...]:
 
 
 def ratio(runs: list[Run], figure: str) -> float:
-    b = sum(getattr(r, figure) for r in runs if r.with_blackbox)
-    a = sum(getattr(r, figure) for r in runs if not r.with_blackbox)
+    return ratio_of(runs, figure, figure)
+
+
+def ratio_of(runs: list[Run], b_figure: str, a_figure: str) -> float:
+    b = sum(getattr(r, b_figure) for r in runs if r.with_blackbox)
+    a = sum(getattr(r, a_figure) for r in runs if not r.with_blackbox)
     return b / a
 
 
@@ -283,8 +304,9 @@ def run_shape(shape: Shape, quads: int) -> list[list[Run]]:
 
 def _print_run(shape: Shape, q: int, r: Run) -> None:
     top = sorted(r.threads.items(), key=lambda kv: -kv[1])[:4]
+    helper = f"  helper {r.helper_cpu:5.2f}s" if r.with_blackbox else ""
     print(f"    {shape.name} quad {q + 1} {'B with   ' if r.with_blackbox else 'A without'}"
-          f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s  "
+          f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s{helper}  "
           + ", ".join(f"{k} {v:.2f}s" for k, v in top), flush=True)
 
 
@@ -321,6 +343,11 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     a = statistics.median(r.cpu for r in every if not r.with_blackbox)
     b = statistics.median(r.cpu for r in every if r.with_blackbox)
     print(f"    {'whole process':38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
+    h = statistics.median(r.helper_cpu for r in every if r.with_blackbox)
+    print(f"    {'helper process (not the scheduler)':38s} {0.0:10.2f} {h:10.2f} {h:+8.2f}")
+    both = [ratio_of(runs, "cpu_with_helper", "cpu") for runs in quads]
+    print(f"  (scheduler + helper) / scheduler CPU per quad: "
+          f"{', '.join(f'{x:.3f}' for x in both)}   MEDIAN {statistics.median(both):.3f}")
     for i, what in enumerate(("in garbage collection (CPU s)", "gen-0 collections",
                               "gen-1 collections", "gen-2 collections")):
         a = statistics.median(r.gc[i] for r in every if not r.with_blackbox)

@@ -32,7 +32,6 @@ import zoneinfo
 from typing import Any
 
 import orjson
-from distributed.protocol.serialize import Pickled, Serialized
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +109,10 @@ def _size_of(obj: Any) -> int | None:
             return (bytes if issubclass(t, bytes) else bytearray).__len__(obj)
         if t is memoryview:
             return obj.nbytes
-        if t is Serialized or t is Pickled:  # distributed's frames
+        # distributed's frames; looked up, not imported: a relay helper process
+        # does without distributed, and none of its objects can exist unimported
+        serialize = sys.modules.get("distributed.protocol.serialize")
+        if serialize is not None and (t is serialize.Serialized or t is serialize.Pickled):
             return sum(memoryview(f).nbytes for f in obj.frames)
         if issubclass(t, dict):
             return dict.__len__(obj)

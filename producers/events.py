@@ -27,7 +27,6 @@ from collections.abc import Hashable
 from typing import Any
 
 import orjson
-from distributed.protocol import pickle
 
 from dask_blackbox.contract import LIFECYCLE, TRANSITION, Lifecycle, Transition, encode_key
 from dask_blackbox.producers.encode import cap_text
@@ -38,6 +37,16 @@ KEY_TEXT_CACHE = 100_000
 GROUP_CACHE = 4_096
 #: Buffer weight of one scheduler transition (its encoded event is ~300-500 bytes).
 TRANSITION_WEIGHT = 400
+
+# Transitions as plain data (tuples of builtins: what a relay helper process gets):
+#
+# - GroupNames: ``(prefix, group, span_id)`` of the task, or None once it is
+#   forgotten (a worker's task has no group: ``(prefix, None, span_id)``);
+# - RecordRow: ``(key, start, finish, stimulus_id, ts, names)``, a transition that
+#   carried nothing but what Dask's ``transition_log`` records;
+# - TransitionRow: a RecordRow followed by ``worker, nbytes, typename,
+#   startstops, exception, traceback, cause`` as the event will hold them
+#   (exception and traceback already capped text, cause the encoded key).
 
 #: The JSON of a TRANSITION event that carried nothing but what Dask's
 #: ``transition_log`` records, in the contract's field order, around its values.
@@ -58,24 +67,30 @@ class TransitionBuilder:
     worker comes with Dask's kwargs).
     """
 
-    __slots__ = ("max_chars", "worker", "on_worker", "_key_texts")
+    __slots__ = ("max_chars", "worker", "on_worker", "names", "_key_texts")
 
     def __init__(self, max_chars: int, worker: str | None = None):
         self.max_chars = max_chars
         self.worker = worker
         self.on_worker = worker is not None
+        #: ``TaskGroup`` -> its :data:`GroupNames`, shared with the record encoder
+        self.names = GroupNames()
         self._key_texts: dict[Hashable, str] = {}
 
     def build(self, item: tuple) -> Transition:
+        """The event of an item a ``transition`` hook offered."""
+        return self.event(self.row(item))
+
+    def row(self, item: tuple) -> tuple:
+        """The transition of an offered item as plain data, a :data:`TransitionRow`:
+        what a relay helper process receives (:mod:`producers.relay`)."""
         _, _, key, start, finish, stimulus_id, kwargs, task, stamp = item
-        if type(key) is not str:
-            key = self._key_texts.get(key) or self._key_text(key)
         if task is None:
-            prefix = group = span_id = None
+            names = None
         elif self.on_worker:  # a worker TaskState: its prefix is the name already
-            prefix, group, span_id = task.prefix, None, task.span_id
+            names = (task.prefix, None, task.span_id)
         else:  # a scheduler TaskGroup
-            prefix, group, span_id = task.prefix.name, task.name, task.span_id
+            names = self.names(task)
         ts = stamp if type(stamp) is float else stamp[5]  # Transition.timestamp
         worker = self.worker
         nbytes = typename = startstops = exception = traceback = cause = None
@@ -93,6 +108,16 @@ class TransitionBuilder:
                 traceback = cap_text(text, self.max_chars)
             if (blamed := kwargs.get("cause")) is not None:
                 cause = encode_key(blamed)
+        return (key, start, finish, stimulus_id, ts, names, worker, nbytes, typename,
+                startstops, exception, traceback, cause)
+
+    def event(self, row: tuple) -> Transition:
+        """The ``TRANSITION`` event of a :data:`TransitionRow`."""
+        (key, start, finish, stimulus_id, ts, names, worker, nbytes, typename,
+         startstops, exception, traceback, cause) = row
+        if type(key) is not str:
+            key = self._key_texts.get(key) or self._key_text(key)
+        prefix, group, span_id = _NO_NAMES if names is None else names
         event: Transition = {
             "kind": TRANSITION, "ts": ts, "key": key, "prefix": prefix, "group": group,
             "span_id": span_id, "start": start, "finish": finish,
@@ -113,15 +138,44 @@ class TransitionBuilder:
         return text
 
 
+class GroupNames:
+    """``TaskGroup`` -> ``(prefix, group, span_id)``, the :data:`GroupNames` of a
+    scheduler task group, one tuple per group (at most :data:`GROUP_CACHE` kept).
+
+    The same tuple object is returned for a group every time, so that a pickle of
+    many rows (:mod:`producers.relay`) holds it once. A group's name, prefix and
+    span id never change once its tasks are runnable.
+    """
+
+    __slots__ = ("_cache", "cached")
+
+    def __init__(self) -> None:
+        self._cache: dict[Any, tuple] = {}
+        #: ``cached(group)``: its names if known already, else None (a C call)
+        self.cached = self._cache.get
+
+    def __call__(self, group: Any) -> tuple | None:
+        if group is None:
+            return None
+        names = self._cache.get(group)
+        if names is None:
+            if len(self._cache) >= GROUP_CACHE:
+                self._cache.clear()  # the same dict: ``cached`` stays bound to it
+            names = self._cache[group] = (group.prefix.name, group.name, group.span_id)
+        return names
+
+
 class TransitionJSON:
-    """Encodes a scheduler transition that carried nothing extra straight from
-    Dask's ``transition_log`` record (``key, start, finish, recommendations,
-    stimulus_id, timestamp``) and its ``TaskGroup`` to the JSON of its
-    ``TRANSITION`` event: the same fields, order and values as
-    :meth:`TransitionBuilder.build` encoded by orjson, without a mapping per event.
-    Every value goes through ``orjson.dumps``; what repeats (a key's text, shared
-    with ``builder``, a group's names, the states, the last stimulus id) is encoded
-    once.
+    """Encodes a scheduler transition that carried nothing extra straight to the
+    JSON of its ``TRANSITION`` event: the same fields, order and values as
+    :meth:`TransitionBuilder.event` encoded by orjson, without a mapping per event.
+
+    Its input is a :data:`RecordRow` (:meth:`encode_row`, in a relay helper
+    process) or Dask's ``transition_log`` record (``key, start, finish,
+    recommendations, stimulus_id, timestamp``) with the task's ``TaskGroup``
+    (:meth:`encode`, in a sender thread). Every value goes through
+    ``orjson.dumps``; what repeats (a key's text, shared with ``builder``, a group's
+    names, the states, the last stimulus id) is encoded once.
     """
 
     __slots__ = ("_builder", "_keys", "_groups", "_states", "_last_stimulus",
@@ -136,15 +190,22 @@ class TransitionJSON:
         self._last_stimulus_json = b"null"
 
     def encode(self, record: tuple, group: Any) -> bytes:
-        key, start, finish, _, stimulus_id, ts = record
+        """The JSON of a ``transition_log`` record and the task's ``TaskGroup``."""
+        return self.encode_row(
+            (record[0], record[1], record[2], record[4], record[5],
+             self._builder.names(group)))
+
+    def encode_row(self, row: tuple) -> bytes:
+        """The JSON of a :data:`RecordRow`."""
+        key, start, finish, stimulus_id, ts, names = row
         states = self._states
-        if stimulus_id is not self._last_stimulus:
+        if stimulus_id != self._last_stimulus:
             self._last_stimulus = stimulus_id
             self._last_stimulus_json = _dumps(stimulus_id)
         return b"".join((
             _RECORD_HEAD, _dumps(ts),
             _RECORD_KEY, self._keys.get(key) or self._key_json(key),
-            self._groups.get(group) or self._group_json(group),
+            self._groups.get(names) or self._group_json(names),
             _RECORD_START, states.get(start) or self._state_json(start),
             _RECORD_FINISH, states.get(finish) or self._state_json(finish),
             _RECORD_STIMULUS, self._last_stimulus_json,
@@ -161,15 +222,16 @@ class TransitionJSON:
         encoded = cache[key] = _dumps(text)
         return encoded
 
-    def _group_json(self, group: Any) -> bytes:
-        if group is None:
+    def _group_json(self, names: tuple | None) -> bytes:
+        if names is None:
             return b',"prefix":null,"group":null,"span_id":null'
         cache = self._groups
         if len(cache) >= GROUP_CACHE:
             cache.clear()
-        encoded = cache[group] = b"".join((
-            b',"prefix":', _dumps(group.prefix.name), b',"group":', _dumps(group.name),
-            b',"span_id":', _dumps(group.span_id),
+        prefix, group, span_id = names
+        encoded = cache[names] = b"".join((
+            b',"prefix":', _dumps(prefix), b',"group":', _dumps(group),
+            b',"span_id":', _dumps(span_id),
         ))
         return encoded
 
@@ -179,6 +241,7 @@ class TransitionJSON:
 
 
 _NOTHING = object()
+_NO_NAMES = (None, None, None)
 _dumps = orjson.dumps
 
 
@@ -204,6 +267,8 @@ def exception_text(raised: Any) -> str:
     description of it if it cannot be read here (its class lives in user code)."""
     try:
         if isinstance(raised, bytes):
+            from distributed.protocol import pickle  # only where Dask runs already
+
             raised = pickle.loads(raised)
         if isinstance(raised, BaseException):
             return f"{type(raised).__name__}: {raised}"

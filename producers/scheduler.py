@@ -62,6 +62,7 @@ from dask_blackbox.producers import logs
 from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TransitionBuilder, lifecycle
 from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.relay import open_transport
 from dask_blackbox.producers.transport import Transport, ready
 
 if TYPE_CHECKING:
@@ -140,7 +141,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             return
         self.scheduler = scheduler
         builder = TransitionBuilder(self.settings.max_value_bytes)
-        self.transport = transport = Transport(
+        self.transport = transport = open_transport(
             self.settings,
             "scheduler",
             cluster_id=scheduler.id,

@@ -29,6 +29,8 @@ from dask_blackbox.config import ConfigError, KafkaSettings
 #: Largest accepted ``blackbox.producer.max-value-bytes``: several capped values must
 #: fit in one envelope.
 MAX_VALUE_BYTES_LIMIT = MAX_ENVELOPE_BYTES // 8
+#: Values of ``blackbox.producer.sender``.
+SENDERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,9 @@ class ProducerSettings:
     log_level: int
     close_timeout: float
     reconnect_backoff_max: float
+    #: where events are encoded and delivered: "process", "thread" or "auto"
+    #: (see :mod:`producers.relay`)
+    sender: str = "auto"
 
     @classmethod
     def resolve(
@@ -83,6 +88,11 @@ class ProducerSettings:
                 f"blackbox.producer.max-value-bytes: {max_value_bytes} is larger than "
                 f"{MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)"
             )
+        sender = config.get("producer.sender")
+        if sender not in SENDERS:
+            raise ConfigError(
+                f"blackbox.producer.sender: {sender!r} must be one of {', '.join(SENDERS)}"
+            )
         worker_transitions = config.get("producer.worker-transitions")
         if not isinstance(worker_transitions, bool):
             raise ConfigError(
@@ -105,6 +115,7 @@ class ProducerSettings:
             reconnect_backoff_max=config.get_seconds(
                 "producer.reconnect-backoff-max", minimum=0.05
             ),
+            sender=sender,
         )
 
 

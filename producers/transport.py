@@ -103,6 +103,11 @@ def _name_os_thread(name: str) -> None:
         pass
 
 
+def new_producer_id(source: str) -> str:
+    """A producer id, unique to one sender: ``<source>-<uuid4 hex>``."""
+    return f"{source}-{uuid.uuid4().hex}"
+
+
 def ready(item: tuple) -> dict:
     """Builder of an item whose payload is the finished event: ``(ready, n, event)``."""
     return item[2]
@@ -124,10 +129,11 @@ class Transport:
         cluster_id: str | None = None,
         cluster_name: str | None = None,
         transition_builder: TransitionBuilder | None = None,
+        producer_id: str | None = None,
     ):
         self.settings = settings
         self.source = source
-        self.producer_id = f"{source}-{uuid.uuid4().hex}"
+        self.producer_id = producer_id or new_producer_id(source)
         self.cluster_id = cluster_id
         self.cluster_name = cluster_name
         self._kafka_kwargs = settings.kafka.producer_kwargs()
@@ -135,8 +141,8 @@ class Transport:
         self._buffer: deque[tuple] = deque()
         # Encoder of transition records (sender thread only), sharing the key texts
         # of the builder of the other transitions.
-        self._encode_record = TransitionJSON(
-            transition_builder or TransitionBuilder(settings.max_value_bytes)).encode
+        self._transitions = transition_builder or TransitionBuilder(settings.max_value_bytes)
+        self._encode_record = TransitionJSON(self._transitions).encode
         #: TaskGroups of the transition records in the buffer, in their order
         self._groups: deque = deque()
         self._max_events = settings.buffer_max_events
@@ -166,6 +172,8 @@ class Transport:
         self.sent_drop_reports = 0
         self.lost_at_close = 0
         self.build_errors = 0
+        #: accepted items given up without a delivery attempt (see producers.relay)
+        self.abandoned = 0
         self.connected = False
 
         #: The hot path accepts a record while ``len(buffer) + held < room``. Written
@@ -175,6 +183,7 @@ class Transport:
         self.room = self._compute_room()
 
         self._closing = False
+        self._flush = False  # pack what is buffered without lingering (flush_soon)
         self._close_deadline = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future | None = None  # what _sleep waits on
@@ -219,6 +228,15 @@ class Transport:
         if self._first_unreported_drop is None:
             self._first_unreported_drop = now
 
+    def add_drops(self, n: int, nbytes: int, since: float, until: float) -> None:
+        """Count drops that happened before this transport (a relay's hot path, see
+        :mod:`producers.relay`): reported as its own, after its next delivery."""
+        self.dropped_events += n
+        self.dropped_bytes += nbytes
+        if self._first_unreported_drop is None:
+            self._first_unreported_drop = since
+        self._last_drop = max(self._last_drop, until)
+
     def _compute_room(self) -> int:
         """The ``len(buffer) + held`` below which one more transition record fits
         both limits (the weight of what is buffered besides the records in the
@@ -254,9 +272,21 @@ class Transport:
         return self._thread.is_alive()
 
     def delivered(self, accepted_events: int) -> bool:
-        """Whether the first ``accepted_events`` accepted events have been delivered
-        (compare with an earlier ``stats()["accepted_events"]``)."""
-        return self.sent_events - self.sent_drop_reports >= accepted_events
+        """Whether the first ``accepted_events`` accepted events have been delivered,
+        or will never be (unbuildable, given up): compare with an earlier
+        ``stats()["accepted_events"]``."""
+        return (self.sent_events - self.sent_drop_reports + self.build_errors
+                + self.abandoned >= accepted_events)
+
+    def flush_soon(self) -> None:
+        """Pack what is buffered now rather than after the linger (thread-safe)."""
+        self._flush = True
+        loop = self._loop
+        if loop is not None:
+            try:
+                loop.call_soon_threadsafe(self._cut_sleep)
+            except RuntimeError:  # the sender's loop already ended
+                pass
 
     def stats(self) -> dict[str, Any]:
         """Counters, for tests and diagnostics."""
@@ -275,6 +305,7 @@ class Transport:
             "sent_drop_reports": self.sent_drop_reports,
             "lost_at_close": self.lost_at_close,
             "build_errors": self.build_errors,
+            "abandoned": self.abandoned,
             "sender_cpu_seconds": self._sender_cpu_seconds(),
             "connected": self.connected,
         }
@@ -350,9 +381,11 @@ class Transport:
                     # full one as soon as there is enough for it (few envelopes, each
                     # event waits at most about one interval).
                     wait = last_pack + flush_interval - time.monotonic()
-                    if wait > 0 and not self._closing and self.buffered_bytes < _BATCH_ESTIMATE:
+                    if wait > 0 and not (self._closing or self._flush) and (
+                            self.buffered_bytes < _BATCH_ESTIMATE):
                         await self._sleep(wait)
                         continue
+                    self._flush = False
                     last_pack = time.monotonic()
                     envelope = self._pack(carry)
                 if envelope is None:

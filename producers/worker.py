@@ -44,6 +44,7 @@ from dask_blackbox.producers import logs
 from dask_blackbox.producers.events import TransitionBuilder
 from dask_blackbox.producers.scheduler import PLUGIN_NAME
 from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.relay import open_transport
 from dask_blackbox.producers.transport import Transport, ready
 
 if TYPE_CHECKING:
@@ -90,9 +91,9 @@ class BlackboxWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
-        self.transport = transport = Transport(
-            self.settings, "worker", self.cluster_id,
-            self.cluster_name or self.settings.cluster_name,
+        self.transport = transport = open_transport(
+            self.settings, "worker", cluster_id=self.cluster_id,
+            cluster_name=self.cluster_name or self.settings.cluster_name,
         )
         self._offer = transport.offer
         self._build_transition = TransitionBuilder(

@@ -1,0 +1,94 @@
+"""Attaching the producers to a running cluster from a client: :func:`attach`,
+:func:`detach` (also exported by :mod:`dask_blackbox.producers`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed.protocol.pickle import dumps
+
+from dask_blackbox.producers.scheduler import PLUGIN_NAME, BlackboxSchedulerPlugin
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.worker import BlackboxWorkerPlugin
+
+
+def attach(client, cluster_name: str | None = None, **overrides: Any) -> dict:
+    """Attach the scheduler plugin, the worker plugin and log shipping to the cluster
+    of ``client``, and return ``{"cluster_id", "cluster_name", "producer_id"}`` of
+    the scheduler producer.
+
+    ``overrides`` are ``blackbox.*`` settings relative to ``blackbox.``, dotted
+    (``**{"producer.flush-interval": "50ms"}``) or nested
+    (``producer={"flush-interval": "50ms"}``); with the client's Dask config they are
+    resolved and validated here (a bad one raises
+    :class:`~dask_blackbox.config.ConfigError`), then travel inside the plugins.
+    The broker too: with ``blackbox.kafka.bootstrap-servers`` unset, it is that of a
+    running ``dask-blackbox up`` on this process's ``blackbox.data-dir`` (with its
+    topic prefix), else ``127.0.0.1:9092``; the scheduler and workers then publish
+    there whatever their own configuration says.
+
+    Idempotent: if the cluster already has the plugins (an earlier ``attach`` or a
+    ``--preload``), they are left as they are and keep their settings. Returns an
+    awaitable with an asynchronous client.
+    """
+    settings = ProducerSettings.resolve(overrides, cluster_name=cluster_name)
+    return client.sync(_attach, client, settings)
+
+
+def detach(client) -> None:
+    """Flush and remove the plugins :func:`attach` (or a preload) installed.
+
+    Workers flush in their plugin teardown; the scheduler plugin publishes
+    ``scheduler_close`` and flushes, bounded by ``close-timeout``. (Closing the
+    scheduler does the same, so detach is only needed to stop recording a cluster
+    that keeps running.)
+    """
+    return client.sync(_detach, client)
+
+
+async def _attach(client, settings: ProducerSettings) -> dict:
+    await client.scheduler.register_scheduler_plugin(
+        plugin=dumps(BlackboxSchedulerPlugin(settings)), name=PLUGIN_NAME, idempotent=True
+    )
+    identity = await _run_on_scheduler(client, _scheduler_identity)
+    if identity is None or identity["cluster_id"] is None:
+        raise RuntimeError(f"the scheduler has no started {PLUGIN_NAME!r} plugin")
+    await client.scheduler.register_worker_plugin(
+        plugin=dumps(BlackboxWorkerPlugin(
+            settings, cluster_id=identity["cluster_id"], cluster_name=identity["cluster_name"],
+        )),
+        name=PLUGIN_NAME,
+        idempotent=True,
+    )
+    return identity
+
+
+async def _detach(client) -> None:
+    await _run_on_scheduler(client, _detach_on_scheduler)
+
+
+async def _run_on_scheduler(client, function) -> Any:
+    response = await client.scheduler.run_function(
+        function=dumps(function), args=dumps(()), kwargs=dumps({}), wait=True
+    )
+    if response["status"] != "OK":
+        raise RuntimeError(
+            f"dask-blackbox: {function.__name__} failed on the scheduler: "
+            f"{response.get('exception_text')}"
+        )
+    return response["result"]
+
+
+def _scheduler_identity(dask_scheduler) -> dict | None:
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    return plugin.identity if isinstance(plugin, BlackboxSchedulerPlugin) else None
+
+
+async def _detach_on_scheduler(dask_scheduler) -> None:
+    # Preloaded worker plugins are not in worker_plugins: broadcast the removal.
+    dask_scheduler.worker_plugins.pop(PLUGIN_NAME, None)
+    await dask_scheduler.broadcast(msg={"op": "plugin-remove", "name": PLUGIN_NAME})
+    plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
+    if isinstance(plugin, BlackboxSchedulerPlugin):
+        dask_scheduler.remove_plugin(PLUGIN_NAME)
+        await plugin.close()

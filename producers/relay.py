@@ -1,0 +1,637 @@
+"""A sender in a helper process: what recording costs the Dask process is a hand-over.
+
+Why. The sender thread of a :class:`~producers.transport.Transport` builds, encodes,
+compresses and delivers every event inside the Dask process, holding the GIL that
+Dask's event loop needs: about 7 % of a busy scheduler's CPU (see
+``bench/scheduler_overhead.py``). A :class:`RelayTransport` has the same buffer and
+the same hot path, but its thread only hands the items over, as plain data, to a
+helper process (``python -m dask_blackbox.producers.relay``). The helper runs an
+ordinary thread-mode :class:`~producers.transport.Transport` under the same
+producer id, which packs, encodes and delivers exactly what the sender thread
+would have: the same envelopes, ``seq``, retries, DROPS reports and close
+semantics (see :mod:`producers.transport`).
+
+``blackbox.producer.sender`` chooses: ``process`` (a helper), ``thread`` (the sender
+in the Dask process), ``auto`` (a helper for the scheduler, a thread for workers,
+which are many and rarely busy with transitions).
+
+Hand-over, by the thread ``dask-blackbox-<source>-sender`` of the Dask process,
+every ``flush-interval`` and when closing:
+
+- a ``transition_log`` record becomes a ``RecordRow`` (its fields and the task
+  group's names tuple, cached per ``TaskGroup``), a transition with Dask's kwargs a
+  ``TransitionRow`` (see :mod:`producers.events`), any other item the event its
+  builder returns, as ``(weight, event)``: a user's object is sanitized here and
+  never leaves the Dask process;
+- the rows go out in frames of at most :data:`FRAME_ITEMS`: ``(drops, identity,
+  rows)`` pickled (protocol 5) behind a 4-byte little-endian length, one ``write``
+  to the helper's stdin. ``drops`` hands over the hot path's drop counts since the
+  previous frame (the helper reports them in a DROPS event after its next
+  delivery), ``identity`` a changed ``(cluster_id, cluster_name)``. A frame that
+  cannot be pickled is pickled row by row; a row that still cannot is replaced by
+  its event passed through :func:`~producers.encode.sanitize`, or else counted as
+  a build error.
+
+The helper writes status lines (JSON) to its stdout at most every
+:data:`STATUS_INTERVAL` while anything changes: items done (delivered, or given up
+as unbuildable or at close), delivered events and envelopes, DROPS reports, build
+errors, ``next_seq``, whether it is connected, ``lost_at_close``, its CPU seconds.
+The relay gives buffer room back for done items only, so
+``buffer-max-events``/``buffer-max-bytes`` bound what the two processes hold
+together, and :meth:`Transport.delivered` keeps its meaning.
+
+Failures:
+
+- The helper starts with ``sys.executable`` and this process's ``sys.path``. If it
+  cannot start, exits before its first status line, or dies
+  :data:`MAX_DEATHS` times within a minute, the relay logs a warning and becomes a
+  thread-mode sender on the same buffer (what is buffered is kept).
+- A helper that dies otherwise takes the items it held with it: they are counted
+  as dropped (``abandoned`` too) and a DROPS event of the next helper reports
+  them. The next helper has a new producer id, so no ``seq`` the dead one may have
+  delivered is ever reused.
+- The helper ignores SIGINT and SIGTERM: a Ctrl-C or a terminate of the process
+  group reaches the Dask process, which closes the helper. At the end of its stdin
+  (closed by the Dask process, or by its death) the helper delivers what it holds
+  within ``close-timeout`` and exits: it outlives a killed Dask process by at most
+  ``close-timeout``, and what it held is still delivered.
+- Close: the relay hands over what is left, closes the helper's stdin, waits for
+  its exit (``close-timeout`` plus a second) and takes ``lost_at_close`` from its
+  last status.
+
+The helper runs at :data:`NICENESS`, so that on a busy machine Dask's own processes
+come first; its CPU is reported as ``relay_cpu_seconds`` in :meth:`stats`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import marshal
+import os
+import pickle
+import selectors
+import signal
+import struct
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from typing import Any
+
+import orjson
+
+from dask_blackbox.producers.encode import sanitize
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import (
+    OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread, new_producer_id, ready,
+)
+
+logger = logging.getLogger(__name__)
+
+#: Most rows per frame (a frame of records is ~50 bytes a row).
+FRAME_ITEMS = 20_000
+#: The helper writes a status line at most this often (seconds) while anything changes.
+STATUS_INTERVAL = 0.05
+#: Helper deaths within :data:`_DEATH_WINDOW` seconds after which the relay sends
+#: from its own thread instead.
+MAX_DEATHS = 3
+_DEATH_WINDOW = 60.0
+#: The helper's niceness (added to the Dask process's).
+NICENESS = 5
+#: A helper's buffer limits: what the Dask process hands over is bounded there.
+_UNBOUNDED = 1 << 62
+_HEADER = struct.Struct("<I")
+_STATUS_FIELDS = ("sent_events", "sent_envelopes", "sent_drop_reports", "build_errors")
+
+
+def open_transport(settings: ProducerSettings, source: str, **kwargs: Any) -> Transport:
+    """The transport ``blackbox.producer.sender`` asks for (see module docstring)."""
+    in_process = settings.sender == "process" or (
+        settings.sender == "auto" and source == "scheduler")
+    return (RelayTransport if in_process else Transport)(settings, source, **kwargs)
+
+
+class HelperFailed(Exception):
+    """The helper process could not be started or used."""
+
+
+class RelayTransport(Transport):
+    """A :class:`~producers.transport.Transport` whose sender is a helper process
+    (module docstring). The hot path and the buffer are the base class's."""
+
+    def __init__(self, settings: ProducerSettings, source: str, **kwargs: Any):
+        self._wake = threading.Event()
+        self._lock = threading.Lock()  # the relay thread vs the status thread
+        self._helper: _Helper | None = None
+        self._deaths: deque[float] = deque()
+        #: drops and identity last handed over
+        self._drops_handed = (0, 0)
+        self._identity_handed: tuple | None = None
+        self._relay_cpu_before = 0.0  # CPU seconds of helpers that ended
+        self.relay_pid: int | None = None
+        self.in_process = True  # False once sending from this process's thread
+        super().__init__(settings, source, **kwargs)
+
+    # ------------------------------------------------------------------ thread
+
+    def _thread_main(self) -> None:
+        _name_os_thread(OS_THREAD_NAME)
+        try:
+            if self._relay():
+                return
+        except Exception:
+            logger.exception("dask-blackbox %s: the relay to its helper process failed",
+                             self.producer_id)
+        self._send_here()
+
+    def _relay(self) -> bool:
+        """Hand over until closed (True), or False when the helper cannot be used."""
+        try:
+            self._start_helper()
+        except HelperFailed as e:
+            logger.warning("dask-blackbox %s: %s; sending from the %s process instead",
+                           self.producer_id, e, self.source)
+            return False
+        while True:
+            closing = self._closing
+            if not closing:
+                self._wake.wait(self.settings.flush_interval)
+                self._wake.clear()
+                closing = self._closing
+            helper = self._helper
+            if helper.ended.is_set() and not self._replace_helper():
+                return False
+            try:
+                self._hand_over()
+            except OSError:  # the helper's stdin is gone: it died
+                self._helper.ended.wait(1.0)
+                continue
+            if closing:
+                self._finish()
+                return True
+
+    def _send_here(self) -> None:
+        """Become a thread-mode sender on the same buffer (under a new producer id if
+        a helper may have used the old one)."""
+        helper = self._helper
+        if helper is not None:
+            helper.kill()
+            self._abandon(helper)
+            self.producer_id = new_producer_id(self.source)
+            self.next_seq = 0
+            # Drops handed over were the helpers' to report.
+            self._reported_events, self._reported_bytes = self._drops_handed
+            self._first_unreported_drop = None if (
+                self.dropped_events == self._reported_events) else self._last_drop
+        self.in_process = False
+        self._helper = None
+        super()._thread_main()
+
+    def _begin_close(self) -> None:
+        super()._begin_close()
+        self._wake.set()
+
+    async def close(self) -> None:
+        """As :meth:`Transport.close`, waiting for the helper's exit too."""
+        self._begin_close()
+        deadline = time.monotonic() + self.settings.close_timeout + 2.0
+        while self._thread.is_alive() and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+
+    # --------------------------------------------------------------- helper
+
+    def _start_helper(self) -> None:
+        helper = _Helper(self)
+        self._helper = helper
+        self.relay_pid = helper.process.pid
+        try:
+            helper.write_frame({
+                "settings": self.settings, "source": self.source,
+                "producer_id": self.producer_id, "cluster_id": self.cluster_id,
+                "cluster_name": self.cluster_name,
+            })
+        except OSError as e:
+            helper.kill()
+            raise HelperFailed(f"its helper process exited at start ({e})") from e
+        self._identity_handed = (self.cluster_id, self.cluster_name)
+        helper.status_thread.start()
+
+    def _replace_helper(self) -> bool:
+        """After a helper's death: count what it held, start another (False: give up)."""
+        old = self._helper
+        code = old.process.poll()
+        if not old.started:
+            logger.warning("dask-blackbox %s: its helper process exited at start (code %s)",
+                           self.producer_id, code)
+            return False
+        now = time.monotonic()
+        self._deaths.append(now)
+        while self._deaths and self._deaths[0] < now - _DEATH_WINDOW:
+            self._deaths.popleft()
+        lost = self._abandon(old)
+        if len(self._deaths) >= MAX_DEATHS:
+            logger.warning("dask-blackbox %s: its helper process died %d times within "
+                           "%.0fs", self.producer_id, len(self._deaths), _DEATH_WINDOW)
+            return False
+        self.producer_id = new_producer_id(self.source)
+        self.next_seq = 0
+        logger.warning(
+            "dask-blackbox: the helper process of %s died (code %s) with %d undelivered "
+            "event(s), counted as dropped; a new one starts as %s",
+            old.producer_id, code, lost, self.producer_id)
+        try:
+            self._start_helper()
+        except HelperFailed as e:
+            logger.warning("dask-blackbox %s: %s", self.producer_id, e)
+            return False
+        return True
+
+    def _abandon(self, helper: _Helper) -> int:
+        """Count the items ``helper`` held and did not finish as dropped; give their
+        buffer room back."""
+        helper.status_thread.join(1.0)
+        with self._lock:
+            lost = helper.forwarded - helper.done
+            weight = sum(w for _, w in helper.batches)
+            helper.batches.clear()
+            helper.done = helper.forwarded
+            self._held_events -= lost
+            self._bytes_out += weight
+            self.abandoned += lost
+            self._relay_cpu_before += helper.cpu
+        if lost:
+            self.dropped_events += lost
+            self.dropped_bytes += weight
+            self._last_drop = now = time.time()
+            if self._first_unreported_drop is None:
+                self._first_unreported_drop = now
+        return lost
+
+    def _finish(self) -> None:
+        """Closing: end the helper's input and wait for it (close-timeout + 1 s)."""
+        helper = self._helper
+        helper.close_input()
+        try:
+            helper.process.wait(self.settings.close_timeout + 1.0)
+        except subprocess.TimeoutExpired:
+            logger.warning("dask-blackbox %s: its helper process did not finish within "
+                           "close-timeout; stopped", self.producer_id)
+            helper.kill()
+        helper.status_thread.join(2.0)
+        with self._lock:
+            unfinished = helper.forwarded - helper.done
+        self.lost_at_close = max(helper.lost_at_close, 0) + unfinished
+        self._relay_cpu_before += helper.cpu
+        helper.cpu = 0.0
+
+    # ------------------------------------------------------------ hand-over
+
+    def _hand_over(self) -> None:
+        helper = self._helper
+        first = True
+        while first or self._buffer:
+            first = False
+            drops = None
+            handed = (self.dropped_events, self.dropped_bytes)
+            if handed != self._drops_handed:
+                n = handed[0] - self._drops_handed[0]
+                drops = (n, handed[1] - self._drops_handed[1],
+                         self._first_unreported_drop or self._last_drop, self._last_drop)
+                self._first_unreported_drop = None
+                self._drops_handed = handed
+            identity = None
+            if (self.cluster_id, self.cluster_name) != self._identity_handed:
+                identity = self._identity_handed = (self.cluster_id, self.cluster_name)
+            rows, weight = self._take_rows(FRAME_ITEMS)
+            if not rows and drops is None and identity is None:
+                return
+            with self._lock:
+                helper.forwarded += len(rows)
+                helper.batches.append((helper.forwarded, weight))
+            helper.write(self._encoded((drops, identity, rows)))
+
+    def _take_rows(self, limit: int) -> tuple[list, int]:
+        """Up to ``limit`` buffered items as rows, and their buffer weight. Counted
+        taken and held before they leave the buffer (the room errs on the safe side:
+        every item is first counted a record, then tuples are counted back)."""
+        buffer = self._buffer
+        k = min(len(buffer), limit)
+        if not k:
+            return [], 0
+        with self._lock:
+            self._taken += k
+            self._held_events += k
+            self._records_taken += TRANSITION_WEIGHT * k
+        rows: list = []
+        add = rows.append
+        popleft, pop_group = buffer.popleft, self._groups.popleft
+        builder = self._transitions
+        names, transition_row, transition_build = builder.names, builder.row, builder.build
+        known_names = names.cached
+        weight = n_items = 0
+        for _ in range(k):
+            item = popleft()
+            if type(item) is not tuple:  # a transition_log record
+                group = pop_group()
+                add((item[0], item[1], item[2], item[4], item[5],
+                     known_names(group) or names(group)))
+                continue
+            n_items += 1
+            n = item[1]
+            weight += n
+            build = item[0]
+            try:
+                if build == transition_build:  # bound methods: equal, not identical
+                    add(transition_row(item))
+                else:
+                    add((n, build(item)))
+            except Exception:  # a bug in a builder must not stop the sender
+                with self._lock:  # the status thread adds the helper's build errors
+                    self._build_failed(item)
+                    self._held_events -= 1
+                    self._bytes_out += n
+                weight -= n
+        with self._lock:
+            self._records_taken -= TRANSITION_WEIGHT * n_items
+        return rows, weight + TRANSITION_WEIGHT * (k - n_items)
+
+    def _encoded(self, frame: tuple) -> bytes:
+        """The frame's bytes (see :func:`encode_frame`); a row that cannot be
+        pickled is replaced by its event passed through ``sanitize``, and one that
+        still cannot be is counted as a build error."""
+        try:
+            return encode_frame(frame)
+        except Exception:
+            pass
+        drops, identity, rows = frame
+        out = []
+        for row in rows:
+            try:
+                pickle.dumps(row, protocol=5)
+            except Exception:
+                try:
+                    row = self._picklable(row)
+                    pickle.dumps(row, protocol=5)
+                except Exception:
+                    with self._lock:
+                        self._build_failed(("a row that cannot be pickled", None))
+                    row = None  # done at once by the helper, never delivered
+            out.append(row)
+        return encode_frame((drops, identity, out))
+
+    def _picklable(self, row: tuple) -> tuple:
+        cap = self.settings.max_value_bytes
+        event = self._transitions.event(row) if len(row) == 13 else row[1]
+        weight = TRANSITION_WEIGHT if len(row) == 13 else row[0]
+        return (weight, sanitize(event, cap)[0])
+
+    # ------------------------------------------------------------ status in
+
+    def _status(self, helper: _Helper, status: dict) -> None:
+        """Apply a status line of ``helper`` (status thread)."""
+        with self._lock:
+            last = helper.last
+            for field in _STATUS_FIELDS:
+                value = status.get(field, 0)
+                setattr(self, field, getattr(self, field) + value - last.get(field, 0))
+                last[field] = value
+            done = min(max(status.get("done", 0), helper.done), helper.forwarded)
+            self._held_events -= done - helper.done
+            helper.done = done
+            batches = helper.batches
+            while batches and batches[0][0] <= done:
+                self._bytes_out += batches.popleft()[1]
+        self.next_seq = status.get("next_seq", self.next_seq)
+        self.connected = bool(status.get("connected"))
+        helper.lost_at_close = status.get("lost_at_close", 0)
+        helper.cpu = status.get("cpu", helper.cpu)
+
+    def stats(self) -> dict[str, Any]:
+        out = super().stats()
+        helper = self._helper
+        out["sender"] = "process" if self.in_process else "thread"
+        out["relay_pid"] = self.relay_pid
+        out["relay_cpu_seconds"] = self._relay_cpu_before + (helper.cpu if helper else 0.0)
+        return out
+
+
+class _Helper:
+    """One helper process, its pipes and its status thread."""
+
+    def __init__(self, relay: RelayTransport):
+        self.relay = relay
+        self.producer_id = relay.producer_id
+        self.forwarded = 0  # rows written (or being written) to it
+        self.done = 0  # of those, finished by it
+        self.batches: deque[tuple[int, int]] = deque()  # (forwarded after, weight)
+        self.last: dict[str, int] = {}  # its counters in its last status
+        self.lost_at_close = 0
+        self.cpu = 0.0
+        self.started = False  # it wrote its first status line
+        self.ended = threading.Event()  # its stdout ended
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        try:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, env=env, close_fds=True,
+            )
+        except OSError as e:
+            raise HelperFailed(f"cannot start its helper process ({e})") from e
+        self.status_thread = threading.Thread(
+            target=self._read_status, daemon=True,
+            name=f"{SENDER_THREAD_PREFIX}{relay.source}-relay-status",
+        )
+
+    def write_frame(self, payload: Any) -> None:
+        self.write(encode_frame(payload))
+
+    def write(self, data: bytes) -> None:
+        stdin = self.process.stdin
+        stdin.write(_HEADER.pack(len(data)))
+        stdin.write(data)
+        stdin.flush()
+
+    def close_input(self) -> None:
+        try:
+            self.process.stdin.close()
+        except OSError:
+            pass
+
+    def kill(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self.close_input()
+
+    def _read_status(self) -> None:
+        try:
+            for line in self.process.stdout:
+                try:
+                    status = orjson.loads(line)
+                except orjson.JSONDecodeError:
+                    continue
+                self.started = True
+                self.relay._status(self, status)
+        except Exception:
+            logger.exception("dask-blackbox: reading its helper's status failed")
+        finally:
+            self.ended.set()
+            self.relay._wake.set()
+
+
+# ---------------------------------------------------------------- the helper
+
+
+def _read_exact(fd: int, n: int) -> bytes | None:
+    parts = []
+    while n:
+        chunk = os.read(fd, n)
+        if not chunk:
+            return None
+        parts.append(chunk)
+        n -= len(chunk)
+    return b"".join(parts)
+
+
+def encode_frame(payload: Any) -> bytes:
+    """``b"M"`` and the ``marshal`` of ``payload`` (twice as fast as pickle for rows
+    of builtins), or ``b"P"`` and its pickle if it holds other types."""
+    try:
+        return b"M" + marshal.dumps(payload)
+    except ValueError:  # a type marshal does not know (datetime, a subclass...)
+        return b"P" + pickle.dumps(payload, protocol=5)
+
+
+def decode_frame(data: bytes) -> Any:
+    body = memoryview(data)[1:]
+    return marshal.loads(body) if data[:1] == b"M" else pickle.loads(body)
+
+
+def _read_frame(fd: int) -> Any:
+    """The next frame's payload; :data:`_END` at the end of the input."""
+    header = _read_exact(fd, _HEADER.size)
+    if header is None:
+        return _END
+    body = _read_exact(fd, _HEADER.unpack(header)[0])
+    return _END if body is None else decode_frame(body)
+
+
+_END = object()
+
+
+class _Receiver:
+    """The helper's side: rows in, offered to its own transport."""
+
+    def __init__(self, hello: dict):
+        settings = dataclasses.replace(
+            hello["settings"], buffer_max_events=_UNBOUNDED, buffer_max_bytes=_UNBOUNDED)
+        self.builder = builder = TransitionBuilder(settings.max_value_bytes)
+        self.encoder = TransitionJSON(builder)
+        self.transport = Transport(
+            settings, hello["source"], hello["cluster_id"], hello["cluster_name"],
+            transition_builder=builder, producer_id=hello["producer_id"],
+        )
+        self._last_status: bytes | None = None
+        self.skipped = 0  # rows the relay could not hand over: done at once
+
+    def _encode_record(self, item: tuple) -> bytes:
+        return self.encoder.encode_row(item[2])
+
+    def _build_transition(self, item: tuple) -> dict:
+        return self.builder.event(item[2])
+
+    def apply(self, frame: tuple) -> None:
+        drops, identity, rows = frame
+        t = self.transport
+        if identity is not None:
+            t.set_identity(*identity)
+        if drops is not None:
+            t.add_drops(*drops)
+        offer = t.offer
+        record, transition = self._encode_record, self._build_transition
+        for row in rows:
+            if row is None:  # could not be handed over (counted by the relay)
+                self.skipped += 1
+                continue
+            n = len(row)
+            if n == 6:
+                offer((record, TRANSITION_WEIGHT, row))
+            elif n == 13:
+                offer((transition, TRANSITION_WEIGHT, row))
+            else:
+                offer((ready, row[0], row[1]))
+        t.flush_soon()
+
+    def status(self, force: bool = False) -> bytes | None:
+        """The status line, if it changed (or ``force``)."""
+        t = self.transport
+        taken = t._taken  # read before held: done never errs high
+        done = taken - t._held_events + self.skipped
+        status = {
+            "done": done, "sent_events": t.sent_events, "sent_envelopes": t.sent_envelopes,
+            "sent_drop_reports": t.sent_drop_reports, "build_errors": t.build_errors,
+            "next_seq": t.next_seq, "connected": t.connected,
+            "lost_at_close": t.lost_at_close,
+        }
+        line = orjson.dumps(status)
+        if line == self._last_status and not force:
+            return None
+        self._last_status = line
+        status["cpu"] = time.process_time()
+        return orjson.dumps(status) + b"\n"
+
+
+def main() -> None:
+    """The helper process (module docstring): frames from stdin, status to stdout."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    try:
+        os.nice(NICENESS)
+    except OSError:
+        pass
+    logging.basicConfig(
+        level=logging.WARNING, stream=sys.stderr,
+        format="%(asctime)s - dask-blackbox relay %(process)d - %(levelname)s - %(message)s")
+    stdin = sys.stdin.fileno()
+    out = sys.stdout.buffer
+    hello = _read_frame(stdin)
+    if hello is _END:
+        return
+    receiver = _Receiver(hello)
+    out.write(receiver.status(force=True))
+    out.flush()
+    selector = selectors.DefaultSelector()
+    selector.register(stdin, selectors.EVENT_READ)
+    next_status = 0.0
+    try:
+        while True:
+            if selector.select(STATUS_INTERVAL):
+                frame = _read_frame(stdin)
+                if frame is _END:
+                    break
+                receiver.apply(frame)
+            now = time.monotonic()
+            if now >= next_status:
+                next_status = now + STATUS_INTERVAL
+                line = receiver.status()
+                if line is not None:
+                    out.write(line)
+                    out.flush()
+    except BrokenPipeError:  # the Dask process is gone: deliver what is held
+        pass
+    t = receiver.transport
+    t.close_blocking(time.monotonic() + t.settings.close_timeout + 0.5)
+    try:
+        out.write(receiver.status(force=True))
+        out.flush()
+    except (BrokenPipeError, ValueError):
+        pass
+
+
+if __name__ == "__main__":
+    main()
