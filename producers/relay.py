@@ -415,6 +415,7 @@ class RelayTransport(Transport):
         helper = self._helper
         out["sender"] = "process" if self.in_process else "thread"
         out["relay_pid"] = self.relay_pid
+        out["relay_ready"] = helper is not None and helper.started
         out["relay_cpu_seconds"] = self._relay_cpu_before + (helper.cpu if helper else 0.0)
         return out
 

@@ -307,6 +307,7 @@ class Transport:
             "build_errors": self.build_errors,
             "abandoned": self.abandoned,
             "sender_cpu_seconds": self._sender_cpu_seconds(),
+            "sender": "thread",
             "connected": self.connected,
         }
 

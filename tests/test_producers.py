@@ -517,6 +517,8 @@ def test_bad_overrides_raise_config_error_naming_the_key():
         ProducerSettings.resolve({"producer.max-value-bytes": "10MB"})
     with pytest.raises(ConfigError, match="bootstrap-servers"):
         ProducerSettings.resolve({"kafka.bootstrap-servers": "no-port"})
+    with pytest.raises(ConfigError, match="blackbox.producer.sender: 'fork' must be one of"):
+        ProducerSettings.resolve({"producer.sender": "fork"})
 
 
 class ReprRaises:

@@ -1,0 +1,240 @@
+"""The scheduler's sender in a helper process (``producers.relay``): it publishes
+exactly what Dask logged, as the thread sender does; a helper that dies is replaced
+and what it held is reported dropped; one that keeps dying gives way to the thread
+sender; and a helper whose scheduler was SIGKILLed still delivers what it held."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import dask
+import dask.array as da
+import pytest
+from distributed import Client, LocalCluster
+
+from dask_blackbox import producers
+from dask_blackbox.contract import DROPS, EVENT, TRANSITION
+from dask_blackbox.producers.relay import MAX_DEATHS
+from polling import wait_for
+from producers_support import (
+    own_broker, published, scheduler_plugin_stats, scheduler_transitions,
+    seqs_by_producer, story_by_key, wait_scheduler_delivered,
+)
+
+FAST = {
+    "producer.flush-interval": "20ms",
+    "producer.reconnect-backoff-max": "200ms",
+    "producer.metrics-interval": "1h",
+}
+
+
+def inc(x):
+    return x + 1
+
+
+def div(x, y):
+    return x / y
+
+
+@pytest.fixture
+def long_story():
+    with dask.config.set({"distributed.admin.low-level-log-length": 1_000_000}):
+        yield
+
+
+def _stats(client) -> dict:
+    return client.run_on_scheduler(scheduler_plugin_stats)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is not alive: it has exited, its parent has not reaped it yet
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _story_until_close(cluster, events) -> dict:
+    (close,) = [e["ts"] for e in events if e.get("action") == "scheduler_close"]
+    return story_by_key(t for t in cluster.scheduler.transition_log if t[5] <= close)
+
+
+def _log_odd_events(dask_scheduler) -> None:
+    # a datetime goes out as it is (marshal cannot hold it: the frame is pickled)
+    dask_scheduler.log_event("relay-odd", {"at": datetime.datetime(2026, 11, 23, 12, 0)})
+    dask_scheduler.log_event("relay-odd", {"set": {3, 1, 2}, "nested": [(1, "a")]})
+
+
+@pytest.mark.parametrize("sender", ["process", "thread"])
+def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, sender):
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **FAST, **{"producer.sender": sender})
+        stats = _stats(client)
+        assert stats["sender"] == sender
+        helper = stats.get("relay_pid")
+        assert (helper is not None and _alive(helper)) == (sender == "process")
+        workers = set(cluster.scheduler.workers)
+        assert (da.ones((200, 200), chunks=20) + 1).sum().compute() == 80_000
+        bad = client.submit(div, 1, 0, key="div-by-zero")
+        with pytest.raises(ZeroDivisionError):
+            bad.result()
+        client.run_on_scheduler(_log_odd_events)
+        dask_events = client.get_events("relay-odd")
+        wait_scheduler_delivered(client)
+        done = _stats(client)
+    if helper is not None:  # the helper ends with its scheduler
+        wait_for(lambda: not _alive(helper), 30, "the helper process to exit")
+    envelopes, events = published()
+    assert scheduler_transitions(events) == _story_until_close(cluster, events)
+    (erred,) = [e for e in events if e["kind"] == TRANSITION and e["key"] == "div-by-zero"
+                and e["finish"] == "erred"]
+    assert erred["exception"].startswith("ZeroDivisionError")
+    memory = [e for e in events if e["kind"] == TRANSITION and e["finish"] == "memory"
+              and e["_source"] == "scheduler"]
+    assert memory and {e["worker"] for e in memory} <= workers
+    assert all(isinstance(e["nbytes"], int) and e["startstops"] for e in memory)
+    odd = [e for e in events if e["kind"] == EVENT and e["topic"] == "relay-odd"]
+    assert [e["ts"] for e in odd] == [ts for ts, _ in dask_events]
+    assert odd[0]["msg"] == {"at": "2026-11-23T12:00:00"}
+    assert odd[1]["msg"] == {"set": [1, 2, 3], "nested": [[1, "a"]]}
+    (seqs,) = [s for pid, s in seqs_by_producer(envelopes).items()
+               if pid.startswith("scheduler-")]
+    assert seqs == list(range(len(seqs)))
+    assert done["dropped_events"] == 0 and done["build_errors"] == 0
+    assert not [e for e in events if e["kind"] == DROPS]
+
+
+def test_a_killed_helper_is_replaced_and_what_it_held_is_reported(bb_config, long_story):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **FAST)
+        assert client.submit(inc, 1, key="before").result() == 2
+        wait_scheduler_delivered(client)
+        first = _stats(client)
+        os.kill(first["relay_pid"], signal.SIGSTOP)  # it takes rows and sends nothing
+        held = client.map(inc, range(100), key=[f"held-{i}" for i in range(100)])
+        assert sum(client.gather(held)) == sum(range(1, 101))
+        time.sleep(0.5)  # 25 flush intervals: the rows are in the stopped helper's pipe
+        os.kill(first["relay_pid"], signal.SIGKILL)
+        wait_for(lambda: _stats(client)["relay_pid"] != first["relay_pid"], 30,
+                 "a new helper")
+        after = client.map(inc, range(50), key=[f"after-{i}" for i in range(50)])
+        assert sum(client.gather(after)) == sum(range(1, 51))
+        wait_scheduler_delivered(client)
+        second = _stats(client)
+        del held, after
+    envelopes, events = published()
+    assert second["sender"] == "process"
+    wait_for(lambda: not _alive(second["relay_pid"]), 30, "the helper to exit")
+    assert second["producer_id"] != first["producer_id"]
+    assert second["abandoned"] > 0
+    assert second["dropped_events"] == second["abandoned"]
+    drops = [e for e in events if e["kind"] == DROPS and e["_producer"] == second["producer_id"]]
+    assert sum(d["dropped_events"] for d in drops) == second["abandoned"]
+    seqs = seqs_by_producer(envelopes)
+    for producer in (first["producer_id"], second["producer_id"]):
+        assert seqs[producer] == list(range(len(seqs[producer])))
+    story = _story_until_close(cluster, events)
+    got = scheduler_transitions(events)
+    for key in ["before"] + [f"after-{i}" for i in range(50)]:
+        assert got[key] == story[key]
+
+
+def test_a_helper_that_keeps_dying_gives_way_to_the_thread_sender(bb_config, long_story):
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, **FAST)
+        pids = []
+        for _ in range(MAX_DEATHS):
+            # killed before its first status line, a helper counts as unable to start
+            wait_for(lambda: _stats(client)["relay_ready"], 30, "the helper to start")
+            stats = _stats(client)
+            assert stats["sender"] == "process"
+            pids.append(stats["relay_pid"])
+            os.kill(stats["relay_pid"], signal.SIGKILL)
+            wait_for(lambda: (s := _stats(client))["sender"] == "thread"
+                     or s["relay_pid"] != pids[-1], 30, "the relay to notice")
+        assert _stats(client)["sender"] == "thread"
+        assert client.submit(inc, 41, key="after-fallback").result() == 42
+        wait_scheduler_delivered(client)
+        last = _stats(client)
+    envelopes, events = published()
+    assert len(set(pids)) == MAX_DEATHS and not any(_alive(p) for p in pids)
+    seqs = seqs_by_producer(envelopes)[last["producer_id"]]
+    assert seqs == list(range(len(seqs)))
+    assert scheduler_transitions(events)["after-fallback"] == (
+        _story_until_close(cluster, events)["after-fallback"])
+
+
+ORPHAN_SCRIPT = textwrap.dedent('''
+    import json, sys, time
+    from distributed import Client, LocalCluster
+    from dask_blackbox import producers
+    from dask_blackbox.contract import encode_key
+
+    def inc(x):
+        return x + 1
+
+    def stats(dask_scheduler):
+        return dask_scheduler.plugins["dask-blackbox"].transport.stats()
+
+    if __name__ == "__main__":
+        with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                          dashboard_address=":0") as cluster, Client(cluster) as client:
+            producers.attach(client, **{
+                "producer.flush-interval": "20ms", "producer.close-timeout": "120s",
+                "producer.reconnect-backoff-max": "200ms"})
+            print(json.dumps({"relay_pid": client.run_on_scheduler(stats)["relay_pid"]}),
+                  flush=True)
+            sys.stdin.readline()  # the broker is down now
+            keys = [f"orphaned-{i}" for i in range(100)]
+            client.gather(client.map(inc, range(100), key=keys))
+            time.sleep(1.0)  # 50 flush intervals: every row is with the helper
+            story = [[encode_key(k), s, f, sid] for k, s, f, _, sid, _ in
+                     cluster.scheduler.transition_log if str(k).startswith("orphaned-")]
+            print(json.dumps({"story": story}), flush=True)
+            time.sleep(3600)
+''')
+
+
+def test_a_sigkilled_schedulers_helper_still_delivers_what_it_held(tmp_path):
+    script = tmp_path / "orphan.py"
+    script.write_text(ORPHAN_SCRIPT)
+    with own_broker("o" + uuid.uuid4().hex[:8]) as broker:
+        broker.start()
+        env = {**os.environ,
+               "DASK_BLACKBOX__KAFKA__BOOTSTRAP_SERVERS": broker.address,
+               "DASK_BLACKBOX__KAFKA__TOPIC_PREFIX": dask.config.get("blackbox.kafka.topic-prefix"),
+               "DASK_DISTRIBUTED__ADMIN__LOW_LEVEL_LOG_LENGTH": "1000000"}
+        proc = subprocess.Popen([sys.executable, str(script)], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, text=True)
+        try:
+            helper = json.loads(proc.stdout.readline())["relay_pid"]
+            broker.kill()
+            proc.stdin.write("\n")
+            proc.stdin.flush()
+            story = json.loads(proc.stdout.readline())["story"]
+            proc.kill()  # SIGKILL: no close, no flush in the scheduler's process
+            proc.wait(30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+        assert len(story) >= 300
+        assert _alive(helper)  # it outlives its scheduler, holding the rows
+        broker.start()  # an empty Tansu: topics are created again
+        wait_for(lambda: not _alive(helper), 120, "the helper to deliver and exit")
+        _, events = published()
+    arrived = [[e["key"], e["start"], e["finish"], e["stimulus_id"]] for e in events
+               if e["kind"] == TRANSITION and e["key"].startswith("orphaned-")]
+    assert arrived == story
