@@ -5,7 +5,7 @@ compresses and delivers every event inside the Dask process, holding the GIL tha
 Dask's event loop needs: about 7 % of a busy scheduler's CPU (see
 ``bench/scheduler_overhead.py``). A :class:`RelayTransport` has the same buffer and
 the same hot path, but its thread only hands the items over, as plain data, to a
-helper process (``python -m dask_blackbox.producers.relay``). The helper runs an
+helper process (:func:`main` of this module, in an isolated interpreter). The helper runs an
 ordinary thread-mode :class:`~producers.transport.Transport` under the same
 producer id, which packs, encodes and delivers exactly what the sender thread
 would have: the same envelopes, ``seq``, retries, DROPS reports and close
@@ -67,6 +67,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 import logging
 import marshal
 import os
@@ -105,6 +106,9 @@ NICENESS = 5
 #: A helper's buffer limits: what the Dask process hands over is bounded there.
 _UNBOUNDED = 1 << 62
 _HEADER = struct.Struct("<I")
+#: The helper's program: the Dask process's sys.path (argv[1], JSON), then main().
+_HELPER_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
+                "from dask_blackbox.producers.relay import main; main()")
 _STATUS_FIELDS = ("sent_events", "sent_envelopes", "sent_drop_reports", "build_errors")
 
 
@@ -434,12 +438,14 @@ class _Helper:
         self.cpu = 0.0
         self.started = False  # it wrote its first status line
         self.ended = threading.Event()  # its stdout ended
-        env = dict(os.environ)
-        env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
+        # Isolated (-I): the helper imports what this process imports, from this
+        # process's sys.path (the current directory as an absolute path where it
+        # has ''), never a module that shadows ours from wherever it was started.
+        path = [os.path.abspath(p) for p in sys.path]
         try:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", __name__], stdin=subprocess.PIPE,
-                stdout=subprocess.PIPE, env=env, close_fds=True,
+                [sys.executable, "-I", "-c", _HELPER_MAIN, json.dumps(path)],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True,
             )
         except OSError as e:
             raise HelperFailed(f"cannot start its helper process ({e})") from e
