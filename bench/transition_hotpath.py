@@ -204,8 +204,8 @@ async def callgrind_child(out: str) -> None:
 
     def hand_over():  # what the relay thread does in the scheduler process
         while transport._buffer:
-            rows, _ = transport._take_rows(FRAME_ITEMS)
-            frames.append(transport._encoded((None, None, rows)))
+            rows, _, _ = transport._take_rows(FRAME_ITEMS)
+            frames.append(transport._encoded((None, None, *rows)))
 
     _section("relay: hand-over to the helper, per event", hand_over)
     transport._buffer.extend(items)  # the same items again, for the thread sender

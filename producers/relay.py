@@ -18,19 +18,23 @@ which are many and rarely busy with transitions).
 Hand-over, by the thread ``dask-blackbox-<source>-sender`` of the Dask process,
 every ``flush-interval`` and when closing:
 
-- a ``transition_log`` record becomes a ``RecordRow`` (its fields and the task
-  group's names tuple, cached per ``TaskGroup``), a transition with Dask's kwargs a
-  ``TransitionRow`` (see :mod:`producers.events`), any other item the event its
-  builder returns, as ``(weight, event)``: a user's object is sanitized here and
-  never leaves the Dask process;
-- the rows go out in frames of at most :data:`FRAME_ITEMS`: ``(drops, identity,
-  rows)`` pickled (protocol 5) behind a 4-byte little-endian length, one ``write``
-  to the helper's stdin. ``drops`` hands over the hot path's drop counts since the
-  previous frame (the helper reports them in a DROPS event after its next
-  delivery), ``identity`` a changed ``(cluster_id, cluster_name)``. A frame that
-  cannot be pickled is pickled row by row; a row that still cannot is replaced by
-  its event passed through :func:`~producers.encode.sanitize`, or else counted as
-  a build error.
+- a ``transition_log`` record becomes five fields (key, start, finish,
+  stimulus_id, timestamp) and the names of its task group (cached per
+  ``TaskGroup``), a transition with Dask's kwargs a ``TransitionRow`` (see
+  :mod:`producers.events`), any other item the event its builder returns, as
+  ``(weight, event)``: a user's object is sanitized here and never leaves the Dask
+  process;
+- they go out in frames of at most :data:`FRAME_ITEMS` items, ``(drops, identity,
+  records, names, others)`` (:meth:`_Receiver.apply` says what each holds), in
+  ``marshal``'s format (or pickle's, see :func:`encode_frame`) behind a 4-byte
+  little-endian length, one ``write`` to the helper's stdin. Records go as flat
+  fields, so the hand-over leaves no object per record behind for the garbage
+  collector. ``drops`` hands over the hot path's drop counts since the previous
+  frame (the helper reports them in a DROPS event after its next delivery),
+  ``identity`` a changed ``(cluster_id, cluster_name)``. If a frame cannot be
+  pickled, a record field that cannot is replaced by its text and another row by
+  its event passed through :func:`~producers.encode.sanitize`, or else by None,
+  counted as a build error.
 
 The helper writes status lines (JSON) to its stdout at most every
 :data:`STATUS_INTERVAL` while anything changes: items done (delivered, or given up
@@ -70,6 +74,7 @@ import dataclasses
 import json
 import logging
 import marshal
+import operator
 import os
 import pickle
 import selectors
@@ -84,6 +89,7 @@ from typing import Any
 
 import orjson
 
+from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
 from dask_blackbox.producers.settings import ProducerSettings
@@ -110,6 +116,16 @@ _HEADER = struct.Struct("<I")
 _HELPER_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                 "from dask_blackbox.producers.relay import main; main()")
 _STATUS_FIELDS = ("sent_events", "sent_envelopes", "sent_drop_reports", "build_errors")
+#: key, start, finish, stimulus_id, timestamp of a ``transition_log`` record
+_RECORD_FIELDS = operator.itemgetter(0, 1, 2, 4, 5)
+
+
+def _pickles(value: Any) -> bool:
+    try:
+        pickle.dumps(value, protocol=5)
+        return True
+    except Exception:
+        return False
 
 
 def open_transport(settings: ProducerSettings, source: str, **kwargs: Any) -> Transport:
@@ -310,82 +326,89 @@ class RelayTransport(Transport):
             identity = None
             if (self.cluster_id, self.cluster_name) != self._identity_handed:
                 identity = self._identity_handed = (self.cluster_id, self.cluster_name)
-            rows, weight = self._take_rows(FRAME_ITEMS)
-            if not rows and drops is None and identity is None:
+            rows, count, weight = self._take_rows(FRAME_ITEMS)
+            if not count and drops is None and identity is None:
                 return
             with self._lock:
-                helper.forwarded += len(rows)
+                helper.forwarded += count
                 helper.batches.append((helper.forwarded, weight))
-            helper.write(self._encoded((drops, identity, rows)))
+            helper.write(self._encoded((drops, identity, *rows)))
 
-    def _take_rows(self, limit: int) -> tuple[list, int]:
-        """Up to ``limit`` buffered items as rows, and their buffer weight. Counted
-        taken and held before they leave the buffer (the room errs on the safe side:
-        every item is first counted a record, then tuples are counted back)."""
+    def _take_rows(self, limit: int) -> tuple[tuple[list, list, list], int, int]:
+        """Up to ``limit`` buffered items as rows (``records, names, others``, see
+        :class:`_Receiver`), their count and their buffer weight. Counted taken and
+        held before they leave the buffer (the room errs on the safe side: every
+        item is first counted a record, then the others are counted back).
+
+        A record adds its five fields to the flat list ``records`` and its group's
+        names to ``names``: no object per record outlives the loop, so the hand-over
+        does not feed the garbage collector's young generation."""
         buffer = self._buffer
         k = min(len(buffer), limit)
         if not k:
-            return [], 0
+            return ([], [], []), 0, 0
         with self._lock:
             self._taken += k
             self._held_events += k
             self._records_taken += TRANSITION_WEIGHT * k
-        rows: list = []
-        add = rows.append
+        records: list = []
+        names_of_records: list = []
+        others: list = []
+        extend, add_names, add_other = records.extend, names_of_records.append, others.append
         popleft, pop_group = buffer.popleft, self._groups.popleft
         builder = self._transitions
         names, transition_row, transition_build = builder.names, builder.row, builder.build
-        known_names = names.cached
-        weight = n_items = 0
-        for _ in range(k):
+        known_names, fields = names.cached, _RECORD_FIELDS
+        weight = 0
+        for position in range(k):
             item = popleft()
             if type(item) is not tuple:  # a transition_log record
                 group = pop_group()
-                add((item[0], item[1], item[2], item[4], item[5],
-                     known_names(group) or names(group)))
+                extend(fields(item))
+                add_names(known_names(group) or names(group))
                 continue
-            n_items += 1
             n = item[1]
             weight += n
             build = item[0]
             try:
                 if build == transition_build:  # bound methods: equal, not identical
-                    add(transition_row(item))
+                    add_other((position, transition_row(item)))
                 else:
-                    add((n, build(item)))
+                    add_other((position, (n, build(item))))
             except Exception:  # a bug in a builder must not stop the sender
                 with self._lock:  # the status thread adds the helper's build errors
                     self._build_failed(item)
-                    self._held_events -= 1
-                    self._bytes_out += n
-                weight -= n
+                # handed over as None: the helper counts it done at once, and its
+                # room comes back with the rest of the frame's
+                add_other((position, None))
         with self._lock:
-            self._records_taken -= TRANSITION_WEIGHT * n_items
-        return rows, weight + TRANSITION_WEIGHT * (k - n_items)
+            self._records_taken -= TRANSITION_WEIGHT * len(others)
+        weight += TRANSITION_WEIGHT * len(names_of_records)
+        return (records, names_of_records, others), k, weight
 
     def _encoded(self, frame: tuple) -> bytes:
-        """The frame's bytes (see :func:`encode_frame`); a row that cannot be
-        pickled is replaced by its event passed through ``sanitize``, and one that
-        still cannot be is counted as a build error."""
+        """The frame's bytes (see :func:`encode_frame`). If it cannot be pickled, a
+        record field that cannot be is replaced by its text (``encode_key``, what
+        the event holds anyway), another row by its event passed through
+        ``sanitize``, or else by None, counted as a build error."""
         try:
             return encode_frame(frame)
         except Exception:
             pass
-        drops, identity, rows = frame
-        out = []
-        for row in rows:
-            try:
-                pickle.dumps(row, protocol=5)
-            except Exception:
+        drops, identity, records, names, others = frame
+        records = [value if _pickles(value) else encode_key(value) for value in records]
+        fixed = []
+        for position, row in others:
+            if not _pickles(row):
                 try:
                     row = self._picklable(row)
                     pickle.dumps(row, protocol=5)
                 except Exception:
-                    with self._lock:
+                    with self._lock:  # already counted held: the helper counts it done
                         self._build_failed(("a row that cannot be pickled", None))
-                    row = None  # done at once by the helper, never delivered
-            out.append(row)
-        return encode_frame((drops, identity, out))
+                    row = None
+            fixed.append((position, row))
+        return encode_frame((drops, identity, records, names, fixed))
 
     def _picklable(self, row: tuple) -> tuple:
         cap = self.settings.max_value_bytes
@@ -553,7 +576,15 @@ class _Receiver:
         return self.builder.event(item[2])
 
     def apply(self, frame: tuple) -> None:
-        drops, identity, rows = frame
+        """Offer a frame's rows to the transport, in the Dask process's order.
+
+        A frame is ``(drops, identity, records, names, others)``: ``records`` holds
+        five fields (key, start, finish, stimulus_id, ts) per transition record and
+        ``names`` its group's names; ``others`` is ``[(position, row)]`` for the other
+        items, ``position`` being the item's place in the frame, ``row`` a
+        ``TransitionRow``, ``(weight, event)``, or None for an item the relay could
+        not hand over (counted there, done here at once)."""
+        drops, identity, records, names, others = frame
         t = self.transport
         if identity is not None:
             t.set_identity(*identity)
@@ -561,17 +592,24 @@ class _Receiver:
             t.add_drops(*drops)
         offer = t.offer
         record, transition = self._encode_record, self._build_transition
-        for row in rows:
-            if row is None:  # could not be handed over (counted by the relay)
-                self.skipped += 1
+        total = len(names) + len(others)
+        pending = iter(others)
+        at, row = next(pending, (total, None))
+        r = 0
+        for position in range(total):
+            if position != at:
+                j = 5 * r
+                offer((record, TRANSITION_WEIGHT,
+                       (*records[j:j + 5], names[r])))
+                r += 1
                 continue
-            n = len(row)
-            if n == 6:
-                offer((record, TRANSITION_WEIGHT, row))
-            elif n == 13:
+            if row is None:
+                self.skipped += 1
+            elif len(row) == 13:
                 offer((transition, TRANSITION_WEIGHT, row))
             else:
                 offer((ready, row[0], row[1]))
+            at, row = next(pending, (total, None))
         t.flush_soon()
 
     def status(self, force: bool = False) -> bytes | None:

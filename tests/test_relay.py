@@ -22,7 +22,10 @@ from distributed import Client, LocalCluster
 
 from dask_blackbox import producers
 from dask_blackbox.contract import DROPS, EVENT, TRANSITION
-from dask_blackbox.producers.relay import MAX_DEATHS
+from dask_blackbox.producers.relay import (
+    MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame,
+)
+from dask_blackbox.producers.settings import ProducerSettings
 from polling import wait_for
 from producers_support import (
     own_broker, published, scheduler_plugin_stats, scheduler_transitions,
@@ -238,3 +241,54 @@ def test_a_sigkilled_schedulers_helper_still_delivers_what_it_held(tmp_path):
     arrived = [[e["key"], e["start"], e["finish"], e["stimulus_id"]] for e in events
                if e["kind"] == TRANSITION and e["key"].startswith("orphaned-")]
     assert arrived == story
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not this one")
+
+
+def test_a_frame_keeps_dasks_order_and_survives_what_cannot_be_pickled():
+    """A frame through encode/decode and the helper's receiver: rows come out in the
+    order the Dask process buffered them; a datetime forces pickle's format; an
+    unpicklable value is replaced (a record field by its text, an event by its
+    sanitized form) or counted, never a crash."""
+    settings = ProducerSettings.resolve({
+        "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
+        "producer.sender": "process", "producer.flush-interval": "1h"})
+    relay = RelayTransport(settings, "scheduler", cluster_id="c-frames", cluster_name="frames")
+    try:
+        names = ("inc", "inc-abc", "span-1")
+        records = ["inc-1", "released", "waiting", "stim-1", 1.0,
+                   ("inc", 2), "waiting", "processing", "stim-2", 2.0]
+        others = [(1, (64, {"kind": "event", "ts": 1.5, "topic": "t",
+                            "msg": {"at": datetime.datetime(2026, 1, 1)}})),
+                  (3, (64, {"kind": "event", "ts": 3.0, "topic": "t", "msg": "last"}))]
+        frame = (None, None, records, [names, names], others)
+        data = relay._encoded(frame)
+        assert data[:1] == b"P"  # the datetime: pickle's format
+        plain = (None, None, records, [names, names], others[1:])
+        assert encode_frame(plain)[:1] == b"M" and decode_frame(encode_frame(plain)) == plain
+
+        receiver = _Receiver({"settings": settings, "source": "scheduler",
+                              "producer_id": "scheduler-test", "cluster_id": None,
+                              "cluster_name": None})
+        receiver.apply(decode_frame(data))
+        built = [item[0](item) for item in receiver.transport._buffer]
+        events = [json.loads(b) if isinstance(b, bytes) else b for b in built]
+        assert [e["ts"] for e in events] == [1.0, 1.5, 2.0, 3.0]
+        assert events[0]["key"] == "inc-1" and events[2]["key"] == str(("inc", 2))
+        assert events[0]["group"] == "inc-abc" and events[2]["span_id"] == "span-1"
+
+        bad = (None, None, [Unpicklable(), "released", "waiting", "s", 4.0], [names],
+               [(0, (64, {"kind": "event", "ts": 3.5, "topic": "t", "msg": Unpicklable()})),
+                (2, None)])
+        receiver.apply(decode_frame(relay._encoded(bad)))
+        assert receiver.skipped == 1
+        more = [item[0](item) for item in list(receiver.transport._buffer)[4:]]
+        event, record = more[0], json.loads(more[1])
+        assert event["msg"]["__type__"].endswith("Unpicklable")
+        assert record["key"].startswith("<") or "Unpicklable" in record["key"]
+        receiver.transport.close_blocking()
+    finally:
+        relay.close_blocking()
