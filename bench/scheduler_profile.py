@@ -39,6 +39,10 @@ CATEGORIES = [
     ("producers hook: update_graph", r"^\S*update_graph\S* \(.*producers/scheduler\.py"),
     ("producers hook: offer", r"^\S*(offer|push_transition) \(.*producers/transport\.py"),
     ("producers: log handler", r"producers/logs\.py"),
+    ("relay: hand-over (frame encoding, pipe write)",
+     r"^\S*(_encoded|encode_frame|write|write_frame|_hand_over) \(.*producers/relay\.py"),
+    ("relay: status lines", r"^\S*(_read_status|_status) \(.*producers/relay\.py"),
+    ("relay: rows", r"producers/relay\.py"),
     ("sender: build events", r"(producers/events\.py|producers/encode\.py|contract\.py|"
      r"_graph_event|_structured_event|_annotation_summary|^\S*ready \()"),
     ("sender: encode (orjson)", r"^\S*_encode\w* \(.*producers/"),

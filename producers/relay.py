@@ -590,7 +590,13 @@ class _Receiver:
             t.set_identity(*identity)
         if drops is not None:
             t.add_drops(*drops)
-        offer = t.offer
+        # Appended as Transport.offer would, without its per-item checks: the
+        # helper's buffer is unbounded (the Dask process bounds what it hands over),
+        # and its weight is added once per frame, before the items are visible.
+        t._bytes_in += TRANSITION_WEIGHT * len(names) + sum(
+            TRANSITION_WEIGHT if row is None or len(row) == 13 else row[0]
+            for _, row in others)
+        append = t._buffer.append
         record, transition = self._encode_record, self._build_transition
         total = len(names) + len(others)
         pending = iter(others)
@@ -599,16 +605,16 @@ class _Receiver:
         for position in range(total):
             if position != at:
                 j = 5 * r
-                offer((record, TRANSITION_WEIGHT,
-                       (*records[j:j + 5], names[r])))
+                append((record, TRANSITION_WEIGHT, (*records[j:j + 5], names[r])))
                 r += 1
                 continue
             if row is None:
                 self.skipped += 1
+                t._bytes_in -= TRANSITION_WEIGHT
             elif len(row) == 13:
-                offer((transition, TRANSITION_WEIGHT, row))
+                append((transition, TRANSITION_WEIGHT, row))
             else:
-                offer((ready, row[0], row[1]))
+                append((ready, row[0], row[1]))
             at, row = next(pending, (total, None))
         t.flush_soon()
 
