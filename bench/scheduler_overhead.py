@@ -1,6 +1,46 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
-FINDINGS (2026-11-23, a 2-core machine shared with other jobs, load average 2-37)
+FINDINGS, second pass (2026-11-23, session 5): the sender moved out of the process
+
+The producers' sender now runs in a helper process (``producers/relay.py``): the
+scheduler process keeps the ``transition`` hook and a relay thread that hands the
+buffer over as flat rows (``marshal``, one pipe write per flush interval). Per
+thread of the scheduler process, medians over runs, 32k shape:
+
+- before (thread sender; one quad run before the change, 4 runs): sender thread
+  1.67 s of 22.6 s (7.4 %); event loop B - A -0.16 s.
+- after (v1 rows, 4 quads, 16 runs, machine at load ~3): relay thread 0.38 s of
+  15.3 s (2.5 %), status thread 0.01 s; event loop B - A +1.54 s; helper process
+  1.66 s (outside the scheduler). After (v2 flat rows, 4 quads, machine ~1.5x
+  slower that hour): relay 0.65 s of 24.8 s (2.6 %); event loop B - A +4.0 s.
+- instructions (``transition_hotpath.py --callgrind``, 10k transitions, 1 run
+  each): scheduler process per event 26,847 with the thread sender (hook 4,329 +
+  build/encode 18,735 + zstd 3,783, plus aiokafka and socket I/O not counted) vs
+  10,418 with the helper (hook 4,317 + hand-over 6,101: the rest happens in the
+  helper).
+
+Ratios (with/without; scheduler-process CPU, wall):
+
+- fresh40k (v1, 4 quads): CPU 1.025, 1.174, 1.011, 1.017 (median 1.021); wall
+  0.987, 1.133, 0.996, 0.987 (median 0.991). The second quad ran while a test
+  suite shared the machine.
+- 32k (v1, 4 quads): CPU 1.100, 1.047, 1.243, 1.035 (median 1.073); wall 1.115,
+  1.017, 1.154, 0.998 (median 1.066). 32k (v2, 4 quads): CPU 1.148, 1.047, 1.410,
+  1.103 (median 1.125); wall 1.101, 1.068, 1.299, 1.043 (median 1.085).
+
+What is left on the saturated 32k shape is mostly not the producers' own code
+(relay thread 2.5 % + hook ~1.5 %) but Dask's event loop itself: its CPU per run,
+B - A averaged per quad, was +1.01, +0.37, +2.58, +0.24 s (v1) and +2.61, +1.21,
++6.16, +1.09 s (v2): positive in all eight quads and above the hook's ~0.2 s
+(instructions x transitions). Not located yet; the candidates are GIL hand-offs
+with the relay thread (it holds the GIL through a frame of up to 20,000 rows),
+cache lines the two threads share (reference counts of keys and groups), and the
+helper process taking CPU on a machine where the scheduler and two workers already
+fill both cores. On fresh40k (default worker-saturation, the scheduler not
+saturated) it is +0.04, +6.96 (the perturbed quad), +0.79, +0.05 s on ~45 s.
+
+FINDINGS, first pass (2026-11-23, session 4, a 2-core machine shared with other
+jobs, load average 2-37)
 
 The noise first: the same code gave 32k CPU ratios of 1.290 and 1.201 in one
 2-quad run and 1.085 and 1.023 in another an hour later (event-loop thread +2.5 s
