@@ -29,6 +29,6 @@ def local_broker(kind: str = "tansu", **settings):
                 **settings,
             }):
                 asyncio.run(kafka.ensure_topics())
-                yield
+                yield broker
         finally:
             broker.kill()

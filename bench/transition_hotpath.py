@@ -157,7 +157,7 @@ def _section(name: str, fn) -> None:
 _SECTIONS: list[str] = []
 
 
-async def callgrind_child(out: str) -> None:
+async def callgrind_child(out: str, broker) -> None:
     """The part that runs under valgrind; writes the section names to ``out``."""
     scheduler = await Scheduler(dashboard_address=":0", validate=False)
     keys = [(f"ones-like-{i % 7:02d}0123456789abcdef0123456789abcdef", i, i + 1)
@@ -231,6 +231,7 @@ async def callgrind_child(out: str) -> None:
                 + str(sum(len(e) for e in envelopes)))
     transport.cluster_id = scheduler.id
     await scheduler.close()
+    broker.kill()  # os._exit skips the context that would
     os._exit(0)  # no flush at exit: nothing listens
 
 
@@ -280,8 +281,9 @@ def callgrind_main() -> None:
 
 if __name__ == "__main__":
     if "--callgrind-child" in sys.argv:
-        with local_broker():
-            asyncio.run(callgrind_child(sys.argv[sys.argv.index("--callgrind-child") + 1]))
+        with local_broker() as broker:
+            asyncio.run(callgrind_child(sys.argv[sys.argv.index("--callgrind-child") + 1],
+                                        broker))
     elif "--callgrind" in sys.argv:
         callgrind_main()
     else:
