@@ -648,6 +648,8 @@ def main() -> None:
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr,
         format="%(asctime)s - dask-blackbox relay %(process)d - %(levelname)s - %(message)s")
+    for handler in logging.root.handlers:  # aiokafka's retries are demoted to DEBUG
+        handler.setLevel(logging.WARNING)
     stdin = sys.stdin.fileno()
     out = sys.stdout.buffer
     hello = _read_frame(stdin)

@@ -281,6 +281,10 @@ class Transport:
     def flush_soon(self) -> None:
         """Pack what is buffered now rather than after the linger (thread-safe)."""
         self._flush = True
+        self._wake_sender()
+
+    def _wake_sender(self) -> None:
+        """Cut the sender's sleep short, from any thread."""
         loop = self._loop
         if loop is not None:
             try:
@@ -345,12 +349,7 @@ class Transport:
         self._max_events = 0
         self.room = 0
         _LIVE.discard(self)
-        loop = self._loop
-        if loop is not None:
-            try:
-                loop.call_soon_threadsafe(self._cut_sleep)
-            except RuntimeError:  # the sender's loop already ended
-                pass
+        self._wake_sender()
 
     def _cut_sleep(self) -> None:
         if self._waiter is not None:

@@ -149,6 +149,13 @@ def bb_config(broker, tmp_path):
         yield env
 
 
+@pytest.fixture
+def long_story():
+    """Dask keeps a transition_log long enough for every test's whole story."""
+    with dask.config.set({"distributed.admin.low-level-log-length": 1_000_000}):
+        yield
+
+
 def subprocess_env(bb_env: dict[str, str]) -> dict[str, str]:
     """os.environ plus the test's blackbox settings, for child processes."""
     return {**os.environ, **bb_env}

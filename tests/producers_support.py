@@ -20,6 +20,14 @@ from kafka_reader import read_json
 from polling import wait_for
 
 
+#: Producer overrides of the fault tests: quick flushes and reconnects, no metrics.
+FAST = {
+    "producer.flush-interval": "20ms",
+    "producer.reconnect-backoff-max": "200ms",
+    "producer.metrics-interval": "1h",
+}
+
+
 def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
     """(envelopes, events) on the raw topic; every envelope is validated against the
     contract and each event gets ``_source``/``_producer`` from its envelope."""
@@ -101,6 +109,18 @@ def own_broker(topic_prefix: str, kind: str = "tansu"):
     finally:
         broker.kill()
         shutil.rmtree(broker.scratch, ignore_errors=True)
+
+
+def story_until_close(cluster, events) -> dict:
+    """:func:`story_by_key` of the cluster's ``transition_log`` up to the published
+    ``scheduler_close``."""
+    (close,) = [e["ts"] for e in events if e.get("action") == "scheduler_close"]
+    return story_by_key(t for t in cluster.scheduler.transition_log if t[5] <= close)
+
+
+def scheduler_stats(client) -> dict:
+    """The scheduler producer's counters, from the client."""
+    return client.run_on_scheduler(scheduler_plugin_stats)
 
 
 def scheduler_plugin_stats(dask_scheduler) -> dict:

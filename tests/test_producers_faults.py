@@ -16,9 +16,7 @@ import threading
 import time
 import uuid
 
-import dask
 import dask.array as da
-import dask.config
 import pytest
 from distributed import Client, LocalCluster
 
@@ -30,38 +28,21 @@ from dask_blackbox.contract import (
 from dask_blackbox.cli.brokers import free_port
 from polling import wait_for
 from producers_support import (
-    own_broker, published, scheduler_plugin_stats, scheduler_transitions,
-    seqs_by_producer, story_by_key, wait_scheduler_delivered,
+    FAST, scheduler_stats, story_until_close,
+    own_broker, published, scheduler_transitions,
+    seqs_by_producer, wait_scheduler_delivered,
 )
-
-FAST = {
-    "producer.flush-interval": "20ms",
-    "producer.reconnect-backoff-max": "200ms",
-    "producer.metrics-interval": "1h",
-}
 
 
 def inc(x):
     return x + 1
 
 
-@pytest.fixture
-def long_story():
-    with dask.config.set({"distributed.admin.low-level-log-length": 1_000_000}):
-        yield
-
-
-def _stats(client) -> dict:
-    return client.run_on_scheduler(scheduler_plugin_stats)
 
 
 def _no_plugin_failures(events) -> None:
     assert not [e for e in events if e["kind"] == LOG and "Plugin failed" in e["message"]]
 
-
-def _story_until_close(cluster, events) -> dict:
-    (close,) = [e["ts"] for e in events if e.get("action") == "scheduler_close"]
-    return story_by_key(t for t in cluster.scheduler.transition_log if t[5] <= close)
 
 
 @pytest.mark.both_brokers
@@ -71,7 +52,7 @@ def test_broker_down_at_start_then_up_loses_nothing(long_story, broker_kind):
                           dashboard_address=":0") as cluster, Client(cluster) as client:
             producers.attach(client, **FAST)
             assert (da.ones((60, 60), chunks=10) + 1).sum().compute() == 7200
-            stats = _stats(client)
+            stats = scheduler_stats(client)
             assert stats["sent_envelopes"] == 0 and stats["buffered_events"] > 100
             assert stats["dropped_events"] == 0
             broker.start()
@@ -80,7 +61,7 @@ def test_broker_down_at_start_then_up_loses_nothing(long_story, broker_kind):
     (scheduler_seqs,) = [s for pid, s in seqs_by_producer(envelopes).items()
                          if pid.startswith("scheduler-")]
     assert scheduler_seqs == list(range(len(scheduler_seqs)))
-    assert scheduler_transitions(events) == _story_until_close(cluster, events)
+    assert scheduler_transitions(events) == story_until_close(cluster, events)
     assert not [e for e in events if e["kind"] == DROPS]
     _no_plugin_failures(events)
 
@@ -94,9 +75,9 @@ def test_full_buffer_drops_newest_counts_and_reports(long_story):
             future = client.compute((da.ones((80, 80), chunks=10) + 1).sum())
             samples = []
             while not future.done():
-                samples.append(_stats(client))
+                samples.append(scheduler_stats(client))
             assert future.result() == 12800
-            samples.append(before := _stats(client))
+            samples.append(before := scheduler_stats(client))
             for s in samples:  # the buffer never holds more than configured
                 assert s["buffered_events"] <= 150 and s["buffered_bytes"] <= 2**20
             assert before["dropped_events"] > 0 and before["sent_envelopes"] == 0
@@ -141,7 +122,7 @@ def test_broker_killed_mid_run_and_restarted(long_story, broker_kind):
         assert seqs == list(range(len(seqs)))
     else:  # a restarted Tansu is empty: what it holds is a run of seqs from then on
         assert seqs[0] > 0 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
-    story = _story_until_close(cluster, events)
+    story = story_until_close(cluster, events)
     got = scheduler_transitions(events)
     for key in [f"during-outage-{i}" for i in range(50)] + ["after-outage"]:
         assert got[key] == story[key]
@@ -305,7 +286,7 @@ def test_hostile_user_events_cannot_hurt_the_scheduler(bb_config):
         assert client.run_on_scheduler(_alive) == "running"
         loop_thread = client.run_on_scheduler(_loop_thread)
         wait_scheduler_delivered(client)
-        stats = _stats(client)
+        stats = scheduler_stats(client)
     assert loop_thread not in SlowAttributes.askers
     assert stats["build_errors"] == 0
     envelopes, events = published()

@@ -28,15 +28,10 @@ from dask_blackbox.producers.relay import (
 from dask_blackbox.producers.settings import ProducerSettings
 from polling import wait_for
 from producers_support import (
-    own_broker, published, scheduler_plugin_stats, scheduler_transitions,
-    seqs_by_producer, story_by_key, wait_scheduler_delivered,
+    FAST, scheduler_stats, story_until_close,
+    own_broker, published, scheduler_transitions,
+    seqs_by_producer, wait_scheduler_delivered,
 )
-
-FAST = {
-    "producer.flush-interval": "20ms",
-    "producer.reconnect-backoff-max": "200ms",
-    "producer.metrics-interval": "1h",
-}
 
 
 def inc(x):
@@ -47,14 +42,6 @@ def div(x, y):
     return x / y
 
 
-@pytest.fixture
-def long_story():
-    with dask.config.set({"distributed.admin.low-level-log-length": 1_000_000}):
-        yield
-
-
-def _stats(client) -> dict:
-    return client.run_on_scheduler(scheduler_plugin_stats)
 
 
 def _alive(pid: int) -> bool:
@@ -66,10 +53,6 @@ def _alive(pid: int) -> bool:
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
 
-
-def _story_until_close(cluster, events) -> dict:
-    (close,) = [e["ts"] for e in events if e.get("action") == "scheduler_close"]
-    return story_by_key(t for t in cluster.scheduler.transition_log if t[5] <= close)
 
 
 def _log_odd_events(dask_scheduler) -> None:
@@ -83,7 +66,9 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         producers.attach(client, **FAST, **{"producer.sender": sender})
-        stats = _stats(client)
+        if sender == "process":  # the relay thread starts its helper
+            wait_for(lambda: scheduler_stats(client)["relay_ready"], 60, "the helper")
+        stats = scheduler_stats(client)
         assert stats["sender"] == sender
         helper = stats.get("relay_pid")
         assert (helper is not None and _alive(helper)) == (sender == "process")
@@ -95,11 +80,11 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
         client.run_on_scheduler(_log_odd_events)
         dask_events = client.get_events("relay-odd")
         wait_scheduler_delivered(client)
-        done = _stats(client)
+        done = scheduler_stats(client)
     if helper is not None:  # the helper ends with its scheduler
         wait_for(lambda: not _alive(helper), 30, "the helper process to exit")
     envelopes, events = published()
-    assert scheduler_transitions(events) == _story_until_close(cluster, events)
+    assert scheduler_transitions(events) == story_until_close(cluster, events)
     (erred,) = [e for e in events if e["kind"] == TRANSITION and e["key"] == "div-by-zero"
                 and e["finish"] == "erred"]
     assert erred["exception"].startswith("ZeroDivisionError")
@@ -124,18 +109,18 @@ def test_a_killed_helper_is_replaced_and_what_it_held_is_reported(bb_config, lon
         producers.attach(client, **FAST)
         assert client.submit(inc, 1, key="before").result() == 2
         wait_scheduler_delivered(client)
-        first = _stats(client)
+        first = scheduler_stats(client)
         os.kill(first["relay_pid"], signal.SIGSTOP)  # it takes rows and sends nothing
         held = client.map(inc, range(100), key=[f"held-{i}" for i in range(100)])
         assert sum(client.gather(held)) == sum(range(1, 101))
         time.sleep(0.5)  # 25 flush intervals: the rows are in the stopped helper's pipe
         os.kill(first["relay_pid"], signal.SIGKILL)
-        wait_for(lambda: _stats(client)["relay_pid"] != first["relay_pid"], 30,
+        wait_for(lambda: scheduler_stats(client)["relay_pid"] != first["relay_pid"], 30,
                  "a new helper")
         after = client.map(inc, range(50), key=[f"after-{i}" for i in range(50)])
         assert sum(client.gather(after)) == sum(range(1, 51))
         wait_scheduler_delivered(client)
-        second = _stats(client)
+        second = scheduler_stats(client)
         del held, after
     envelopes, events = published()
     assert second["sender"] == "process"
@@ -148,7 +133,7 @@ def test_a_killed_helper_is_replaced_and_what_it_held_is_reported(bb_config, lon
     seqs = seqs_by_producer(envelopes)
     for producer in (first["producer_id"], second["producer_id"]):
         assert seqs[producer] == list(range(len(seqs[producer])))
-    story = _story_until_close(cluster, events)
+    story = story_until_close(cluster, events)
     got = scheduler_transitions(events)
     for key in ["before"] + [f"after-{i}" for i in range(50)]:
         assert got[key] == story[key]
@@ -161,23 +146,23 @@ def test_a_helper_that_keeps_dying_gives_way_to_the_thread_sender(bb_config, lon
         pids = []
         for _ in range(MAX_DEATHS):
             # killed before its first status line, a helper counts as unable to start
-            wait_for(lambda: _stats(client)["relay_ready"], 30, "the helper to start")
-            stats = _stats(client)
+            wait_for(lambda: scheduler_stats(client)["relay_ready"], 30, "the helper to start")
+            stats = scheduler_stats(client)
             assert stats["sender"] == "process"
             pids.append(stats["relay_pid"])
             os.kill(stats["relay_pid"], signal.SIGKILL)
-            wait_for(lambda: (s := _stats(client))["sender"] == "thread"
+            wait_for(lambda: (s := scheduler_stats(client))["sender"] == "thread"
                      or s["relay_pid"] != pids[-1], 30, "the relay to notice")
-        assert _stats(client)["sender"] == "thread"
+        assert scheduler_stats(client)["sender"] == "thread"
         assert client.submit(inc, 41, key="after-fallback").result() == 42
         wait_scheduler_delivered(client)
-        last = _stats(client)
+        last = scheduler_stats(client)
     envelopes, events = published()
     assert len(set(pids)) == MAX_DEATHS and not any(_alive(p) for p in pids)
     seqs = seqs_by_producer(envelopes)[last["producer_id"]]
     assert seqs == list(range(len(seqs)))
     assert scheduler_transitions(events)["after-fallback"] == (
-        _story_until_close(cluster, events)["after-fallback"])
+        story_until_close(cluster, events)["after-fallback"])
 
 
 ORPHAN_SCRIPT = textwrap.dedent('''
@@ -198,6 +183,8 @@ ORPHAN_SCRIPT = textwrap.dedent('''
             producers.attach(client, **{
                 "producer.flush-interval": "20ms", "producer.close-timeout": "120s",
                 "producer.reconnect-backoff-max": "200ms"})
+            while not client.run_on_scheduler(stats)["relay_ready"]:
+                time.sleep(0.05)  # the relay thread starts its helper
             print(json.dumps({"relay_pid": client.run_on_scheduler(stats)["relay_pid"]}),
                   flush=True)
             sys.stdin.readline()  # the broker is down now
