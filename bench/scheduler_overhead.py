@@ -28,6 +28,13 @@ Ratios (with/without; scheduler-process CPU, wall):
   1.017, 1.154, 0.998 (median 1.066). 32k (v2, 4 quads): CPU 1.148, 1.047, 1.410,
   1.103 (median 1.125); wall 1.101, 1.068, 1.299, 1.043 (median 1.085).
 
+- 200k (v2, one quad started, not finished): A 156.5 s CPU / 375 s wall, B 204.5 s /
+  492 s (event loop 181.6 vs 135.1 s; relay thread 5.2 s, 2.6 %; helper 20.1 s;
+  1,002,339 events). The second B run's compute finished, but the bench's
+  ``run_on_scheduler(_wait_delivered)`` never returned: the scheduler held no
+  pending request, the producer had delivered everything it had accepted, and one
+  of the two worker processes was gone. Not resolved; no 200k ratio is claimed.
+
 What is left on the saturated 32k shape is mostly not the producers' own code
 (relay thread 2.5 % + hook ~1.5 %) but Dask's event loop itself: its CPU per run,
 B - A averaged per quad, was +1.01, +0.37, +2.58, +0.24 s (v1) and +2.61, +1.21,
