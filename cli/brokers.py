@@ -268,8 +268,13 @@ def find_kafka_jars(home: str | os.PathLike | None) -> tuple[pathlib.Path, str]:
 
 
 def new_cluster_id() -> str:
-    """A KRaft cluster id (Kafka's Uuid: 16 random bytes, URL-safe base64)."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+    """A KRaft cluster id (Kafka's Uuid: 16 random bytes, URL-safe base64). Like
+    Kafka's ``Uuid.randomUuid``, never one that starts with "-": ``kafka-storage
+    format -t -abc...`` reads it as an option (1 id in 64 did)."""
+    while True:
+        text = base64.urlsafe_b64encode(uuid.uuid4().bytes).rstrip(b"=").decode()
+        if not text.startswith("-"):
+            return text
 
 
 _LOG4J = """\

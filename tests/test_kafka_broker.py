@@ -8,6 +8,7 @@ again on its own data."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import os
 import pathlib
 import shutil
@@ -19,7 +20,7 @@ import sys
 import psutil
 import pytest
 
-from dask_blackbox.cli.brokers import port_open
+from dask_blackbox.cli.brokers import new_cluster_id, port_open
 
 from kafka_reader import read_topic
 from up_process import Up
@@ -246,3 +247,12 @@ def test_own_broker_restarts_on_its_port(own_broker_factory, broker_kind):
         values = [r.value for r in asyncio.run(read_topic(config.topic("raw"), idle=2))]
     assert broker.persistent == (broker_kind == "kafka")
     assert values == ([b"before the restart"] if broker.persistent else [])
+
+
+def test_kraft_cluster_ids_are_never_read_as_options():
+    """kafka-storage's argument parser reads an id starting with "-" as an option:
+    1 random id in 64 made the session's Kafka fail to format its storage."""
+    ids = [new_cluster_id() for _ in range(5000)]
+    assert not [i for i in ids if i.startswith("-")]
+    assert all(len(base64.urlsafe_b64decode(i + "==")) == 16 for i in ids)
+    assert len(set(ids)) == len(ids)
