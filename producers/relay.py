@@ -72,7 +72,6 @@ it holds while behind is bounded by the buffer limits above, as Python objects
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 import logging
@@ -146,6 +145,9 @@ class RelayTransport(Transport):
     """A :class:`~producers.transport.Transport` whose sender is a helper process
     (module docstring). The hot path and the buffer are the base class's."""
 
+    #: A close waits for the helper's exit too (:meth:`_finish`).
+    CLOSE_GRACE = 2.0
+
     def __init__(self, settings: ProducerSettings, source: str, **kwargs: Any):
         self._wake = threading.Event()
         self._lock = threading.Lock()  # the relay thread vs the status thread
@@ -204,8 +206,7 @@ class RelayTransport(Transport):
         if helper is not None:
             helper.kill()
             self._abandon(helper)
-            self.producer_id = new_producer_id(self.source)
-            self.next_seq = 0
+            self._new_producer()
             # Drops handed over were the helpers' to report.
             self._reported_events, self._reported_bytes = self._drops_handed
             self._first_unreported_drop = None if (
@@ -217,13 +218,6 @@ class RelayTransport(Transport):
     def _begin_close(self) -> None:
         super()._begin_close()
         self._wake.set()
-
-    async def close(self) -> None:
-        """As :meth:`Transport.close`, waiting for the helper's exit too."""
-        self._begin_close()
-        deadline = time.monotonic() + self.settings.close_timeout + 2.0
-        while self._thread.is_alive() and time.monotonic() < deadline:
-            await asyncio.sleep(0.01)
 
     # --------------------------------------------------------------- helper
 
@@ -260,8 +254,7 @@ class RelayTransport(Transport):
             logger.warning("dask-blackbox %s: its helper process died %d times within "
                            "%.0fs", self.producer_id, len(self._deaths), _DEATH_WINDOW)
             return False
-        self.producer_id = new_producer_id(self.source)
-        self.next_seq = 0
+        self._new_producer()
         logger.warning(
             "dask-blackbox: the helper process of %s died (code %s) with %d undelivered "
             "event(s), counted as dropped; a new one starts as %s",
@@ -273,9 +266,14 @@ class RelayTransport(Transport):
             return False
         return True
 
+    def _new_producer(self) -> None:
+        """A new producer id, its ``seq`` from 0: a helper may have used the old."""
+        self.producer_id = new_producer_id(self.source)
+        self.next_seq = 0
+
     def _abandon(self, helper: _Helper) -> int:
         """Count the items ``helper`` held and did not finish as dropped; give their
-        buffer room back."""
+        buffer room back. Twice for one helper counts nothing more."""
         helper.status_thread.join(1.0)
         with self._lock:
             lost = helper.forwarded - helper.done
@@ -286,12 +284,10 @@ class RelayTransport(Transport):
             self._bytes_out += weight
             self.abandoned += lost
             self._relay_cpu_before += helper.cpu
+            helper.cpu = 0.0
         if lost:
-            self.dropped_events += lost
-            self.dropped_bytes += weight
-            self._last_drop = now = time.time()
-            if self._first_unreported_drop is None:
-                self._first_unreported_drop = now
+            now = time.time()
+            self.add_drops(lost, weight, now, now)
         return lost
 
     def _finish(self) -> None:

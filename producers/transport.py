@@ -324,11 +324,18 @@ class Transport:
 
     # ----------------------------------------------------------------- closing
 
+    #: Seconds a close waits for the sender beyond ``close-timeout``.
+    CLOSE_GRACE = 1.0
+
+    def close_deadline(self) -> float:
+        """The ``time.monotonic()`` by which a close begun now has ended."""
+        return time.monotonic() + self.settings.close_timeout + self.CLOSE_GRACE
+
     async def close(self) -> None:
         """Deliver what is buffered within ``close-timeout``, then stop the sender.
         Awaitable from the Dask event loop without blocking it."""
         self._begin_close()
-        deadline = time.monotonic() + self.settings.close_timeout + 1.0
+        deadline = self.close_deadline()
         while self._thread.is_alive() and time.monotonic() < deadline:
             await asyncio.sleep(0.01)
 
@@ -337,7 +344,7 @@ class Transport:
         until ``deadline`` (``time.monotonic()``) if given."""
         self._begin_close()
         if deadline is None:
-            deadline = time.monotonic() + self.settings.close_timeout + 1.0
+            deadline = self.close_deadline()
         self._thread.join(max(deadline - time.monotonic(), 0))
 
     def _begin_close(self) -> None:
@@ -688,8 +695,6 @@ def _flush_at_exit() -> None:
     transports = list(_LIVE)
     for transport in transports:
         transport._begin_close()
-    deadline = time.monotonic() + max(
-        (t.settings.close_timeout for t in transports), default=0
-    ) + 1.0
+    deadline = max((t.close_deadline() for t in transports), default=0.0)
     for transport in transports:
         transport.close_blocking(deadline)

@@ -91,14 +91,16 @@ class BlackboxWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
+        builder = TransitionBuilder(self.settings.max_value_bytes, worker=worker.address)
+        # The transport knows its transitions' builder: a relay hands them over as
+        # rows (producer.sender: process), not as built events.
         self.transport = transport = open_transport(
             self.settings, "worker", cluster_id=self.cluster_id,
             cluster_name=self.cluster_name or self.settings.cluster_name,
+            transition_builder=builder,
         )
         self._offer = transport.offer
-        self._build_transition = TransitionBuilder(
-            self.settings.max_value_bytes, worker=worker.address
-        ).build
+        self._build_transition = builder.build
         self._tasks_get = worker.state.tasks.get
         if self.cluster_id is None:
             self._identity_task = asyncio.create_task(self._learn_identity())
