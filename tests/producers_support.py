@@ -74,7 +74,12 @@ def story_by_key(transition_log) -> dict[str, list[tuple]]:
 class OwnBroker:
     """A local broker of the test's kind (Tansu or Apache Kafka) on a port of the
     test's choosing, which the test may kill and start again. A restarted Tansu is
-    empty (memory only); a restarted Kafka keeps its data (``persistent``)."""
+    empty (memory only); a restarted Kafka keeps its data (``persistent``).
+
+    Tansu 0.6.0 acknowledges a write to a topic it does not have and drops it, so
+    between a restarted Tansu's first listening and :meth:`start`'s topic creation a
+    client's write can vanish: a test that must not lose anything stalls the broker
+    (SIGSTOP/SIGCONT on ``local.proc``) instead of restarting it."""
 
     def __init__(self, kind: str = "tansu") -> None:
         self.scratch = tempfile.mkdtemp(prefix="own-broker-")
