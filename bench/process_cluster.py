@@ -18,7 +18,7 @@ import time
 
 from distributed import Client
 
-from dask_blackbox.cli.brokers import free_port
+from dask_blackbox.cli.brokers import free_port, port_open
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -36,27 +36,37 @@ def _env(config: dict[str, object]) -> dict[str, str]:
 
 
 @contextlib.contextmanager
-def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None):
-    """``(client, scheduler_pid)`` of a fresh cluster; everything is killed after."""
+def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
+                    scheduler_prefix: list[str] = (), timeout: float = 120.0):
+    """``(client, scheduler_pid)`` of a fresh cluster; everything is killed after.
+    ``scheduler_prefix`` runs the scheduler under a command (``valgrind ...``)."""
     env = _env(config or {})
     port = free_port()
     address = f"tcp://127.0.0.1:{port}"
     procs = []
     try:
         scheduler = subprocess.Popen(
-            [sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1",
+            [*scheduler_prefix, sys.executable, "-m", "distributed.cli.dask_scheduler",
+             "--host", "127.0.0.1",
              "--port", str(port), "--dashboard-address", ":0", "--no-show"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(scheduler)
+        # Workers started before the scheduler listens give up on it (a scheduler
+        # under valgrind takes minutes to start).
+        deadline = time.monotonic() + timeout
+        while not port_open("127.0.0.1", port):
+            if scheduler.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the scheduler did not listen on port {port}")
+            time.sleep(0.1)
         workers = subprocess.Popen(
             [sys.executable, "-m", "distributed.cli.dask_worker", address,
              "--nworkers", str(n_workers), "--nthreads", "1", "--no-dashboard",
              "--memory-limit", "0", "--host", "127.0.0.1"],
             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         procs.append(workers)
-        client = Client(address, timeout=60)
+        client = Client(address, timeout=timeout)
         try:
-            client.wait_for_workers(n_workers, timeout=120)
+            client.wait_for_workers(n_workers, timeout=timeout)
             yield client, scheduler.pid
         finally:
             client.close()
