@@ -242,6 +242,16 @@ async def _wait_delivered(dask_scheduler) -> None:
         await asyncio.sleep(0.005)
 
 
+async def _settled(dask_scheduler) -> None:
+    """On the scheduler: wait until the computation's tasks are all forgotten (the
+    client released its result: the released -> forgotten cascade of the whole
+    graph runs after compute returns)."""
+    import asyncio
+
+    while dask_scheduler.tasks:
+        await asyncio.sleep(0.005)
+
+
 def _gc_probe(dask_scheduler) -> tuple[float, int, int, int]:
     """On the scheduler: CPU seconds spent in garbage collections and their number
     per generation so far (a gc callback installed on first call, on both sides)."""
@@ -294,9 +304,13 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     t0 = time.perf_counter()
     n = shape.compute(client)
     wall = time.perf_counter() - t0
+    # The same window on both sides: until the graph is forgotten (counting only to
+    # compute's return left that cascade out of A and, through the wait below, in
+    # B), then B's delivery, then 0.2 s (the helper's last status carries its CPU).
+    client.run_on_scheduler(_settled)
     if with_blackbox:  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
-        time.sleep(0.2)  # the helper's last status carries its CPU
+    time.sleep(0.2)
     after, cpu1 = thread_cpu(pid), process_cpu(pid)
     helper = client.run_on_scheduler(_helper_cpu) - helper0
     gc1 = client.run_on_scheduler(_gc_probe)

@@ -647,3 +647,49 @@ def test_producers_import_without_the_pipeline_packages(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "blocked"
+
+
+def test_the_buffer_limits_hold_exactly_for_records_and_offered_items():
+    """Records (the hot path's push) and offered items of random weights, with the
+    sender parked: what is buffered never passes buffer-max-events, nor its weight
+    (TRANSITION_WEIGHT a record, an offered item its own) buffer-max-bytes; and every
+    drop is of an item that did not fit by the transport's documented estimate
+    (``buffered_bytes``): the room the hot path keeps is a lower bound, never a
+    reason of its own to refuse an item."""
+    import random
+
+    from dask_blackbox.producers.events import TRANSITION_WEIGHT
+    from dask_blackbox.producers.transport import ready
+
+    settings = ProducerSettings.resolve({
+        "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
+        "producer.sender": "thread", "producer.flush-interval": "1h",
+        "producer.buffer-max-events": 700, "producer.buffer-max-bytes": 200_000})
+    transport = Transport(settings, "scheduler", cluster_id=None, cluster_name="limits")
+    rng = random.Random(15)
+    record = ("k", "released", "waiting", {}, "stim", 1.0)
+    refused = weight = 0
+    try:
+        for _ in range(5000):
+            before_events, before_bytes = transport.buffered_events, transport.buffered_bytes
+            dropped = transport.dropped_events
+            if rng.random() < 0.5:
+                n = TRANSITION_WEIGHT
+                if len(transport._buffer) + transport._held_events < transport.room:
+                    transport._groups.append(None)  # as the scheduler plugin inlines it
+                    transport._buffer.append(record)
+                else:
+                    transport.push_transition(record, None)
+            else:
+                n = rng.choice([1, 50, TRANSITION_WEIGHT, 401, 1_000, 9_000, 60_000])
+                transport.offer((ready, n, {"kind": "event"}))
+            if transport.dropped_events > dropped:
+                refused += 1
+                assert before_events >= 700 or before_bytes + n > 200_000, (
+                    n, before_events, before_bytes)
+            else:
+                weight += n
+            assert transport.buffered_events <= 700 and weight <= 200_000
+        assert refused > 100  # the limits were reached, often
+    finally:
+        transport.close_blocking()
