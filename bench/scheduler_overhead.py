@@ -1,5 +1,52 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, third pass (2026-11-23, session 6): the window, instructions, contention
+
+- The two sides were not timed over the same window. A stopped at compute's
+  return; B waited for delivery and 0.2 s, and so B alone counted the released ->
+  forgotten cascade of the whole graph, which runs after compute returns, when the
+  client releases its result: about a fifth of a run's transitions. Seen in
+  cProfile's call counts of the event loop (8,144 tasks): 8,141 more
+  ``_transition_released_forgotten`` calls in B. Both sides now wait until the
+  scheduler holds no task (``_settled``), then B waits for delivery, then both
+  sleep 0.2 s. Every ratio of the passes below is biased against B by it.
+- What runs on the event loop, exactly (cProfile call counts, which do not depend
+  on timing; 8,144 tasks; settled windows; A/B/B/A on one cluster): the same Dask
+  calls per task on both sides (``_run_once`` 0.648 / 0.652, ``handle_stream``
+  0.937 / 0.981, ``stimulus_task_finished`` 1.000 / 1.000); B adds the
+  ``transition`` hook (5 per task) and ``Transport.offer`` (1 per task: the
+  processing -> memory transition carries kwargs). Nothing else of ours runs there.
+- ``Transport.offer`` computed ``buffered_bytes`` and the room on every item; its
+  fast case is now arithmetic on the room. The hook, B - A
+  (``transition_hotpath.py --callgrind``): 4,317 -> 3,169 instructions per
+  transition. Tried and dropped: the relay's ``_take_rows`` as C iterators
+  (``map``/``compress``/``chain``) instead of its Python loop: slower (8,876 vs
+  6,101 instructions per event; 1.2-1.6 vs 0.9-1.1 us per record in-process).
+- Instructions of the event loop on a real cluster (``scheduler_instructions.py``,
+  1,365 tasks, scheduler under callgrind): A 1,136,723 and 1,123,644 per task; B
+  1,159,946 per task on the section with A's transitions (ratio 1.026, +7.4k per
+  transition: the hook, Dask's call into one more plugin, the offered items) and
+  1,180,781 on a section that also held an earlier graph's cascade. An earlier run
+  (before the offer change) gave B sections 7 % apart: what a real cluster does
+  depends on timing (how messages batch), so two sections a side resolve a few
+  per cent, not one.
+- So in instructions the scheduler process pays about 2.6 % on its event loop
+  plus the relay thread (6,101 per event, about 2 % more), while its CPU seconds
+  rise more: 32k, 4 quads, machine about twice as slow as in session 5 (36-61 s
+  a run; runs drift by up to 45 % within a quad): CPU 1.174, 0.946, 1.203, 1.055
+  (median 1.114), wall 1.143, 0.950, 1.145, 1.035 (median 1.089); event loop
+  B - A +2.36 s (median of 8 runs a side), relay thread 0.68 s, status 0.04 s,
+  helper 2.76 s. fresh40k, 2 quads (~100-116 s a run): see the closing note of
+  #15 for the figures. py-spy on whole B and A runs of fresh40k (2,509 and 2,341
+  event-loop samples, idle excluded) shows the same functions in the same shares:
+  besides ``select`` (30.4 % of B's samples, 24.9 % of A's: polling, not Dask's
+  work), no function differs by more than 0.7 % of samples and ours are below
+  0.5 %. The event loop runs the same code, slower as a whole. The candidates are the co-running work the
+  recording adds to a machine the workload already fills (the helper process,
+  the workers' plugins, the broker: Tansu used 4 s of CPU in 22 minutes, so not
+  the broker), which ``--control-burn F`` (B attaches nothing, a process busy F
+  of the time runs beside it) and ``--scheduler-only`` separate.
+
 FINDINGS, second pass (2026-11-23, session 5): the sender moved out of the process
 
 The producers' sender now runs in a helper process (``producers/relay.py``): the
@@ -126,7 +173,7 @@ collector's work in the scheduler process (CPU seconds inside collections and
 their number per generation, from a ``gc.callbacks`` probe installed on both sides).
 
 Run: ``nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes 32k,200k]
-[--scheduler-only]``
+[--scheduler-only] [--control-burn F]``
 (``--quick``: 1 quad of ``32k`` and ``fresh40k`` only).
 """
 
@@ -134,6 +181,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import subprocess
 import sys
 import time
 from dataclasses import dataclass
@@ -197,7 +245,38 @@ def _noop_map(client) -> int:
 SCHEDULER_ONLY = "--scheduler-only" in sys.argv
 
 
+#: ``--control-burn F``: a control experiment. B attaches nothing; instead a process
+#: at niceness +5, busy F of every 100 ms (what the helper and the broker add to the
+#: machine), runs through B's timed run: what co-running CPU alone does to the
+#: scheduler's CPU seconds on this machine.
+CONTROL_BURN = (float(sys.argv[sys.argv.index("--control-burn") + 1])
+                if "--control-burn" in sys.argv else 0.0)
+_BURNER = """
+import os, sys, time
+os.nice(5)
+busy = 0.1 * float(sys.argv[1])
+while True:
+    t = time.perf_counter()
+    while time.perf_counter() - t < busy:
+        pass
+    time.sleep(0.1 - busy)
+"""
+
+
+def _burner(with_blackbox: bool):
+    """The control's co-running process for a B run (None otherwise)."""
+    if not (with_blackbox and CONTROL_BURN):
+        return None
+    return subprocess.Popen([sys.executable, "-c", _BURNER, str(CONTROL_BURN)])
+
+
+def _producing(with_blackbox: bool) -> bool:
+    return with_blackbox and not CONTROL_BURN
+
+
 def attach(client) -> None:
+    if CONTROL_BURN:
+        return
     if SCHEDULER_ONLY:
         client.register_plugin(producers.BlackboxSchedulerPlugin(
             producers.ProducerSettings.resolve()), name=producers.PLUGIN_NAME)
@@ -213,6 +292,8 @@ async def _detach_scheduler_plugin(dask_scheduler) -> None:
 
 
 def detach(client) -> None:
+    if CONTROL_BURN:
+        return
     if SCHEDULER_ONLY:
         client.run_on_scheduler(_detach_scheduler_plugin)
     else:
@@ -300,15 +381,21 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     names = thread_names(client)
     gc0 = client.run_on_scheduler(_gc_probe)
     helper0 = client.run_on_scheduler(_helper_cpu)
+    burner = _burner(with_blackbox)
     before, cpu0 = thread_cpu(pid), process_cpu(pid)
     t0 = time.perf_counter()
-    n = shape.compute(client)
+    try:
+        n = shape.compute(client)
+    finally:
+        if burner is not None:
+            burner.kill()
+            burner.wait()
     wall = time.perf_counter() - t0
     # The same window on both sides: until the graph is forgotten (counting only to
     # compute's return left that cascade out of A and, through the wait below, in
     # B), then B's delivery, then 0.2 s (the helper's last status carries its CPU).
     client.run_on_scheduler(_settled)
-    if with_blackbox:  # the sender's work counts too
+    if _producing(with_blackbox):  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
     time.sleep(0.2)
     after, cpu1 = thread_cpu(pid), process_cpu(pid)
@@ -353,7 +440,7 @@ def run_shape(shape: Shape, quads: int) -> list[list[Run]]:
                     if with_blackbox:
                         attach(client)
                     shape.compute(client)  # warm-up, the same graph
-                    if with_blackbox:
+                    if _producing(with_blackbox):
                         client.run_on_scheduler(_wait_delivered)
                     runs.append(timed(client, pid, shape, with_blackbox))
                 _print_run(shape, q, runs[-1])
@@ -429,6 +516,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--scheduler-only", action="store_true",
                         help="B attaches the scheduler plugin only")
+    parser.add_argument("--control-burn", type=float, default=0.0, metavar="F",
+                        help="control: B attaches nothing, a process busy F of the "
+                        "time runs beside it")
     args = parser.parse_args()
     quads = args.quads_pos or (1 if args.quick else args.quads)
     names = "32k,fresh40k" if args.quick else args.shapes
