@@ -40,6 +40,7 @@ from local_broker import local_broker
 from process_cluster import process_cluster
 from report import report
 from scheduler_overhead import SATURATED, _array_sum, _wait_delivered, attach, detach
+from transition_hotpath import _instructions as _totals
 
 #: The hook's instructions per transition (``transition_hotpath.py --callgrind``,
 #: B - A, session 5): what the event loop is expected to add per transition.
@@ -55,14 +56,6 @@ def _dump(dask_scheduler) -> int:
     counter = dask_scheduler.transition_counter
     os.getpgrp()  # --dump-before=getpgrp
     return counter
-
-
-def _totals(path: str) -> int:
-    with open(path) as f:
-        for line in f:
-            if line.startswith(("summary:", "totals:")):
-                return int(line.split()[1])
-    raise ValueError(f"no totals in {path}")
 
 
 def _dumps(tmp: str) -> dict[int, dict[int, str]]:
