@@ -46,6 +46,22 @@ FINDINGS, third pass (2026-11-23, session 6): the window, instructions, contenti
   the workers' plugins, the broker: Tansu used 4 s of CPU in 22 minutes, so not
   the broker), which ``--control-burn F`` (B attaches nothing, a process busy F
   of the time runs beside it) and ``--scheduler-only`` separate.
+- The lead at the end of the session: preemptions. ``/proc/<pid>/task/<pid>``
+  of the scheduler's event-loop thread over one 32k run each, A B B A on one
+  cluster (settled windows): user CPU 12.68 / 16.73 / 19.67 / 14.16 s, system
+  0.69 / 0.62 / 0.86 / 0.55 s, minor faults 29,218 / 12,017 / 13,874 / 0,
+  voluntary context switches 9,657 / 8,728 / 9,108 / 9,613, involuntary ones
+  3,628 / 6,390 / 6,213 / 4,539. With the producers the event loop is preempted
+  about 1.6 times as often and its user time, for the same code (instructions
+  +2.6 %), rises by a quarter or more: each preemption leaves it cold caches. What
+  wakes up that often is the recording's many short wake-ups on a machine the
+  workload fills: the helper (a frame every flush-interval, a status line every
+  ``STATUS_INTERVAL`` = 50 ms, each read by a thread of the scheduler's process
+  that must take the GIL), its sends and the broker's replies. A control process
+  busy 6 % of the time in one burst per 100 ms (``--control-burn 0.06``, 1 clean
+  quad: CPU ratio 0.958) did not slow the scheduler. Next: fewer, larger
+  wake-ups (a status line per 0.5 s or on demand, frames per 0.5 s) and the
+  involuntary switches as a figure of this bench.
 
 FINDINGS, second pass (2026-11-23, session 5): the sender moved out of the process
 
