@@ -593,8 +593,8 @@ class _Receiver:
         # helper's buffer is unbounded (the Dask process bounds what it hands over),
         # and its weight is added once per frame, before the items are visible.
         t._bytes_in += TRANSITION_WEIGHT * len(names) + sum(
-            TRANSITION_WEIGHT if row is None or len(row) == 13 else row[0]
-            for _, row in others)
+            TRANSITION_WEIGHT if len(row) == 13 else row[0]
+            for _, row in others if row is not None)
         append = t._buffer.append
         record, transition = self._encode_record, self._build_transition
         total = len(names) + len(others)
@@ -609,7 +609,6 @@ class _Receiver:
                 continue
             if row is None:
                 self.skipped += 1
-                t._bytes_in -= TRANSITION_WEIGHT
             elif len(row) == 13:
                 append((transition, TRANSITION_WEIGHT, row))
             else:

@@ -201,8 +201,8 @@ class Transport:
 
         Fast case: an item of ``k`` = ceil(nbytes / TRANSITION_WEIGHT) record weights
         fits if ``len(buffer) + held + k - 1 < room`` (both limits, as for a record),
-        and takes ``k`` from the room, which stays a lower bound. Otherwise the room
-        is recomputed and the limits checked exactly."""
+        and takes ``k`` from the room, which stays a lower bound. Otherwise the limits
+        are checked exactly, and the room is recomputed after an accepted item."""
         n = item[1]
         k = -(-n // TRANSITION_WEIGHT) or 1
         if len(self._buffer) + self._held_events + k - 1 < self.room:
@@ -210,7 +210,6 @@ class Transport:
             self._buffer.append(item)
             self.room -= k
             return
-        self.room = self._compute_room()
         if len(self._buffer) + self._held_events < self._max_events and (
             self.buffered_bytes + n <= self._max_bytes
         ):
