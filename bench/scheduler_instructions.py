@@ -16,11 +16,12 @@ helper process is not under valgrind). The graph is the ``32k`` shape scaled dow
 ends when the computation's result is back (the relay's hand-over of the tail is
 outside it: see ``transition_hotpath.py --callgrind`` for its cost per event).
 
-Printed: instructions per transition on the event loop (valgrind thread 1) and in
-the whole process, for each section; B - A; the hook's share (``transition_hotpath``'s
-figure times the transitions); and the C functions whose own instructions on the
-event loop differ most between the first B and the first A section (CPython's
-interpreter, allocator, collector, socket calls: where extra instructions went).
+Printed: per section, its transitions and the event loop's instructions (valgrind
+thread 1: a dump holds only the thread that triggered it), in all and per task;
+B - A per task and per transition, next to the hook's own figure
+(``transition_hotpath.py --callgrind``); and the C functions whose own instructions
+per task differ most between the B and the A sections (CPython's interpreter,
+allocator, collector, socket calls: where extra instructions went).
 
 Run: ``python bench/scheduler_instructions.py [--side 640]`` (~10 minutes).
 """
@@ -43,8 +44,8 @@ from scheduler_overhead import SATURATED, _array_sum, _wait_delivered, attach, d
 from transition_hotpath import _instructions as _totals
 
 #: The hook's instructions per transition (``transition_hotpath.py --callgrind``,
-#: B - A, session 5): what the event loop is expected to add per transition.
-HOOK_PER_TRANSITION = 4_317
+#: B - A, session 6): what the event loop is expected to add per transition.
+HOOK_PER_TRANSITION = 3_169
 
 
 def _zero(dask_scheduler) -> int:
@@ -106,7 +107,7 @@ def _self_costs(path: str) -> dict[str, int]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--side", type=int, default=640,
-                        help="array side (chunks of 20): 640 gives ~3k tasks")
+                        help="array side (chunks of 20): 640 gives 1,365 tasks")
     args = parser.parse_args()
     tmp = tempfile.mkdtemp(prefix="blackbox-scheduler-cg-")
     prefix = ["valgrind", "--tool=callgrind", "--separate-threads=yes",

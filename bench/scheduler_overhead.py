@@ -41,8 +41,9 @@ FINDINGS, third pass (2026-11-23, session 6): the window, instructions, contenti
   event-loop samples, idle excluded) shows the same functions in the same shares:
   besides ``select`` (30.4 % of B's samples, 24.9 % of A's: polling, not Dask's
   work), no function differs by more than 0.7 % of samples and ours are below
-  0.5 %. The event loop runs the same code, slower as a whole. The candidates are the co-running work the
-  recording adds to a machine the workload already fills (the helper process,
+  0.5 %. The event loop runs the same code, slower as a whole. The candidates are
+  the co-running work the recording adds to a machine the workload already fills
+  (the helper process,
   the workers' plugins, the broker: Tansu used 4 s of CPU in 22 minutes, so not
   the broker), which ``--control-burn F`` (B attaches nothing, a process busy F
   of the time runs beside it) and ``--scheduler-only`` separate.
@@ -59,9 +60,11 @@ FINDINGS, third pass (2026-11-23, session 6): the window, instructions, contenti
   ``STATUS_INTERVAL`` = 50 ms, each read by a thread of the scheduler's process
   that must take the GIL), its sends and the broker's replies. A control process
   busy 6 % of the time in one burst per 100 ms (``--control-burn 0.06``, 1 clean
-  quad: CPU ratio 0.958) did not slow the scheduler. Next: fewer, larger
-  wake-ups (a status line per 0.5 s or on demand, frames per 0.5 s) and the
-  involuntary switches as a figure of this bench.
+  quad: CPU ratio 0.958) did not slow the scheduler. A status line per 0.5 s
+  instead of 50 ms (tried once, reverted) left B preempted more than A (7,806 and
+  10,602 against 5,538 and 6,435): not the main source. Next: find which wake-ups
+  preempt the event loop (the helper's sends, the broker, the relay's frames),
+  make them fewer and larger, and report involuntary switches in this bench.
 
 FINDINGS, second pass (2026-11-23, session 5): the sender moved out of the process
 

@@ -38,11 +38,8 @@ def inc(x):
     return x + 1
 
 
-
-
 def _no_plugin_failures(events) -> None:
     assert not [e for e in events if e["kind"] == LOG and "Plugin failed" in e["message"]]
-
 
 
 @pytest.mark.both_brokers

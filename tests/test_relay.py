@@ -42,8 +42,6 @@ def div(x, y):
     return x / y
 
 
-
-
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -52,7 +50,6 @@ def _alive(pid: int) -> bool:
     # a zombie is not alive: it has exited, its parent has not reaped it yet
     with open(f"/proc/{pid}/stat") as f:
         return f.read().rsplit(")", 1)[1].split()[0] != "Z"
-
 
 
 def _log_odd_events(dask_scheduler) -> None:
