@@ -37,7 +37,8 @@ def _env(config: dict[str, object]) -> dict[str, str]:
 
 @contextlib.contextmanager
 def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
-                    scheduler_prefix: list[str] = (), timeout: float = 120.0):
+                    scheduler_prefix: tuple[str, ...] | list[str] = (),
+                    timeout: float = 120.0):
     """``(client, scheduler_pid)`` of a fresh cluster; everything is killed after.
     ``scheduler_prefix`` runs the scheduler under a command (``valgrind ...``)."""
     env = _env(config or {})
