@@ -199,6 +199,7 @@ Run: ``nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes 32k,20
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -212,7 +213,9 @@ from distributed import wait
 
 from dask_blackbox import producers
 from local_broker import local_broker
-from process_cluster import cpu_by_thread, process_cluster, process_cpu, thread_cpu, thread_names
+from process_cluster import (
+    context_switches, cpu_by_thread, process_cluster, process_cpu, thread_cpu, thread_names,
+)
 from report import report
 
 
@@ -382,6 +385,12 @@ class Run:
     gc: tuple[float, int, int, int] = (0.0, 0, 0, 0)
     #: CPU seconds of the producers' helper process (``producer.sender: process``)
     helper_cpu: float = 0.0
+    #: the event loop's (voluntary, involuntary) context switches: the second are
+    #: preemptions
+    switches: tuple[int, int] = (0, 0)
+    #: CPU seconds of the worker processes, and of this (the client's) process
+    workers_cpu: float = 0.0
+    client_cpu: float = 0.0
 
     @property
     def cpu_with_helper(self) -> float:
@@ -400,8 +409,10 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     names = thread_names(client)
     gc0 = client.run_on_scheduler(_gc_probe)
     helper0 = client.run_on_scheduler(_helper_cpu)
+    workers = list(client.run(os.getpid).values())
     burner = _burner(with_blackbox)
     before, cpu0 = thread_cpu(pid), process_cpu(pid)
+    switches0, workers0, client0 = context_switches(pid), _cpu_of(workers), time.process_time()
     t0 = time.perf_counter()
     try:
         n = shape.compute(client)
@@ -418,11 +429,18 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
         client.run_on_scheduler(_wait_delivered)
     time.sleep(0.2)
     after, cpu1 = thread_cpu(pid), process_cpu(pid)
+    switches1, workers1, client1 = context_switches(pid), _cpu_of(workers), time.process_time()
     helper = client.run_on_scheduler(_helper_cpu) - helper0
     gc1 = client.run_on_scheduler(_gc_probe)
     names.update(thread_names(client))
     return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
-               tuple(b - a for a, b in zip(gc0, gc1)), helper)
+               tuple(b - a for a, b in zip(gc0, gc1)), helper,
+               (switches1[0] - switches0[0], switches1[1] - switches0[1]),
+               workers1 - workers0, client1 - client0)
+
+
+def _cpu_of(pids: list[int]) -> float:
+    return sum(process_cpu(p) for p in pids)
 
 
 def quad_of(q: int) -> tuple[bool, ...]:
@@ -474,7 +492,9 @@ def _print_run(shape: Shape, q: int, r: Run) -> None:
     helper = f"  helper {r.helper_cpu:5.2f}s" if r.with_blackbox else ""
     print(f"    {shape.name} quad {q + 1} {'B with   ' if r.with_blackbox else 'A without'}"
           f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s{helper}  "
-          + ", ".join(f"{k} {v:.2f}s" for k, v in top), flush=True)
+          + ", ".join(f"{k} {v:.2f}s" for k, v in top)
+          + f"; event loop preempted {r.switches[1]:,}x, yielded {r.switches[0]:,}x; "
+          f"workers {r.workers_cpu:.2f}s, client {r.client_cpu:.2f}s", flush=True)
 
 
 def summarize(shape: Shape, quads: list[list[Run]]) -> None:
@@ -512,6 +532,16 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     print(f"    {'whole process':38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
     h = statistics.median(r.helper_cpu for r in every if r.with_blackbox)
     print(f"    {'helper process (not the scheduler)':38s} {0.0:10.2f} {h:10.2f} {h:+8.2f}")
+    for what, figure in (("workers' processes (CPU s)", lambda r: r.workers_cpu),
+                         ("this client's process (CPU s)", lambda r: r.client_cpu)):
+        a = statistics.median(figure(r) for r in every if not r.with_blackbox)
+        b = statistics.median(figure(r) for r in every if r.with_blackbox)
+        print(f"    {what:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
+    for i, what in ((1, "event loop preempted (involuntary cs)"),
+                    (0, "event loop yielded (voluntary cs)")):
+        a = statistics.median(r.switches[i] for r in every if not r.with_blackbox)
+        b = statistics.median(r.switches[i] for r in every if r.with_blackbox)
+        print(f"    {what:38s} {a:10,.0f} {b:10,.0f} {b - a:+8,.0f}")
     both = [ratio_of(runs, "cpu_with_helper", "cpu") for runs in quads]
     print(f"  (scheduler + helper) / scheduler CPU per quad: "
           f"{', '.join(f'{x:.3f}' for x in both)}   MEDIAN {statistics.median(both):.3f}")
