@@ -170,7 +170,8 @@ Shapes (``--shapes``, default all):
 
 - ``32k``: ``(da.ones((3100, 3100), chunks=20) + 1).sum()``, ~32k tasks, scheduler
   ``worker-saturation: inf`` (root tasks all sent at once: throughput bound by the
-  scheduler's work). One cluster per quad, warmed up with a smaller graph; the B
+  scheduler's work). One cluster per quad, warmed up with one untimed run of the
+  same graph (its heap grown to a run's size: see FINDINGS, fourth pass); the B
   runs attach the producers and detach them after.
 - ``fresh40k``: the shape of issue #15's independent A/B: a fresh cluster per run,
   ``(x * 2 + 1).sum()`` of ``x = da.ones((2000, 2000), chunks=20)`` computed with
@@ -178,18 +179,23 @@ Shapes (``--shapes``, default all):
   blockwise chain to 13k even with ``optimization.fuse.active: False``),
   default worker-saturation, B attaches right after the cluster starts, one warm-up
   compute of the same graph, then the timed one.
-- ``200k``: as ``32k`` with a 7740 x 7740 array (~200k tasks).
+- ``200k``: as ``32k`` with a 7740 x 7740 array (~200k tasks), warmed up with the
+  ``32k`` graph.
 - ``noop100k``: scheduler throughput, ``client.map`` of a no-op function over
   100,000 inputs (100k independent tasks), one cluster per quad as ``32k``; the
   figure is tasks per second, with / without.
 
-A run's CPU counts from submission until the producers' buffer is delivered (waited
-for inside the scheduler). Figures: per quad the wall-clock ratio and the
+A run's CPU counts from submission until the scheduler holds no task, then (B) until
+the producers' buffer is delivered (waited for inside the scheduler, at most
+:data:`WAIT_DEADLINE`), then 0.2 s. Figures: per quad the wall-clock ratio and the
 scheduler-process CPU ratio, their medians over quads (targets: CPU <= 1.05, wall
-<= 1.03; aim CPU <= 1.03, wall <= 1.02; no-op throughput within 3%), and the
-median over runs of each thread's CPU seconds, A and B, and of the garbage
-collector's work in the scheduler process (CPU seconds inside collections and
-their number per generation, from a ``gc.callbacks`` probe installed on both sides).
+<= 1.03; aim CPU <= 1.03, wall <= 1.02; no-op throughput within 3%), the
+order-balanced ratio (:func:`_order_balanced`), and the median over runs of each
+thread's CPU seconds, A and B, of the garbage collector's work in the scheduler
+process (CPU seconds inside collections and their number per generation, from a
+``gc.callbacks`` probe installed on both sides), of what the rest of the machine
+used meanwhile (the workers', this client's and the broker's processes), and of
+the event loop's context switches (involuntary ones are preemptions).
 
 Run: ``nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes 32k,200k]
 [--scheduler-only] [--control-burn F]``
@@ -325,33 +331,49 @@ def detach(client) -> None:
 SATURATED = {"distributed.scheduler.worker-saturation": "inf"}
 SHAPES = {
     "32k": Shape("32k", "(ones(3100x3100, chunks 20) + 1).sum(), worker-saturation inf",
-                 _array_sum(3100), _array_sum(775), SATURATED),
+                 _array_sum(3100), _array_sum(3100), SATURATED),
     "fresh40k": Shape("fresh40k", "(ones(2000x2000, chunks 20) * 2 + 1).sum(), fresh "
                       "cluster per run, warm-up compute", _affine_sum, None, {}),
     "200k": Shape("200k", "(ones(7740x7740, chunks 20) + 1).sum(), worker-saturation inf",
-                  _array_sum(7740), _array_sum(775), SATURATED),
+                  _array_sum(7740), _array_sum(3100), SATURATED),
     "noop100k": Shape("noop100k", "client.map(no-op, range(100_000))", _noop_map,
-                      _array_sum(775), {}),
+                      _noop_map, {}),
 }
 
 
-async def _wait_delivered(dask_scheduler) -> None:
-    """On the scheduler: wait until everything the producer accepted was delivered."""
+#: How long the waits below may take before the bench gives up on a run (a 200k
+#: run's delivery once never finished, see FINDINGS).
+WAIT_DEADLINE = 600.0
+
+
+async def _wait_delivered(dask_scheduler, deadline: float = WAIT_DEADLINE) -> None:
+    """On the scheduler: wait until everything the producer accepted was delivered
+    (TimeoutError, with the transport's stats, after ``deadline`` seconds)."""
     import asyncio
+    import time as _time
 
     transport = dask_scheduler.plugins["dask-blackbox"].transport
     target = transport.accepted_events
+    give_up = _time.monotonic() + deadline
     while not transport.delivered(target):
+        if _time.monotonic() > give_up:
+            raise TimeoutError(f"{target} accepted events not delivered within "
+                               f"{deadline:.0f}s: {transport.stats()}")
         await asyncio.sleep(0.005)
 
 
-async def _settled(dask_scheduler) -> None:
+async def _settled(dask_scheduler, deadline: float = WAIT_DEADLINE) -> None:
     """On the scheduler: wait until the computation's tasks are all forgotten (the
     client released its result: the released -> forgotten cascade of the whole
-    graph runs after compute returns)."""
+    graph runs after compute returns); TimeoutError after ``deadline`` seconds."""
     import asyncio
+    import time as _time
 
+    give_up = _time.monotonic() + deadline
     while dask_scheduler.tasks:
+        if _time.monotonic() > give_up:
+            raise TimeoutError(f"{len(dask_scheduler.tasks)} tasks still held after "
+                               f"{deadline:.0f}s")
         await asyncio.sleep(0.005)
 
 
@@ -391,6 +413,7 @@ class Run:
     #: CPU seconds of the worker processes, and of this (the client's) process
     workers_cpu: float = 0.0
     client_cpu: float = 0.0
+    broker_cpu: float = 0.0
 
     @property
     def cpu_with_helper(self) -> float:
@@ -413,6 +436,7 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     burner = _burner(with_blackbox)
     before, cpu0 = thread_cpu(pid), process_cpu(pid)
     switches0, workers0, client0 = context_switches(pid), _cpu_of(workers), time.process_time()
+    broker0 = _cpu_of(BROKER_PIDS)
     t0 = time.perf_counter()
     try:
         n = shape.compute(client)
@@ -430,13 +454,18 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     time.sleep(0.2)
     after, cpu1 = thread_cpu(pid), process_cpu(pid)
     switches1, workers1, client1 = context_switches(pid), _cpu_of(workers), time.process_time()
+    broker1 = _cpu_of(BROKER_PIDS)
     helper = client.run_on_scheduler(_helper_cpu) - helper0
     gc1 = client.run_on_scheduler(_gc_probe)
     names.update(thread_names(client))
     return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
                tuple(b - a for a, b in zip(gc0, gc1)), helper,
                (switches1[0] - switches0[0], switches1[1] - switches0[1]),
-               workers1 - workers0, client1 - client0)
+               workers1 - workers0, client1 - client0, broker1 - broker0)
+
+
+#: the benchmark's broker process (its CPU is reported per run)
+BROKER_PIDS: list[int] = []
 
 
 def _cpu_of(pids: list[int]) -> float:
@@ -494,7 +523,15 @@ def _print_run(shape: Shape, q: int, r: Run) -> None:
           f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s{helper}  "
           + ", ".join(f"{k} {v:.2f}s" for k, v in top)
           + f"; event loop preempted {r.switches[1]:,}x, yielded {r.switches[0]:,}x; "
-          f"workers {r.workers_cpu:.2f}s, client {r.client_cpu:.2f}s", flush=True)
+          f"workers {r.workers_cpu:.2f}s, client {r.client_cpu:.2f}s, "
+          f"broker {r.broker_cpu:.2f}s; gc {r.gc[0]:.2f}s ({r.gc[3]} full)", flush=True)
+
+
+def _order_balanced(ratios: list[float]) -> float:
+    """The geometric mean of the mean ratio of ABBA quads (even) and of BAAB quads
+    (odd): a cost of a run's position in its cluster's sequence (not a linear drift)
+    multiplies one order's ratios and divides the other's by the same factor."""
+    return (statistics.mean(ratios[0::2]) * statistics.mean(ratios[1::2])) ** 0.5
 
 
 def summarize(shape: Shape, quads: list[list[Run]]) -> None:
@@ -508,6 +545,11 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
           f"   MEDIAN {statistics.median(walls):.3f} (target <= 1.03, aim <= 1.02)")
     print(f"  CPU ratios per quad  : {', '.join(f'{x:.3f}' for x in cpus)}"
           f"   MEDIAN {statistics.median(cpus):.3f} (target <= 1.05, aim <= 1.03)")
+    if len(quads) >= 2:
+        for what, figures in (("wall", walls), ("CPU", cpus)):
+            print(f"  {what} order-balanced: {_order_balanced(figures):.3f} (ABBA quads "
+                  f"{statistics.mean(figures[0::2]):.3f}, BAAB quads "
+                  f"{statistics.mean(figures[1::2]):.3f})")
     if shape.name == "noop100k":
         a = statistics.median(n / r.wall for r in every if not r.with_blackbox)
         b = statistics.median(n / r.wall for r in every if r.with_blackbox)
@@ -533,7 +575,8 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     h = statistics.median(r.helper_cpu for r in every if r.with_blackbox)
     print(f"    {'helper process (not the scheduler)':38s} {0.0:10.2f} {h:10.2f} {h:+8.2f}")
     for what, figure in (("workers' processes (CPU s)", lambda r: r.workers_cpu),
-                         ("this client's process (CPU s)", lambda r: r.client_cpu)):
+                         ("this client's process (CPU s)", lambda r: r.client_cpu),
+                         ("the broker's process (CPU s)", lambda r: r.broker_cpu)):
         a = statistics.median(figure(r) for r in every if not r.with_blackbox)
         b = statistics.median(figure(r) for r in every if r.with_blackbox)
         print(f"    {what:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
@@ -582,5 +625,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    with local_broker(**{"optimization.fuse.active": False}):
+    with local_broker(**{"optimization.fuse.active": False}) as broker:
+        BROKER_PIDS.append(broker.proc.pid)
         main()
