@@ -1,5 +1,56 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, fourth pass (2026-11-23, session 7): the run's position, the machine
+
+- What else runs: each run now also reports the workers', the client's and the
+  broker's CPU, the event loop's context switches and the run's garbage
+  collection. On 32k the two workers use ~1.3 cores for the whole run (CPU in
+  proportion to wall: 59-91 s for 46-70 s runs): with the scheduler's ~0.5 core
+  the 2-core machine is full without the producers, so whatever B adds (helper
+  2.2-3.6 s, relay thread 0.6-1.0 s, broker 0.3-0.6 s a run) competes with it.
+- A run's position in its cluster's sequence costs more than the producers:
+  with the smaller warm-up graph of the earlier passes, ABBA quads came out above
+  BAAB quads in all 7 pairs measured since session 5 (1.100/1.047, 1.243/1.035,
+  1.148/1.047, 1.410/1.103, 1.174/0.946, 1.203/1.055, 1.237/0.965). The first big
+  graph on a cluster grows its heap, and a full collection (0.4-1.0 s on that
+  heap) fell by chance of promotion counts: in ABBA quads B had one (gen 2 at
+  +2-3.3 s, during graph materialization, and +6.6 s in the next run) where A had
+  none, GC B - A +0.7 to +1.05 s in four one-quad runs. Each quad's cluster is now
+  warmed up with one untimed run of the same graph, and ``_order_balanced`` (the
+  geometric mean of the ABBA and the BAAB quads' means) is printed.
+- 32k with that warm-up, 4 quads (16 runs, 46-76 s each): CPU 0.938, 0.974,
+  0.950, 1.036 (median 0.962; order-balanced 0.974: ABBA 0.944, BAAB 1.005),
+  wall 0.924, 0.979, 0.932, 1.012 (median 0.956; balanced 0.961). Medians of
+  runs: event loop A 25.81 / B 23.56 s, relay thread 0.72 s, status thread 0.06
+  s, helper 2.72 s, broker 0.36 s, full collections 1 / 1, GC 1.86 / 1.77 s. B
+  below A is not a negative cost (the relay thread alone is 2.6 % of the process,
+  the hook's instructions 2.6 % of the event loop's): a quad resolves about 5 %,
+  and these four bound the ratio, not measure it to a per cent.
+- Tried on the old warm-up, one ABBA quad each: a 5 s flush interval with status
+  lines every 0.5 s (the relay waking 50x less): CPU 1.262, event loop still
+  +4.45 s; no compression: 3 quads 1.049, 1.237 (ABBA), 0.965 (BAAB), within the
+  position effect. Neither the relay's wake-ups nor zstd explained it.
+- fresh40k (fresh cluster per run, warm-up compute of the same graph, the
+  scheduler not saturated), 1 quad, ~105-128 s runs: CPU 1.157, wall 1.101.
+  Event loop A 56.3 / 47.9 s, B 61.4 / 57.2 s; relay 1.1-1.2 s, helper 4.2-4.5 s,
+  broker 0.9 s a run. There the scheduler's CPU follows the wall clock (per wall
+  second A 0.495 / 0.492, B 0.522 / 0.515): what the recording adds to the machine
+  stretches the run, and the event loop with it.
+- noop100k, 1 ABBA quad (204-237 s runs): CPU 1.116, wall 1.100, throughput
+  with/without 0.909 (424 / 468 tasks/s, medians of 2 runs). Event loop B - A
+  +11.5 s of 114 s, relay 2.0 s, status 0.23 s, helper 8.6 s (~85 us a task),
+  broker 1.6 s.
+- Who preempts the event loop (``scheduler_preemptions.py``, perf's
+  sched_switch): fresh40k A 23,518, B 28,897 times a run. The recording's own
+  threads and processes preempt it ~1,550 times directly (relay thread 556,
+  broker 461, status thread 399, helper 141); the workers' preemptions grow with
+  B's longer wall.
+- Next: fresh40k is the shape left (and 200k, ~2 h of quads on this machine).
+  Fewer and cheaper wake-ups near the scheduler: the relay thread reading the
+  helper's status lines itself (one thread fewer), or a hand-over from the event
+  loop with no thread; and the helper's CPU per event (~20 us in fresh40k)
+  halved.
+
 FINDINGS, third pass (2026-11-23, session 6): the window, instructions, contention
 
 - The two sides were not timed over the same window. A stopped at compute's
