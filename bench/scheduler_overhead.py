@@ -249,7 +249,7 @@ used meanwhile (the workers', this client's and the broker's processes), and of
 the event loop's context switches (involuntary ones are preemptions).
 
 Run: ``nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes 32k,200k]
-[--scheduler-only] [--control-burn F]``
+[--first baab] [--scheduler-only] [--control-burn F]``
 (``--quick``: 1 quad of ``32k`` and ``fresh40k`` only).
 """
 
@@ -537,9 +537,10 @@ def ratio_of(runs: list[Run], b_figure: str, a_figure: str) -> float:
     return b / a
 
 
-def run_shape(shape: Shape, quads: int) -> list[list[Run]]:
+def run_shape(shape: Shape, quads: int, first: int = 0) -> list[list[Run]]:
+    """``quads`` quads, the first ABBA (``first`` 0) or BAAB (1), alternating."""
     out = []
-    for q in range(quads):
+    for q in range(first, first + quads):
         runs = []
         if shape.warm_up is not None:
             with process_cluster(2, shape.scheduler_config) as (client, pid):
@@ -578,11 +579,16 @@ def _print_run(shape: Shape, q: int, r: Run) -> None:
           f"broker {r.broker_cpu:.2f}s; gc {r.gc[0]:.2f}s ({r.gc[3]} full)", flush=True)
 
 
-def _order_balanced(ratios: list[float]) -> float:
-    """The geometric mean of the mean ratio of ABBA quads (even) and of BAAB quads
-    (odd): a cost of a run's position in its cluster's sequence (not a linear drift)
-    multiplies one order's ratios and divides the other's by the same factor."""
-    return (statistics.mean(ratios[0::2]) * statistics.mean(ratios[1::2])) ** 0.5
+def _abba(runs: list[Run]) -> bool:
+    return not runs[0].with_blackbox
+
+
+def _order_balanced(ratios: list[float], abba: list[bool]) -> float:
+    """The geometric mean of the mean ratio of ABBA quads and of BAAB quads: a cost
+    of a run's position in its cluster's sequence (not a linear drift) multiplies
+    one order's ratios and divides the other's by the same factor."""
+    return (statistics.mean(r for r, o in zip(ratios, abba) if o)
+            * statistics.mean(r for r, o in zip(ratios, abba) if not o)) ** 0.5
 
 
 def summarize(shape: Shape, quads: list[list[Run]]) -> None:
@@ -596,11 +602,12 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
           f"   MEDIAN {statistics.median(walls):.3f} (target <= 1.03, aim <= 1.02)")
     print(f"  CPU ratios per quad  : {', '.join(f'{x:.3f}' for x in cpus)}"
           f"   MEDIAN {statistics.median(cpus):.3f} (target <= 1.05, aim <= 1.03)")
-    if len(quads) >= 2:
+    abba = [_abba(runs) for runs in quads]
+    if any(abba) and not all(abba):
         for what, figures in (("wall", walls), ("CPU", cpus)):
-            print(f"  {what} order-balanced: {_order_balanced(figures):.3f} (ABBA quads "
-                  f"{statistics.mean(figures[0::2]):.3f}, BAAB quads "
-                  f"{statistics.mean(figures[1::2]):.3f})")
+            print(f"  {what} order-balanced: {_order_balanced(figures, abba):.3f} "
+                  f"(ABBA quads {statistics.mean(f for f, o in zip(figures, abba) if o):.3f}, "
+                  f"BAAB quads {statistics.mean(f for f, o in zip(figures, abba) if not o):.3f})")
     if shape.name == "noop100k":
         a = statistics.median(n / r.wall for r in every if not r.with_blackbox)
         b = statistics.median(n / r.wall for r in every if r.with_blackbox)
@@ -662,6 +669,8 @@ def main() -> None:
     parser.add_argument("--control-burn", type=float, default=0.0, metavar="F",
                         help="control: B attaches nothing, a process busy F of the "
                         "time runs beside it")
+    parser.add_argument("--first", choices=("abba", "baab"), default="abba",
+                        help="the order of the first quad (they alternate)")
     args = parser.parse_args()
     quads = args.quads_pos or (1 if args.quick else args.quads)
     names = "32k,fresh40k" if args.quick else args.shapes
@@ -670,7 +679,7 @@ def main() -> None:
         sys.exit(f"--shapes: unknown {unknown}; choose from {', '.join(SHAPES)}")
     results = {}
     for name in names.split(","):
-        results[name] = run_shape(SHAPES[name], quads)
+        results[name] = run_shape(SHAPES[name], quads, first=int(args.first == "baab"))
     for name, quads_ in results.items():
         summarize(SHAPES[name], quads_)
 
