@@ -31,9 +31,11 @@ FINDINGS, fourth pass (2026-11-23, session 7): the run's position, the machine
   +4.45 s; no compression: 3 quads 1.049, 1.237 (ABBA), 0.965 (BAAB), within the
   position effect. Neither the relay's wake-ups nor zstd explained it.
 - fresh40k (fresh cluster per run, warm-up compute of the same graph, the
-  scheduler not saturated), 1 quad, ~105-128 s runs: CPU 1.157, wall 1.101.
-  Event loop A 56.3 / 47.9 s, B 61.4 / 57.2 s; relay 1.1-1.2 s, helper 4.2-4.5 s,
-  broker 0.9 s a run. There the scheduler's CPU follows the wall clock (per wall
+  scheduler not saturated): an ABBA quad (~105-128 s runs) CPU 1.157, wall
+  1.101; a BAAB quad (``--first baab``, ~84-96 s runs, the machine faster) CPU
+  1.097, wall 1.067; median (= order-balanced) of the two 1.127 / 1.084. Event
+  loop A 56.3 / 47.9 s, B 61.4 / 57.2 s in the first; relay 1.1-1.2 s, helper
+  4.2-4.5 s, broker 0.9 s a run (0.8-0.9, 2.7-3.1, 0.5-0.6 s in the second). There the scheduler's CPU follows the wall clock (per wall
   second A 0.495 / 0.492, B 0.522 / 0.515): what the recording adds to the machine
   stretches the run, and the event loop with it.
 - noop100k, 1 ABBA quad (204-237 s runs): CPU 1.116, wall 1.100, throughput
