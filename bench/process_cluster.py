@@ -107,11 +107,10 @@ def process_cpu(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def context_switches(pid: int, tid: int | None = None) -> tuple[int, int]:
-    """``(voluntary, involuntary)`` context switches of thread ``tid`` of ``pid`` (its
-    main thread by default) so far: an involuntary one is a preemption."""
-    path = f"/proc/{pid}/task/{tid or pid}/status"
-    with open(path) as f:
+def context_switches(pid: int) -> tuple[int, int]:
+    """``(voluntary, involuntary)`` context switches of the main thread of ``pid`` so
+    far: an involuntary one is a preemption."""
+    with open(f"/proc/{pid}/task/{pid}/status") as f:
         fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
     return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
 

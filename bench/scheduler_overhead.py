@@ -35,9 +35,10 @@ FINDINGS, fourth pass (2026-11-23, session 7): the run's position, the machine
   1.101; a BAAB quad (``--first baab``, ~84-96 s runs, the machine faster) CPU
   1.097, wall 1.067; median (= order-balanced) of the two 1.127 / 1.084. Event
   loop A 56.3 / 47.9 s, B 61.4 / 57.2 s in the first; relay 1.1-1.2 s, helper
-  4.2-4.5 s, broker 0.9 s a run (0.8-0.9, 2.7-3.1, 0.5-0.6 s in the second). There the scheduler's CPU follows the wall clock (per wall
-  second A 0.495 / 0.492, B 0.522 / 0.515): what the recording adds to the machine
-  stretches the run, and the event loop with it.
+  4.2-4.5 s, broker 0.9 s a run (0.8-0.9, 2.7-3.1, 0.5-0.6 s in the second).
+  There the scheduler's CPU follows the wall clock (per wall second A 0.495 /
+  0.492, B 0.522 / 0.515): what the recording adds to the machine stretches the
+  run, and the event loop with it.
 - noop100k, 1 ABBA quad (204-237 s runs): CPU 1.116, wall 1.100, throughput
   with/without 0.909 (424 / 468 tasks/s, medians of 2 runs). Event loop B - A
   +11.5 s of 114 s, relay 2.0 s, status 0.23 s, helper 8.6 s (~85 us a task),
@@ -487,9 +488,7 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     helper0 = client.run_on_scheduler(_helper_cpu)
     workers = list(client.run(os.getpid).values())
     burner = _burner(with_blackbox)
-    before, cpu0 = thread_cpu(pid), process_cpu(pid)
-    switches0, workers0, client0 = context_switches(pid), _cpu_of(workers), time.process_time()
-    broker0 = _cpu_of(BROKER_PIDS)
+    before, cpu0, machine0 = thread_cpu(pid), process_cpu(pid), _machine(pid, workers)
     t0 = time.perf_counter()
     try:
         n = shape.compute(client)
@@ -505,24 +504,27 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     if _producing(with_blackbox):  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
     time.sleep(0.2)
-    after, cpu1 = thread_cpu(pid), process_cpu(pid)
-    switches1, workers1, client1 = context_switches(pid), _cpu_of(workers), time.process_time()
-    broker1 = _cpu_of(BROKER_PIDS)
+    after, cpu1, machine1 = thread_cpu(pid), process_cpu(pid), _machine(pid, workers)
     helper = client.run_on_scheduler(_helper_cpu) - helper0
     gc1 = client.run_on_scheduler(_gc_probe)
     names.update(thread_names(client))
+    voluntary, involuntary, workers_cpu, client_cpu, broker_cpu = (
+        b - a for a, b in zip(machine0, machine1))
     return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
-               tuple(b - a for a, b in zip(gc0, gc1)), helper,
-               (switches1[0] - switches0[0], switches1[1] - switches0[1]),
-               workers1 - workers0, client1 - client0, broker1 - broker0)
+               tuple(b - a for a, b in zip(gc0, gc1)), helper, (voluntary, involuntary),
+               workers_cpu, client_cpu, broker_cpu)
 
 
 #: the benchmark's broker process (its CPU is reported per run)
 BROKER_PIDS: list[int] = []
 
 
-def _cpu_of(pids: list[int]) -> float:
-    return sum(process_cpu(p) for p in pids)
+def _machine(pid: int, workers: list[int]) -> tuple[float, ...]:
+    """What the rest of the machine has done so far: the event loop's (voluntary,
+    involuntary) context switches, the CPU seconds of the worker processes, of this
+    process and of the broker."""
+    return (*context_switches(pid), sum(process_cpu(p) for p in workers),
+            time.process_time(), sum(process_cpu(p) for p in BROKER_PIDS))
 
 
 def quad_of(q: int) -> tuple[bool, ...]:
@@ -585,12 +587,18 @@ def _abba(runs: list[Run]) -> bool:
     return not runs[0].with_blackbox
 
 
+def _order_means(ratios: list[float], abba: list[bool]) -> tuple[float, float]:
+    """The mean ratio of the ABBA quads and of the BAAB quads."""
+    return (statistics.mean(r for r, o in zip(ratios, abba) if o),
+            statistics.mean(r for r, o in zip(ratios, abba) if not o))
+
+
 def _order_balanced(ratios: list[float], abba: list[bool]) -> float:
-    """The geometric mean of the mean ratio of ABBA quads and of BAAB quads: a cost
-    of a run's position in its cluster's sequence (not a linear drift) multiplies
-    one order's ratios and divides the other's by the same factor."""
-    return (statistics.mean(r for r, o in zip(ratios, abba) if o)
-            * statistics.mean(r for r, o in zip(ratios, abba) if not o)) ** 0.5
+    """The geometric mean of :func:`_order_means`: a cost of a run's position in its
+    cluster's sequence (not a linear drift) multiplies one order's ratios and
+    divides the other's by the same factor."""
+    abba_mean, baab_mean = _order_means(ratios, abba)
+    return (abba_mean * baab_mean) ** 0.5
 
 
 def summarize(shape: Shape, quads: list[list[Run]]) -> None:
@@ -607,9 +615,9 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     abba = [_abba(runs) for runs in quads]
     if any(abba) and not all(abba):
         for what, figures in (("wall", walls), ("CPU", cpus)):
+            abba_mean, baab_mean = _order_means(figures, abba)
             print(f"  {what} order-balanced: {_order_balanced(figures, abba):.3f} "
-                  f"(ABBA quads {statistics.mean(f for f, o in zip(figures, abba) if o):.3f}, "
-                  f"BAAB quads {statistics.mean(f for f, o in zip(figures, abba) if not o):.3f})")
+                  f"(ABBA quads {abba_mean:.3f}, BAAB quads {baab_mean:.3f})")
     if shape.name == "noop100k":
         a = statistics.median(n / r.wall for r in every if not r.with_blackbox)
         b = statistics.median(n / r.wall for r in every if r.with_blackbox)

@@ -42,7 +42,7 @@ import tempfile
 import time
 
 from local_broker import local_broker
-from process_cluster import process_cluster, thread_names
+from process_cluster import process_cluster, thread_label, thread_names
 from scheduler_overhead import SHAPES, _settled, _wait_delivered, attach, detach
 
 _SWITCH = re.compile(r"prev_pid=(\d+) prev_prio=\d+ prev_state=(\S+) ==> "
@@ -76,9 +76,9 @@ def roles(client, pid: int, broker_pid: int) -> dict[int, str]:
         out.update(_threads(helper, "helper"))
     out.update(_threads(broker_pid, "broker"))
     out.update(_threads(os.getpid(), "this client"))
-    for tid, name in thread_names(client).items():
-        out[tid] = "scheduler: " + re.sub(r"[-_]?\d+$", "", name)
-    out[pid] = "scheduler: event loop"
+    names = thread_names(client)
+    for tid in names:
+        out[tid] = "scheduler: " + thread_label(tid, "", names)
     return out
 
 
