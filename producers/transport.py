@@ -21,9 +21,13 @@ of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run
 mappings with one orjson call. ``blackbox.producer.buffer-max-bytes`` counts each
 record as ``TRANSITION_WEIGHT`` and every buffered item as at least that much (a
 cheap upper bound: the hot path compares ``len(buffer)`` plus the items the sender
-holds with a precomputed :attr:`Transport.room` and updates no counter). A partial envelope leaves at most once per
-``flush-interval``; a full one as soon as it is full. Kafka compresses it on the way
-(``blackbox.kafka.compression``, zstd by default).
+holds with a precomputed :attr:`Transport.room` and updates no counter). A partial
+envelope leaves at most once per *linger*, a full one as soon as it is full. The
+linger is ``flush-interval``, or, after a busy envelope (:data:`BUSY_ENVELOPE`
+events or more), the transport's ``busy_linger`` if longer (a relay helper's, see
+:mod:`producers.relay`): under load, fewer and larger envelopes. After an idle spell
+(no envelope for a linger) the first items leave at once. Kafka compresses each
+envelope on the way (``blackbox.kafka.compression``, zstd by default).
 
 Delivery semantics:
 
@@ -74,6 +78,9 @@ _EVENTS_BUDGET = MAX_ENVELOPE_BYTES - _ENVELOPE_OVERHEAD
 #: Estimated weight of the events packed per envelope before encoding: under the
 #: budget, so that an envelope rarely has to be split after encoding.
 _BATCH_ESTIMATE = _EVENTS_BUDGET // 2
+#: An envelope of at least this many events is busy: the next one lingers
+#: ``busy_linger`` (:class:`Transport`) rather than ``flush-interval``.
+BUSY_ENVELOPE = 200
 #: Estimated weight of an event already built (put back after a split, or DROPS).
 _CARRIED_WEIGHT = 500
 _FIRST_BACKOFF = 0.05
@@ -130,6 +137,7 @@ class Transport:
         cluster_name: str | None = None,
         transition_builder: TransitionBuilder | None = None,
         producer_id: str | None = None,
+        busy_linger: float | None = None,
     ):
         self.settings = settings
         self.source = source
@@ -183,7 +191,8 @@ class Transport:
         self.room = self._compute_room()
 
         self._closing = False
-        self._flush = False  # pack what is buffered without lingering (flush_soon)
+        #: the linger after a busy envelope (see _sender), never below flush-interval
+        self._busy_linger = max(busy_linger or 0.0, settings.flush_interval)
         self._close_deadline = float("inf")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._waiter: asyncio.Future | None = None  # what _sleep waits on
@@ -289,9 +298,11 @@ class Transport:
         return (self.sent_events - self.sent_drop_reports + self.build_errors
                 + self.abandoned >= accepted_events)
 
-    def flush_soon(self) -> None:
-        """Pack what is buffered now rather than after the linger (thread-safe)."""
-        self._flush = True
+    def nudge(self) -> None:
+        """Items were buffered by another way than the hot path (a relay helper's
+        frame, see :mod:`producers.relay`): the sender reconsiders its linger now,
+        not at its next wake-up, and packs at once if it lingered long enough
+        (thread-safe)."""
         self._wake_sender()
 
     def _wake_sender(self) -> None:
@@ -390,22 +401,25 @@ class Transport:
         carry: deque[tuple[dict, int | None]] = deque()
         envelope: tuple[bytes, int, list] | None = None  # (encoded, events, weights)
         backoff = _FIRST_BACKOFF
-        flush_interval = self.settings.flush_interval
+        flush_interval = linger = self.settings.flush_interval
         last_pack = 0.0
         try:
             while True:
                 if envelope is None and self.cluster_id is not None:
-                    # Linger: a partial envelope at most once per flush interval, a
-                    # full one as soon as there is enough for it (few envelopes, each
-                    # event waits at most about one interval).
-                    wait = last_pack + flush_interval - time.monotonic()
-                    if wait > 0 and not (self._closing or self._flush) and (
+                    # Linger: a partial envelope at most once per linger, a full one
+                    # as soon as there is enough for it (few envelopes, each event
+                    # waits at most about one linger).
+                    wait = last_pack + linger - time.monotonic()
+                    if wait > 0 and not self._closing and (
                             self.buffered_bytes < _BATCH_ESTIMATE):
                         await self._sleep(wait)
                         continue
-                    self._flush = False
-                    last_pack = time.monotonic()
+                    now = time.monotonic()
                     envelope = self._pack(carry)
+                    if envelope is not None:  # an idle spell ends with a pack at once
+                        last_pack = now
+                        linger = (self._busy_linger if envelope[1] >= BUSY_ENVELOPE
+                                  else flush_interval)
                 if envelope is None:
                     # Nothing left to send (or, without an identity yet, nothing
                     # sendable): a closing sender is done, or out of time.

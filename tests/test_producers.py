@@ -34,7 +34,7 @@ from kafka_reader import read_records
 from polling import wait_for
 from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import Transport
+from dask_blackbox.producers.transport import BUSY_ENVELOPE, Transport
 from producers_support import (
     offer_event, published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
@@ -606,6 +606,37 @@ def test_transport_splits_batches_into_bounded_envelopes(bb_config):
     assert [e["seq"] for e in envelopes] == list(range(len(envelopes)))
     assert [ev["ts"] for e in envelopes for ev in e["events"]] == [float(i) for i in range(3000)]
     assert transport.stats()["sent_events"] == 3000 and transport.dropped_events == 0
+
+
+@pytest.mark.parametrize("busy_linger", [None, 60.0])
+def test_after_a_busy_envelope_the_next_waits_busy_linger(bb_config, busy_linger):
+    """After an idle spell the first event leaves at once; an envelope of
+    BUSY_ENVELOPE events or more is busy, and the next partial one waits
+    ``busy_linger`` (a relay helper's LINGER), else ``flush-interval``. Close
+    delivers it either way, every event once and in order."""
+    settings = ProducerSettings.resolve({"producer.flush-interval": "2s"})
+    transport = Transport(settings, "scheduler", cluster_id=f"c-linger-{busy_linger}",
+                          cluster_name="linger", busy_linger=busy_linger)
+    sent = lambda: transport.stats()["sent_envelopes"]  # noqa: E731
+    offer_event(transport, {"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
+    wait_for(lambda: sent() == 1, 20, "the first event, after an idle spell")
+    # Within the 2 s linger of the first envelope: packed together, one busy envelope.
+    for i in range(1, BUSY_ENVELOPE + 1):
+        offer_event(transport, {"kind": "event", "ts": float(i), "topic": "t", "msg": "m"})
+    wait_for(lambda: sent() == 2, 20, "the busy envelope")
+    offer_event(transport, {"kind": "event", "ts": float(BUSY_ENVELOPE + 1), "topic": "t",
+                            "msg": "after"})
+    if busy_linger is None:
+        wait_for(lambda: sent() == 3, 20, "the next envelope, one flush-interval later")
+    else:
+        time.sleep(6.0)  # three flush-intervals, a tenth of busy_linger
+        assert sent() == 2
+    asyncio.run(transport.close())
+    envelopes = [orjson.loads(r.value) for r in read_records("raw")]
+    mine = [e for e in envelopes if e["producer_id"] == transport.producer_id]
+    assert [len(e["events"]) for e in mine] == [1, BUSY_ENVELOPE, 1]
+    assert [ev["ts"] for e in mine for ev in e["events"]] == [
+        float(i) for i in range(BUSY_ENVELOPE + 2)]
 
 
 def test_sanitize_describes_what_json_cannot_hold():

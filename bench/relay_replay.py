@@ -1,0 +1,273 @@
+"""The relay helper's CPU on a fixed input: frames captured from a real run, replayed.
+
+Why. In ``scheduler_overhead.py`` the helper process is the largest CPU cost that
+recording adds to the machine (fresh40k: 4.2-4.5 s a run, the relay thread 1.1 s,
+the broker 0.9 s), and on a 2-core machine that Dask already fills, every second of
+it lengthens the run. A whole-cluster A/B resolves about 5 %; the helper's own CPU
+on a fixed input is steadier, so its changes can be measured here first.
+
+``capture``: runs a shape of ``scheduler_overhead.py`` (default fresh40k: warm-up,
+then the timed compute) on a LocalCluster (2 worker processes, 1 thread each; the
+scheduler in this process) with the producers attached, and writes every frame the
+relay thread hands to its helper, with its time since the first, to ``--frames``.
+
+``replay``: for each side (``--sides``: ``new`` this tree, ``base`` the tree at
+``--base``, checked out in a temporary worktree), starts a fresh Tansu broker and a
+helper exactly as :class:`producers.relay._Helper` does (the side's code comes with
+its ``sys.path``), hands it the hello frame and then the captured frames at their
+captured times (``--speed`` divides the times), closes its input and waits for it
+to deliver everything and exit. Printed per run: the helper's CPU (user + system,
+``os.wait4``), per thread (``/proc/<pid>/task``, last reading before exit), the
+broker's CPU and the events delivered; per side, medians. Sides alternate ABBA.
+
+Run: ``python bench/relay_replay.py capture`` then
+``python bench/relay_replay.py replay [--runs 4] [--base HEAD]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import pathlib
+import statistics
+import struct
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+
+import dask
+import dask.config
+
+from dask_blackbox import producers
+from dask_blackbox.producers import relay
+from local_broker import local_broker
+from process_cluster import CLK_TCK
+
+FRAMES = pathlib.Path(tempfile.gettempdir()) / "blackbox-relay-frames.bin"
+_FRAME = struct.Struct("<dI")  # seconds since the first frame, length
+
+
+def capture(shape_name: str, path: pathlib.Path) -> None:
+    from distributed import Client, LocalCluster
+
+    from scheduler_overhead import SHAPES
+
+    shape = SHAPES[shape_name]
+    out = path.open("wb")
+    start: list[float] = []
+    write = relay._Helper.write
+
+    def tee(self, data: bytes) -> None:
+        now = time.perf_counter()
+        if not start:
+            start.append(now)
+        out.write(_FRAME.pack(now - start[0], len(data)))
+        out.write(data)
+        write(self, data)
+
+    relay._Helper.write = tee
+    frames = 0
+    with dask.config.set(shape.scheduler_config), LocalCluster(
+            n_workers=2, threads_per_worker=1, processes=True,
+            dashboard_address=":0") as cluster, Client(cluster) as client:
+        (shape.warm_up or shape.compute)(client)
+        producers.attach(client)
+        t0 = time.perf_counter()
+        n = shape.compute(client)
+        wall = time.perf_counter() - t0
+        producers.detach(client)
+    out.close()
+    relay._Helper.write = write
+    with path.open("rb") as f:
+        while header := f.read(_FRAME.size):
+            f.seek(_FRAME.unpack(header)[1], 1)
+            frames += 1
+    print(f"captured {frames} frames ({path.stat().st_size / 1e6:.1f} MB) of {shape_name}: "
+          f"{n:,} tasks, compute {wall:.1f}s, to {path}")
+
+
+def read_frames(path: pathlib.Path) -> list[tuple[float, bytes]]:
+    frames = []
+    with path.open("rb") as f:
+        while header := f.read(_FRAME.size):
+            at, n = _FRAME.unpack(header)
+            frames.append((at, f.read(n)))
+    return frames
+
+
+def _thread_cpu(pid: int) -> dict[str, float]:
+    out = {}
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return out
+    for tid in tasks:
+        try:
+            stat = pathlib.Path(f"/proc/{pid}/task/{tid}/stat").read_text()
+            comm = pathlib.Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+        except OSError:
+            continue
+        fields = stat.rpartition(")")[2].split()
+        out[f"{comm} ({tid})"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
+    return out
+
+
+def _process_cpu(pid: int) -> float:
+    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def replay_once(frames: list[tuple[float, bytes]], code_path: list[str], speed: float,
+                broker_pid: int | None, spy_to: pathlib.Path | None = None) -> dict:
+    """One helper (with ``code_path`` first on its sys.path) fed ``frames``."""
+    settings = producers.ProducerSettings.resolve()
+    hello = relay.decode_frame(frames[0][1])
+    hello.update(settings=settings, producer_id=relay.new_producer_id("scheduler"))
+    path = code_path + [os.path.abspath(p) for p in sys.path]
+    proc = subprocess.Popen(
+        [sys.executable, "-I", "-c", relay._HELPER_MAIN, json.dumps(path)],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
+    broker0 = _process_cpu(broker_pid) if broker_pid else 0.0
+    stdin = proc.stdin
+
+    def send(data: bytes) -> None:
+        stdin.write(relay._HEADER.pack(len(data)))
+        stdin.write(data)
+        stdin.flush()
+
+    send(relay.encode_frame(hello))
+    proc.stdout.readline()  # its first status: started
+    spy = None
+    if spy_to is not None:
+        spy = subprocess.Popen(
+            ["py-spy", "record", "--threads", "--nonblocking", "-r", "250", "--format",
+             "raw", "-o", str(spy_to), "--pid", str(proc.pid)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        time.sleep(0.5)
+    lines: list[bytes] = []  # its status lines, read all along (a full pipe stalls it)
+    reader = threading.Thread(target=lambda: lines.extend(proc.stdout), daemon=True)
+    reader.start()
+    threads: dict[str, float] = {}
+    t0 = time.perf_counter()
+    for at, data in frames[1:]:
+        wait = t0 + at / speed - time.perf_counter()
+        if wait > 0:
+            time.sleep(wait)
+        send(data)
+    stdin.close()
+    while reader.is_alive():
+        for name, cpu in _thread_cpu(proc.pid).items():
+            threads[name] = max(cpu, threads.get(name, 0.0))
+        reader.join(0.05)
+    if spy is not None:
+        spy.wait(30)
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t0
+    final = json.loads(lines[-1]) if lines else {}
+    return {
+        "cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime,
+        "system": usage.ru_stime, "threads": threads, "wall": wall,
+        "broker": (_process_cpu(broker_pid) - broker0) if broker_pid else 0.0,
+        "events": final.get("sent_events", 0), "envelopes": final.get("sent_envelopes", 0),
+        "lost": final.get("lost_at_close", 0), "exit": status,
+    }
+
+
+@contextlib.contextmanager
+def _base_tree(rev: str):
+    root = pathlib.Path(__file__).resolve().parent.parent
+    with tempfile.TemporaryDirectory(prefix="blackbox-base-") as tmp:
+        tree = pathlib.Path(tmp) / "tree"
+        subprocess.run(["git", "-C", str(root), "worktree", "add", "--detach", str(tree), rev],
+                       check=True, capture_output=True)
+        try:
+            yield tree
+        finally:
+            subprocess.run(["git", "-C", str(root), "worktree", "remove", "--force",
+                            str(tree)], capture_output=True)
+
+
+def replay(frames_path: pathlib.Path, sides: str, runs: int, base: str, speed: float,
+           spy: pathlib.Path | None = None) -> None:
+    frames = read_frames(frames_path)
+    size = sum(len(d) for _, d in frames)
+    print(f"{len(frames) - 1} frames, {size / 1e6:.1f} MB, {frames[-1][0]:.1f}s captured; "
+          f"replayed at speed {speed}; {runs} run(s) a side, sides alternate ABBA")
+    results: dict[str, list[dict]] = {s: [] for s in sides.split(",")}
+    names = list(results)
+    order = []
+    for i in range(runs):
+        order += names if i % 2 == 0 else names[::-1]
+    with contextlib.ExitStack() as stack:
+        paths = {}
+        for side in names:
+            if side == "new":
+                paths[side] = []  # the installed (editable) tree
+            else:
+                tree = stack.enter_context(_base_tree(base))
+                paths[side] = _installed_like(tree)
+        for side in order:
+            with local_broker() as broker:
+                spy_to = None if spy is None else spy / f"{side}-{len(results[side])}.txt"
+                r = replay_once(frames, paths[side], speed, _broker_pid(broker), spy_to)
+            results[side].append(r)
+            top = sorted(r["threads"].items(), key=lambda kv: -kv[1])[:3]
+            print(f"  {side:5s} helper CPU {r['cpu']:6.2f}s (user {r['user']:.2f}, system "
+                  f"{r['system']:.2f}), broker {r['broker']:5.2f}s, {r['events']:,} events in "
+                  f"{r['envelopes']} envelopes, lost {r['lost']}, wall {r['wall']:.1f}s; "
+                  + ", ".join(f"{k} {v:.2f}s" for k, v in top), flush=True)
+    print("medians:")
+    for side, rs in results.items():
+        med = {k: statistics.median(r[k] for r in rs) for k in ("cpu", "broker", "events")}
+        per = 1e6 * med["cpu"] / max(med["events"], 1)
+        print(f"  {side:5s} helper {med['cpu']:.2f}s ({per:.1f} µs an event), broker "
+              f"{med['broker']:.2f}s, events {med['events']:,.0f}")
+    if len(names) == 2:
+        a, b = (statistics.median(r["cpu"] for r in results[s]) for s in names)
+        print(f"  {names[1]}/{names[0]} helper CPU: {b / a:.3f}")
+
+
+def _installed_like(tree: pathlib.Path) -> list[str]:
+    """``[tree]``, with ``tree/dask_blackbox/<stage>`` linked to ``tree/<stage>``: on
+    that sys.path ``dask_blackbox`` and its stages import from ``tree`` (the path
+    finder comes before the editable install's finder), laid out as pyproject's
+    package-dir lays out the installed package."""
+    for stage in ("producers", "stream_processors", "sinks", "read", "cli"):
+        link = tree / "dask_blackbox" / stage
+        if not link.exists():
+            link.symlink_to(tree / stage)
+    return [str(tree)]
+
+
+def _broker_pid(broker) -> int | None:
+    process = getattr(broker, "process", None) or getattr(broker, "proc", None)
+    return getattr(process, "pid", None)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("step", choices=("capture", "replay"))
+    parser.add_argument("--shape", default="fresh40k")
+    parser.add_argument("--frames", type=pathlib.Path, default=FRAMES)
+    parser.add_argument("--sides", default="base,new")
+    parser.add_argument("--base", default="HEAD")
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--speed", type=float, default=1.0)
+    parser.add_argument("--spy", type=pathlib.Path,
+                        help="a directory: py-spy records each helper there (raw format)")
+    args = parser.parse_args()
+    if args.step == "capture":
+        with local_broker(**{"optimization.fuse.active": False}):
+            capture(args.shape, args.frames)
+    else:
+        if args.spy:
+            args.spy.mkdir(parents=True, exist_ok=True)
+        replay(args.frames, args.sides, args.runs, args.base, args.speed, args.spy)
+
+
+if __name__ == "__main__":
+    main()
