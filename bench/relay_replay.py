@@ -17,11 +17,32 @@ helper exactly as :class:`producers.relay._Helper` does (the side's code comes w
 its ``sys.path``), hands it the hello frame and then the captured frames at their
 captured times (``--speed`` divides the times), closes its input and waits for it
 to deliver everything and exit. Printed per run: the helper's CPU (user + system,
-``os.wait4``), per thread (``/proc/<pid>/task``, last reading before exit), the
-broker's CPU and the events delivered; per side, medians. Sides alternate ABBA.
+``os.wait4``), per thread (``/proc/<pid>/task``, highest reading), the broker's CPU,
+the events and envelopes delivered; per side, medians. Sides alternate ABBA.
+``--spy DIR`` records each helper with py-spy (raw format, every thread).
 
 Run: ``python bench/relay_replay.py capture`` then
-``python bench/relay_replay.py replay [--runs 4] [--base HEAD]``.
+``python bench/relay_replay.py replay [--runs 4] [--base REV] [--speed 2]``.
+
+FINDINGS (2026-11-23, session 8; fresh40k frames: 1,199 frames, 19.7 MB of
+``marshal``, 280,301 events in 97 s)
+
+- Where the helper's ~4 s go (``--spy``, ``perf record -e cpu-clock`` on the
+  helper, and the pieces timed alone on the captured frames): 74 % of its samples
+  are in the interpreter, 8 % in the kernel, 5 % in zstd (cramjam), 2.5 % in
+  orjson. Alone: decoding the frames 0.54 s, rebuilding the rows 0.18 s, the
+  records' JSON 0.76 s (3.2 us a record, 418 bytes), the other transitions'
+  events 0.30 s. The rest is the packing loop, aiokafka (0.5 ms of Python per
+  envelope: one envelope per frame, 1,200 a run) and the loop's plumbing.
+- The helper as one event loop (frames read with ``add_reader``, the sender a task,
+  no second thread): 4.36 s against 3.99 s (2 runs a side at ``--speed 2``):
+  dropped.
+- After a busy envelope (200+ events) the helper lingers 0.5 s instead of
+  ``flush-interval`` (``producers.relay.LINGER``): 1,270 -> 357 envelopes; helper
+  4.11 -> 3.39 s and broker 0.59 -> 0.21 s (medians of 2 runs a side at speed 1;
+  3.31 -> 2.82 s and 0.52 -> 0.18 s at speed 2). In a real fresh40k run, where
+  every wake-up competes with Dask for the CPU, the helper fell from 4.2-4.5 s to
+  1.9-2.8 s and the broker from 0.9 s to 0.22-0.28 s (``scheduler_overhead.py``).
 """
 
 from __future__ import annotations
@@ -244,8 +265,7 @@ def _installed_like(tree: pathlib.Path) -> list[str]:
 
 
 def _broker_pid(broker) -> int | None:
-    process = getattr(broker, "process", None) or getattr(broker, "proc", None)
-    return getattr(process, "pid", None)
+    return broker.proc.pid if broker.proc is not None else None
 
 
 def main() -> None:

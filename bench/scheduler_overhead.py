@@ -1,5 +1,40 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, fifth pass (2026-11-23, session 8): fewer requests, and a control
+
+- The control settles what fresh40k's cost is: B attaching nothing, a process busy
+  6 % of the time beside it instead (``--control-burn 0.06``, one burst per
+  100 ms, niceness +5 like the helper's; 1 quad): CPU ratio 1.124, wall 1.094, as
+  much as the producers' 1.127 / 1.084 (session 7, 2 quads). On this shape the
+  scheduler is not saturated and the two workers fill the machine: any CPU added
+  beside Dask lengthens the run, and the scheduler's CPU follows its wall time. So
+  what to cut is what recording adds to the machine outside the scheduler's own
+  work: the helper (4.2-4.5 s a run) and the broker (0.9 s).
+- Where the helper's CPU went: ``bench/relay_replay.py`` replays the frames of a
+  real fresh40k run into a helper (see its FINDINGS). One envelope per frame, 1,200
+  requests a run, each ~0.5 ms of aiokafka's Python in the helper and a produce
+  request for the broker.
+- The change: after a busy envelope (``transport.BUSY_ENVELOPE`` = 200 events or
+  more) the helper lingers ``relay.LINGER`` = 0.5 s instead of ``flush-interval``
+  before its next partial envelope; after an idle spell the first items leave at
+  once, as before (a light load, such as ``bench/freshness.py``'s, never makes a
+  busy envelope). Replayed: 1,270 -> 357 envelopes, helper 4.11 -> 3.39 s, broker
+  0.59 -> 0.21 s. In real fresh40k runs (8 + 8 runs, 4 quads): helper 1.9-2.9 s,
+  broker 0.22-0.28 s, relay thread 0.67-1.10 s, status thread 0.01-0.02 s (it
+  reads a line per change, and there are fewer changes).
+- fresh40k with the change, 4 quads (16 runs of 75-122 s; the machine drifted up
+  to 40 % within a quad): CPU ratios 0.958, 1.277, 1.107, 0.967 (median 1.037),
+  wall 0.959, 1.152, 1.091, 0.959 (median 1.025): under the targets (1.05 / 1.03)
+  by the median, but the order-balanced figures are 1.076 / 1.040 and one quad
+  alone spans 0.96-1.28. Medians over runs, per thread (two batches of 2 quads):
+  scheduler process A 40.90 / 49.45 s, B 43.54 / 51.55 s (+6.5 % / +4.2 %), of
+  which the relay thread 0.82 / 0.95 s and the event loop +1.30 / +1.32 s; helper
+  2.31 / 2.63 s; broker 0.26 / 0.28 s; workers +1.14 / +0.91 s.
+- Next: the relay thread (2 % of the scheduler process) could hand over less often
+  under load in the same way (fewer GIL grabs from the event loop, fewer frames
+  for the helper); the helper's remaining CPU is mostly per event in the
+  interpreter (decode, rows, JSON: ~1.5 s of its ~2.5 s).
+
 FINDINGS, fourth pass (2026-11-23, session 7): the run's position, the machine
 
 - What else runs: each run now also reports the workers', the client's and the
