@@ -30,6 +30,13 @@ FINDINGS, fifth pass (2026-11-23, session 8): fewer requests, and a control
   scheduler process A 40.90 / 49.45 s, B 43.54 / 51.55 s (+6.5 % / +4.2 %), of
   which the relay thread 0.82 / 0.95 s and the event loop +1.30 / +1.32 s; helper
   2.31 / 2.63 s; broker 0.26 / 0.28 s; workers +1.14 / +0.91 s.
+- 32k with the change, 2 quads (runs 34-55 s; quad 1's two A runs took 55 and 34 s):
+  CPU 1.059, 1.111 (median 1.085), wall 1.024, 1.074 (median 1.049), against
+  session 7's 4 quads at 0.962 / 0.956 before it. Medians over 4 runs a side: helper
+  1.80 s (2.72 in session 7), broker 0.13 s (0.36), relay thread 0.52 s (0.72),
+  status thread 0.01 s (0.06); event loop B - A +3.40 s on 14.5 s. Two quads of
+  this spread do not say whether 32k is met; the producers' own threads and
+  processes cost less than in session 7 on every line.
 - Next: the relay thread (2 % of the scheduler process) could hand over less often
   under load in the same way (fewer GIL grabs from the event loop, fewer frames
   for the helper); the helper's remaining CPU is mostly per event in the
