@@ -34,9 +34,13 @@ FINDINGS, fifth pass (2026-11-23, session 8): fewer requests, and a control
   CPU 1.059, 1.111 (median 1.085), wall 1.024, 1.074 (median 1.049), against
   session 7's 4 quads at 0.962 / 0.956 before it. Medians over 4 runs a side: helper
   1.80 s (2.72 in session 7), broker 0.13 s (0.36), relay thread 0.52 s (0.72),
-  status thread 0.01 s (0.06); event loop B - A +3.40 s on 14.5 s. Two quads of
-  this spread do not say whether 32k is met; the producers' own threads and
-  processes cost less than in session 7 on every line.
+  status thread 0.01 s (0.06); event loop B - A +3.40 s on 14.5 s. Two more quads
+  an hour later, on a faster machine (27-36 s runs): CPU 0.983, 1.334, wall 0.985,
+  1.279; in the second (B A A B) both B runs took 35.8 s against 27.4 and 28.6 s
+  for A, so that quad's cost is not drift. All 4 quads: CPU median 1.085, wall
+  1.049: 32k is not met after the change, though the producers' own threads and
+  processes cost less than in session 7 on every line (second pair: relay 0.40 s,
+  helper 1.39 s, broker 0.10 s a run; event loop B - A +1.47 s on 11.8 s).
 - Next: the relay thread (2 % of the scheduler process) could hand over less often
   under load in the same way (fewer GIL grabs from the event loop, fewer frames
   for the helper); the helper's remaining CPU is mostly per event in the
