@@ -66,7 +66,7 @@ import dask.config
 from dask_blackbox import producers
 from dask_blackbox.producers import relay
 from local_broker import local_broker
-from process_cluster import CLK_TCK
+from process_cluster import process_cpu, thread_cpu
 
 FRAMES = pathlib.Path(tempfile.gettempdir()) / "blackbox-relay-frames.bin"
 _FRAME = struct.Struct("<dI")  # seconds since the first frame, length
@@ -79,19 +79,17 @@ def capture(shape_name: str, path: pathlib.Path) -> None:
 
     shape = SHAPES[shape_name]
     out = path.open("wb")
-    start: list[float] = []
+    start: list[float] = []  # the first frame's time; then one entry per frame
     write = relay._Helper.write
 
     def tee(self, data: bytes) -> None:
         now = time.perf_counter()
-        if not start:
-            start.append(now)
+        start.append(now)
         out.write(_FRAME.pack(now - start[0], len(data)))
         out.write(data)
         write(self, data)
 
     relay._Helper.write = tee
-    frames = 0
     with dask.config.set(shape.scheduler_config), LocalCluster(
             n_workers=2, threads_per_worker=1, processes=True,
             dashboard_address=":0") as cluster, Client(cluster) as client:
@@ -103,11 +101,7 @@ def capture(shape_name: str, path: pathlib.Path) -> None:
         producers.detach(client)
     out.close()
     relay._Helper.write = write
-    with path.open("rb") as f:
-        while header := f.read(_FRAME.size):
-            f.seek(_FRAME.unpack(header)[1], 1)
-            frames += 1
-    print(f"captured {frames} frames ({path.stat().st_size / 1e6:.1f} MB) of {shape_name}: "
+    print(f"captured {len(start)} frames ({path.stat().st_size / 1e6:.1f} MB) of {shape_name}: "
           f"{n:,} tasks, compute {wall:.1f}s, to {path}")
 
 
@@ -120,28 +114,6 @@ def read_frames(path: pathlib.Path) -> list[tuple[float, bytes]]:
     return frames
 
 
-def _thread_cpu(pid: int) -> dict[str, float]:
-    out = {}
-    try:
-        tasks = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return out
-    for tid in tasks:
-        try:
-            stat = pathlib.Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            comm = pathlib.Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-        except OSError:
-            continue
-        fields = stat.rpartition(")")[2].split()
-        out[f"{comm} ({tid})"] = (int(fields[11]) + int(fields[12])) / CLK_TCK
-    return out
-
-
-def _process_cpu(pid: int) -> float:
-    fields = pathlib.Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
 def replay_once(frames: list[tuple[float, bytes]], code_path: list[str], speed: float,
                 broker_pid: int | None, spy_to: pathlib.Path | None = None) -> dict:
     """One helper (with ``code_path`` first on its sys.path) fed ``frames``."""
@@ -152,7 +124,7 @@ def replay_once(frames: list[tuple[float, bytes]], code_path: list[str], speed: 
     proc = subprocess.Popen(
         [sys.executable, "-I", "-c", relay._HELPER_MAIN, json.dumps(path)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
-    broker0 = _process_cpu(broker_pid) if broker_pid else 0.0
+    broker0 = process_cpu(broker_pid) if broker_pid else 0.0
     stdin = proc.stdin
 
     def send(data: bytes) -> None:
@@ -181,7 +153,12 @@ def replay_once(frames: list[tuple[float, bytes]], code_path: list[str], speed: 
         send(data)
     stdin.close()
     while reader.is_alive():
-        for name, cpu in _thread_cpu(proc.pid).items():
+        try:
+            now = thread_cpu(proc.pid)
+        except OSError:  # it has exited
+            now = {}
+        for tid, (comm, cpu) in now.items():
+            name = f"{comm} ({tid})"
             threads[name] = max(cpu, threads.get(name, 0.0))
         reader.join(0.05)
     if spy is not None:
@@ -192,7 +169,7 @@ def replay_once(frames: list[tuple[float, bytes]], code_path: list[str], speed: 
     return {
         "cpu": usage.ru_utime + usage.ru_stime, "user": usage.ru_utime,
         "system": usage.ru_stime, "threads": threads, "wall": wall,
-        "broker": (_process_cpu(broker_pid) - broker0) if broker_pid else 0.0,
+        "broker": (process_cpu(broker_pid) - broker0) if broker_pid else 0.0,
         "events": final.get("sent_events", 0), "envelopes": final.get("sent_envelopes", 0),
         "lost": final.get("lost_at_close", 0), "exit": status,
     }
