@@ -98,7 +98,8 @@ from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
-    OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread, new_producer_id, ready,
+    OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread, _yield_on_wakeup,
+    new_producer_id, ready,
 )
 
 logger = logging.getLogger(__name__)
@@ -172,6 +173,7 @@ class RelayTransport(Transport):
 
     def _thread_main(self) -> None:
         _name_os_thread(OS_THREAD_NAME)
+        _yield_on_wakeup()
         try:
             if self._relay():
                 return
@@ -505,6 +507,7 @@ class _Helper:
         self.close_input()
 
     def _read_status(self) -> None:
+        _yield_on_wakeup()
         try:
             for line in self.process.stdout:
                 try:
@@ -651,6 +654,7 @@ def main() -> None:
         os.nice(NICENESS)
     except OSError:
         pass
+    _yield_on_wakeup()  # before any thread starts: they inherit it
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr,
         format="%(asctime)s - dask-blackbox relay %(process)d - %(levelname)s - %(message)s")

@@ -54,6 +54,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import os
 import sys
 import threading
 import time
@@ -107,6 +108,19 @@ def _name_os_thread(name: str) -> None:
 
         ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
     except Exception:  # no libc prctl: the OS name stays the process's
+        pass
+
+
+def _yield_on_wakeup() -> None:
+    """Put the calling thread (and the threads it starts) under ``SCHED_BATCH``
+    (Linux; elsewhere nothing): its share of CPU is what its niceness gives, but
+    waking up it never preempts the thread that is running. The recording's threads
+    wake often (every flush-interval, every status line); on a machine the workload
+    fills, each preemption of Dask's event loop costs it more than the few
+    microseconds the woken thread runs (see ``bench/scheduler_overhead.py``)."""
+    try:
+        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux, or not allowed: scheduled as before
         pass
 
 
@@ -388,6 +402,7 @@ class Transport:
 
     def _thread_main(self) -> None:
         _name_os_thread(OS_THREAD_NAME)
+        _yield_on_wakeup()
         try:
             asyncio.run(self._sender())
         except Exception:

@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 import uuid
 
@@ -26,6 +27,7 @@ from dask_blackbox.producers.relay import (
     MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame,
 )
 from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX
 from polling import wait_for
 from producers_support import (
     FAST, scheduler_stats, story_until_close,
@@ -58,6 +60,19 @@ def _log_odd_events(dask_scheduler) -> None:
     dask_scheduler.log_event("relay-odd", {"set": {3, 1, 2}, "nested": [(1, "a")]})
 
 
+def _assert_ours_yield_on_wakeup(helper: int | None) -> None:
+    """The recording's threads (and every thread of the helper) are SCHED_BATCH:
+    they never preempt Dask's threads when they wake; Dask's own are left as they were."""
+    policies = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
+    ours = {name for name in policies if name.startswith(SENDER_THREAD_PREFIX)}
+    assert ours and {policies[name] for name in ours} == {os.SCHED_BATCH}, policies
+    assert {policies[name] for name in set(policies) - ours} == {os.SCHED_OTHER}, policies
+    if helper is not None:
+        tasks = os.listdir(f"/proc/{helper}/task")
+        assert len(tasks) > 1  # its main thread and the sender's
+        assert {os.sched_getscheduler(int(tid)) for tid in tasks} == {os.SCHED_BATCH}
+
+
 @pytest.mark.parametrize("sender", ["process", "thread"])
 def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, sender):
     with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
@@ -70,6 +85,7 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
         helper = stats.get("relay_pid")
         assert (helper is not None and _alive(helper)) == (sender == "process")
         workers = set(cluster.scheduler.workers)
+        _assert_ours_yield_on_wakeup(helper)
         assert (da.ones((200, 200), chunks=20) + 1).sum().compute() == 80_000
         bad = client.submit(div, 1, 0, key="div-by-zero")
         with pytest.raises(ZeroDivisionError):
