@@ -279,8 +279,7 @@ Shapes (``--shapes``, default all):
   blockwise chain to 13k even with ``optimization.fuse.active: False``),
   default worker-saturation, B attaches right after the cluster starts, one warm-up
   compute of the same graph, then the timed one.
-- ``200k``: as ``32k`` with a 7740 x 7740 array (~200k tasks), warmed up with the
-  ``32k`` graph.
+- ``200k``: as ``32k`` with a 7740 x 7740 array (~200k tasks).
 - ``noop100k``: scheduler throughput, ``client.map`` of a no-op function over
   100,000 inputs (100k independent tasks), one cluster per quad as ``32k``; the
   figure is tasks per second, with / without.
@@ -435,7 +434,7 @@ SHAPES = {
     "fresh40k": Shape("fresh40k", "(ones(2000x2000, chunks 20) * 2 + 1).sum(), fresh "
                       "cluster per run, warm-up compute", _affine_sum, None, {}),
     "200k": Shape("200k", "(ones(7740x7740, chunks 20) + 1).sum(), worker-saturation inf",
-                  _array_sum(7740), _array_sum(3100), SATURATED),
+                  _array_sum(7740), _array_sum(7740), SATURATED),
     "noop100k": Shape("noop100k", "client.map(no-op, range(100_000))", _noop_map,
                       _noop_map, {}),
 }
