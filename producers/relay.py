@@ -18,7 +18,9 @@ in the Dask process), ``auto`` (a helper for the scheduler, a thread for workers
 which are many and rarely busy with transitions).
 
 Hand-over, by the thread ``dask-blackbox-<source>-sender`` of the Dask process,
-every ``flush-interval`` and when closing:
+every ``flush-interval`` (after a hand-over of ``transport.BUSY_ENVELOPE`` items or
+more, :data:`LINGER` if longer: under load, fewer wake-ups of the thread, each of
+which takes the GIL from Dask's event loop) and when closing:
 
 - a ``transition_log`` record becomes five fields (key, start, finish,
   stimulus_id, timestamp) and the names of its task group (cached per
@@ -66,7 +68,9 @@ Failures:
   last status.
 
 The helper runs at :data:`NICENESS`, so that on a busy machine Dask's own processes
-come first; its CPU is reported as ``relay_cpu_seconds`` in :meth:`stats`. It
+come first, and, like the relay and status threads, under ``SCHED_BATCH`` (Linux):
+waking up, none of the recording's threads preempts a running thread of Dask's. Its
+CPU is reported as ``relay_cpu_seconds`` in :meth:`stats`. It
 imports neither Dask's scheduler nor the pipeline's packages (37 MiB at start); what
 it holds while behind is bounded by the buffer limits above, as Python objects
 (about 180 MB measured while it trailed a 32k-task graph on a loaded machine).
@@ -98,8 +102,8 @@ from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
-    OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread, _yield_on_wakeup,
-    new_producer_id, ready,
+    BUSY_ENVELOPE, OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread,
+    _yield_on_wakeup, new_producer_id, ready,
 )
 
 logger = logging.getLogger(__name__)
@@ -116,6 +120,7 @@ _DEATH_WINDOW = 60.0
 #: packs the next partial one after this long (seconds; a full one at once), or
 #: ``flush-interval`` if longer: under load, fewer and larger envelopes, each of
 #: which costs the helper and the broker a request (see ``bench/relay_replay.py``).
+#: After a hand-over of as many items, the relay thread waits as long.
 LINGER = 0.5
 #: The helper's niceness (added to the Dask process's).
 NICENESS = 5
@@ -167,6 +172,7 @@ class RelayTransport(Transport):
         self._relay_cpu_before = 0.0  # CPU seconds of helpers that ended
         self.relay_pid: int | None = None
         self.in_process = True  # False once sending from this process's thread
+        kwargs.setdefault("busy_linger", LINGER)
         super().__init__(settings, source, **kwargs)
 
     # ------------------------------------------------------------------ thread
@@ -190,20 +196,24 @@ class RelayTransport(Transport):
             logger.warning("dask-blackbox %s: %s; sending from the %s process instead",
                            self.producer_id, e, self.source)
             return False
+        flush_interval = linger = self.settings.flush_interval
         while True:
             closing = self._closing
             if not closing:
-                self._wake.wait(self.settings.flush_interval)
+                self._wake.wait(linger)
                 self._wake.clear()
                 closing = self._closing
             helper = self._helper
             if helper.ended.is_set() and not self._replace_helper():
                 return False
             try:
-                self._hand_over()
+                handed = self._hand_over()
             except OSError:  # the helper's stdin is gone: it died
                 self._helper.ended.wait(1.0)
                 continue
+            # Under load, fewer and larger frames: fewer wake-ups of this thread (each
+            # takes the GIL from Dask's event loop) and of the helper.
+            linger = self._busy_linger if handed >= BUSY_ENVELOPE else flush_interval
             if closing:
                 self._finish()
                 return True
@@ -318,8 +328,10 @@ class RelayTransport(Transport):
 
     # ------------------------------------------------------------ hand-over
 
-    def _hand_over(self) -> None:
+    def _hand_over(self) -> int:
+        """Hand the buffer over, in frames; the number of items handed."""
         helper = self._helper
+        items = 0
         first = True
         while first or self._buffer:
             first = False
@@ -336,11 +348,13 @@ class RelayTransport(Transport):
                 identity = self._identity_handed = (self.cluster_id, self.cluster_name)
             rows, count, weight = self._take_rows(FRAME_ITEMS)
             if not count and drops is None and identity is None:
-                return
+                return items
+            items += count
             with self._lock:
                 helper.forwarded += count
                 helper.batches.append((helper.forwarded, weight))
             helper.write(self._encoded((drops, identity, *rows)))
+        return items
 
     def _take_rows(self, limit: int) -> tuple[tuple[list, list, list], int, int]:
         """Up to ``limit`` buffered items as rows (``records, names, others``, see

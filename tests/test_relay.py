@@ -18,6 +18,7 @@ import uuid
 
 import dask
 import dask.array as da
+import orjson
 import pytest
 from distributed import Client, LocalCluster
 
@@ -27,10 +28,11 @@ from dask_blackbox.producers.relay import (
     MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame,
 )
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX
+from dask_blackbox.producers.transport import BUSY_ENVELOPE, SENDER_THREAD_PREFIX
+from kafka_reader import read_records
 from polling import wait_for
 from producers_support import (
-    FAST, scheduler_stats, story_until_close,
+    FAST, offer_event, scheduler_stats, story_until_close,
     own_broker, published, scheduler_transitions,
     seqs_by_producer, wait_scheduler_delivered,
 )
@@ -301,3 +303,37 @@ def test_a_frame_keeps_dasks_order_and_survives_what_cannot_be_pickled():
         receiver.transport.close_blocking()
     finally:
         relay.close_blocking()
+
+
+@pytest.mark.parametrize("busy_linger", [None, 60.0])
+def test_after_a_busy_hand_over_the_relay_waits_busy_linger(bb_config, busy_linger):
+    """The relay thread hands over every flush-interval; after a hand-over of
+    BUSY_ENVELOPE items or more it waits ``busy_linger`` (LINGER by default, or
+    flush-interval if longer) before the next. Close hands over the rest: every
+    event delivered once, in order."""
+    settings = ProducerSettings.resolve({"producer.flush-interval": "2s",
+                                         "producer.sender": "process"})
+    relay = RelayTransport(settings, "scheduler", cluster_id=f"c-relay-linger-{busy_linger}",
+                           cluster_name="relay-linger", busy_linger=busy_linger)
+    forwarded = lambda: relay._helper.forwarded if relay._helper else 0  # noqa: E731
+    try:
+        offer_event(relay, {"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
+        wait_for(lambda: forwarded() == 1, 30, "the first hand-over")
+        for i in range(1, BUSY_ENVELOPE + 1):
+            offer_event(relay, {"kind": "event", "ts": float(i), "topic": "t", "msg": "m"})
+        wait_for(lambda: forwarded() == BUSY_ENVELOPE + 1, 30, "the busy hand-over")
+        offer_event(relay, {"kind": "event", "ts": float(BUSY_ENVELOPE + 1), "topic": "t",
+                            "msg": "after"})
+        if busy_linger is None:
+            wait_for(lambda: forwarded() == BUSY_ENVELOPE + 2, 30,
+                     "the next hand-over, one flush-interval later")
+        else:
+            time.sleep(6.0)  # three flush-intervals, a tenth of busy_linger
+            assert forwarded() == BUSY_ENVELOPE + 1
+    finally:
+        relay.close_blocking()
+    assert relay.stats()["sent_events"] == BUSY_ENVELOPE + 2
+    envelopes = [orjson.loads(r.value) for r in read_records("raw")]
+    mine = [ev["ts"] for e in envelopes if e["producer_id"] == relay.producer_id
+            for ev in e["events"]]
+    assert mine == [float(i) for i in range(BUSY_ENVELOPE + 2)]
