@@ -105,3 +105,21 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
         done = meta.offset if meta is not None and meta.offset >= 0 else begin[tp]
         lag[tp.topic] += max(end[tp] - done, 0)
     return lag
+
+
+async def committed_offsets(group_id: str, topic: str, partitions: list[int],
+                            timeout: float = 5.0,
+                            settings: KafkaSettings | None = None) -> dict[int, int]:
+    """The offsets consumer group ``group_id`` has committed on these partitions of
+    ``topic`` (the next offset it will read; -1 where it never committed), as the
+    group coordinator knows them; KafkaUnreachable or a KafkaError otherwise."""
+    from aiokafka import TopicPartition
+
+    tps = [TopicPartition(topic, p) for p in partitions]
+    admin = await connect_admin(timeout, settings)
+    try:
+        committed = await admin.list_consumer_group_offsets(group_id, partitions=tps)
+    finally:
+        await admin.close()
+    return {tp.partition: (meta.offset if (meta := committed.get(tp)) is not None else -1)
+            for tp in tps}

@@ -64,6 +64,7 @@ def app_settings(settings: ProcessorSettings) -> dict:
         "broker_session_timeout": session,
         "broker_heartbeat_interval": min(3.0, session / 4),
         "broker_rebalance_timeout": session,
+        "broker_commit_interval": settings.commit_interval,
         "consumer_auto_offset_reset": "earliest",
         # Bytes per partition per fetch: at least one envelope, and large enough that
         # the worker never waits for the broker while there is a backlog.

@@ -14,8 +14,9 @@ Its persistent form is a set of *records* (``records()``/``from_records``), and 
 records changed since the last checkpoint (``take_changes()``). Record format 2 (the
 checkpoint parts carry the format, :mod:`.checkpoint`):
 
-- ``"m"``: cluster meta, a mapping: ``name``, ``partition``, ``applied``,
-  ``malformed_events``, ``closed_at``, ``producers`` (producer id -> ``[source, last
+- ``"m"``: cluster meta, a mapping: ``name``, ``partition``, ``offset`` (the
+  raw-topic offset of the latest message of the cluster read, duplicates included;
+  -1 in records written before it existed), ``applied``, ``malformed_events``, ``closed_at``, ``producers`` (producer id -> ``[source, last
   seq]``), ``windows`` (:meth:`.prefix_stats.PrefixWindows.to_list`) and ``tree``
   (:meth:`.span_state.SpanTree.meta`: group mappings, the thread-count history);
 - ``"s:<span_id>"``: one span, a mapping (:meth:`.span_state.Span.to_record`);
@@ -84,6 +85,11 @@ class ClusterState:
         self.cluster_name: str | None = None
         #: raw-topic partition the cluster's envelopes arrive on (None: not known yet)
         self.partition: int | None = None
+        #: raw-topic offset of the latest message of the cluster read, applied or a
+        #: duplicate (set by the processor): the cluster may be forgotten only once
+        #: its consumer group has committed past it, or reading it again would
+        #: start the cluster over
+        self.last_offset = -1
         self.applied = 0
         self.malformed_events = 0
         #: ``ts`` of the cluster's scheduler_close lifecycle event, once applied
@@ -232,6 +238,7 @@ class ClusterState:
         return {
             "name": self.cluster_name,
             "partition": self.partition,
+            "offset": self.last_offset,
             "applied": self.applied,
             "malformed_events": self.malformed_events,
             "closed_at": self.closed_at,
@@ -277,6 +284,9 @@ class ClusterState:
             _check_format(fmt)
             state.cluster_name = meta["name"]
             state.partition = meta["partition"]
+            state.last_offset = meta.get("offset", -1)
+            if type(state.last_offset) is not int:
+                raise ValueError(f"offset {state.last_offset!r:.40} is not an int")
             state.applied = meta["applied"]
             state.malformed_events = meta["malformed_events"]
             state.closed_at = meta["closed_at"]

@@ -27,7 +27,12 @@ for a whole window are closed, producers silent for ``idle-cluster-ttl`` are
 forgotten by their cluster, and clusters are forgotten (their checkpoint deleted):
 those whose scheduler_close this worker applied more than ``finished-cluster-ttl``
 ago, and those none of whose producers sent anything for ``idle-cluster-ttl`` (a
-cluster killed without closing). Before such a cluster is forgotten, its spans are
+cluster killed without closing), each only once the consumer group has committed the
+raw offset past the cluster's latest message (``ClusterState.last_offset``,
+checkpointed, duplicates included): a message of a forgotten cluster that is read
+again (after a rebalance discarded a commit, say) would start the cluster over, and
+publish its partials a second time under new ids. Producers are forgotten under the
+same condition. Before such a cluster is forgotten, its spans are
 published as they stand (every span whose tree is not done gets a last snapshot, its
 ``done`` false) and its open partials are closed, and the worker waits for the
 broker to acknowledge them.
@@ -49,9 +54,11 @@ from collections.abc import Iterable
 
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
-from aiokafka.errors import IllegalStateError
+from aiokafka.errors import IllegalStateError, KafkaError
 
+from dask_blackbox import kafka
 from dask_blackbox.config import KafkaSettings
+from dask_blackbox.kafka import KafkaUnreachable
 from dask_blackbox.contract import (
     DEAD_LETTER, GAPS, PREFIX_STATS, SPAN_STATE, InvalidEnvelope,
 )
@@ -89,7 +96,7 @@ class Processor:
         self.counters = {"envelopes": 0, "events": 0, "duplicates": 0, "dead_letters": 0,
                          "gaps": 0, "partials": 0, "snapshots": 0, "adopted": 0,
                          "not_owned": 0, "rejected_events": 0, "expired_idle": 0,
-                         "forgotten_producers": 0}
+                         "forgotten_producers": 0, "forget_postponed": 0}
         #: (wall clock, process CPU seconds) when the first batch of envelopes began,
         #: and when the latest one was done (for throughput measurements)
         self.first_began: tuple[float, float] | None = None
@@ -129,6 +136,8 @@ class Processor:
                     self.counters["dead_letters"] += 1
                     continue
                 state = self._state(envelope["cluster_id"], msg.partition)
+                state.last_offset = msg.offset
+                touched[state.cluster_id] = state  # a duplicate moves last_offset too
                 n_envelopes += 1
                 n_events += len(envelope["events"])
                 applied = state.apply(envelope)
@@ -148,7 +157,6 @@ class Processor:
                     sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
                 self.counters["gaps"] += len(gaps)
                 self.counters["partials"] += len(closed)
-                touched[state.cluster_id] = state
             if sent:
                 await asyncio.gather(*sent)
             for state in touched.values():
@@ -199,10 +207,18 @@ class Processor:
             now = time.time()
             settings = self.settings
             sent, touched, expired = [], [], []
+            due = [s for s in self.clusters.values() if self._forgets(s, now)]
+            committed = await self._committed({s.partition for s in due}) if due else {}
             for state in self.clusters.values():
-                idle = now - state.last_applied > settings.idle_cluster_ttl
-                finished = (state.close_seen is not None
-                            and now - state.close_seen > settings.finished_cluster_ttl)
+                idle, finished = self._past_ttls(state, now)
+                may_forget = committed.get(state.partition, -1) > state.last_offset
+                if not may_forget and self._forgets(state, now):
+                    # Its latest message may be read again (by this worker after a
+                    # rebalance, or by the partition's next owner): the cluster, or
+                    # a producer, forgotten now would start over from it, with new
+                    # partial ids and a gap. The next tick asks again.
+                    self.counters["forget_postponed"] += 1
+                    idle = finished = False
                 for record in state.snapshots(final=idle and not finished):
                     # awaited only for a cluster about to be forgotten
                     future = self._publish(SPAN_STATE, state.cluster_id, record)
@@ -210,7 +226,8 @@ class Processor:
                         sent.append(future)
                     self.counters["snapshots"] += 1
                 closed = state.close_idle(now, settings.prefix_window)
-                more, gone = state.forget_producers(now, settings.idle_cluster_ttl)
+                more, gone = (state.forget_producers(now, settings.idle_cluster_ttl)
+                              if may_forget else ([], []))
                 closed += more
                 if idle or finished:
                     closed += state.windows.close_all()
@@ -236,6 +253,31 @@ class Processor:
                     self.counters["expired_idle"] += 1
                     logger.info("forgot cluster %s, silent for %.0fs without closing",
                                 state.cluster_id, now - state.last_applied)
+
+    def _past_ttls(self, state: ClusterState, now: float) -> tuple[bool, bool]:
+        """(silent past idle-cluster-ttl, closed past finished-cluster-ttl)"""
+        settings = self.settings
+        return (now - state.last_applied > settings.idle_cluster_ttl,
+                state.close_seen is not None
+                and now - state.close_seen > settings.finished_cluster_ttl)
+
+    def _forgets(self, state: ClusterState, now: float) -> bool:
+        """Whether this tick would forget the cluster or one of its producers."""
+        ttl = self.settings.idle_cluster_ttl
+        return (any(self._past_ttls(state, now))
+                or any(now - seen > ttl for seen in state.last_seen.values()))
+
+    async def _committed(self, partitions: set[int]) -> dict[int, int]:
+        """The raw partitions' committed offsets (the group's: faust's consumer
+        group id is the app id); {} when the broker cannot say."""
+        try:
+            return await kafka.committed_offsets(
+                self.settings.app_id, self.raw_topic, sorted(partitions),
+                settings=self.settings.kafka)
+        except (KafkaError, KafkaUnreachable, asyncio.TimeoutError) as e:
+            logger.warning("no cluster is forgotten this time: the committed offsets "
+                           "of %s are unknown: %s", self.raw_topic, e)
+            return {}
 
     def _forget(self, cluster_id: str) -> None:
         state = self.clusters.pop(cluster_id)
@@ -349,7 +391,9 @@ class Processor:
         their partition to another worker; ``rejected_events`` events refused by their
         cluster (each a dead letter, at most :data:`MAX_REJECTIONS_PER_MESSAGE` + 1 per
         message); ``expired_idle`` clusters forgotten for silence (idle-cluster-ttl)
-        and ``forgotten_producers`` producers forgotten so."""
+        and ``forgotten_producers`` producers forgotten so; ``forget_postponed`` how
+        many times a cluster past its TTL was kept because its latest raw message was
+        not committed yet."""
         return {**self.counters, "clusters": len(self.clusters),
                 "first_began": self.first_began, "last_done": self.last_done}
 

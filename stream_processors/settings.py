@@ -40,6 +40,8 @@ class ProcessorSettings:
     batch_max_wait: float
     #: ``processors.session-timeout``: the consumer group's session timeout
     session_timeout: float
+    #: ``processors.commit-interval``: processed raw offsets are committed this often
+    commit_interval: float
     kafka: KafkaSettings
 
     def __post_init__(self) -> None:
@@ -48,7 +50,8 @@ class ProcessorSettings:
                 f"blackbox.processors.app-id: {self.app_id!r} must be a name")
         for name, minimum in (("prefix_window", 0), ("snapshot_interval", 0),
                               ("batch_max_wait", 0), ("finished_cluster_ttl", 0),
-                              ("idle_cluster_ttl", 0), ("session_timeout", 1)):
+                              ("idle_cluster_ttl", 0), ("session_timeout", 1),
+                              ("commit_interval", 0)):
             value = getattr(self, name)
             if not value > minimum if minimum == 0 else not value >= minimum:
                 key = name.replace("_", "-")
@@ -79,5 +82,6 @@ class ProcessorSettings:
             batch_max_envelopes=config.get_int("processors.batch-max-envelopes"),
             batch_max_wait=config.get_seconds("processors.batch-max-wait", minimum=tiny),
             session_timeout=config.get_seconds("processors.session-timeout", minimum=1.0),
+            commit_interval=config.get_seconds("processors.commit-interval", minimum=tiny),
             kafka=KafkaSettings.from_config(),
         )

@@ -300,6 +300,40 @@ def _garbage(good: dict, key: bytes) -> list[tuple[bytes, bytes, str]]:
     ]
 
 
+def _differences_from_recorded(recorded, cluster_ids) -> list[str]:
+    """How the latest span snapshots and the partials (one per partial_id) of each
+    of ``cluster_ids``, copies of the recorded stream, differ from the recorded
+    cluster's."""
+    reference = {sid: _comparable_snapshot(s) for (cid, sid), s in
+                 recorded.snapshots.items() if cid == recorded.cluster_id}
+    reference_partials = _comparable_partials(recorded.partials)
+    snaps = latest_snapshots(read_json(contract.SPAN_STATE, idle=0.3))
+    partials = unique_partials(read_json(contract.PREFIX_STATS, idle=0.3))
+    out = []
+    for cid in cluster_ids:
+        mine = {sid: _comparable_snapshot(s) for (c, sid), s in snaps.items() if c == cid}
+        for sid in reference.keys() | mine.keys():
+            ref, got = reference.get(sid) or {}, mine.get(sid) or {}
+            if ref != got:
+                fields = sorted(k for k in ref.keys() | got.keys()
+                                if ref.get(k) != got.get(k))
+                out.append(f"{cid} span {sid}: {fields}")
+        got = _comparable_partials([p for p in partials if p["cluster_id"] == cid])
+        if got != reference_partials:
+            out.append(f"{cid} partials: missing {reference_partials - got}, "
+                       f"extra {got - reference_partials}")
+    return out
+
+
+def _converge_on_recorded(recorded, cluster_ids, timeout: float) -> list[str]:
+    """:func:`_differences_from_recorded`, polled until there are none or the time is up."""
+    deadline = time.monotonic() + timeout
+    while (problems := _differences_from_recorded(recorded, cluster_ids)) \
+            and time.monotonic() < deadline:
+        time.sleep(1.0)
+    return problems
+
+
 @pytest.mark.both_brokers
 def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_path):
     """Copies of the recorded stream under new cluster ids, spread over both
@@ -341,32 +375,7 @@ def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_
         asyncio.run(replay.publish_raw(second))
         a.start()
 
-        reference = {sid: _comparable_snapshot(s) for (cid, sid), s in
-                     recorded.snapshots.items() if cid == recorded.cluster_id}
-        reference_partials = _comparable_partials(recorded.partials)
-
-        def mismatches() -> list[str]:
-            snaps = latest_snapshots(read_json(contract.SPAN_STATE, idle=0.3))
-            partials = unique_partials(read_json(contract.PREFIX_STATS, idle=0.3))
-            out = []
-            for cid in copies:
-                mine = {sid: _comparable_snapshot(s)
-                        for (c, sid), s in snaps.items() if c == cid}
-                for sid in reference.keys() | mine.keys():
-                    ref, got = reference.get(sid) or {}, mine.get(sid) or {}
-                    if ref != got:
-                        fields = sorted(k for k in ref.keys() | got.keys()
-                                        if ref.get(k) != got.get(k))
-                        out.append(f"{cid} span {sid}: {fields}")
-                got = _comparable_partials([p for p in partials if p["cluster_id"] == cid])
-                if got != reference_partials:
-                    out.append(f"{cid} partials: missing {reference_partials - got}, "
-                               f"extra {got - reference_partials}")
-            return out
-
-        deadline = time.monotonic() + 90
-        while (problems := mismatches()) and time.monotonic() < deadline:
-            time.sleep(1.0)
+        problems = _converge_on_recorded(recorded, copies, 90)
         assert not problems, (problems, a.tail(), b.tail())
         # the killed worker's clusters were rebuilt from the changelog, not from scratch
         assert a.stats()["adopted"] + b.stats()["adopted"] > 0
@@ -391,6 +400,56 @@ def test_killed_processor_restarts_into_the_same_state(recorded, bb_config, tmp_
     assert contract_violations(contract.GAPS, gaps) == []
     assert {(g["cluster_id"], g["producer_id"], g["missing_from"], g["missing_to"])
             for g in gaps} == {(gappy, scheduler_pid + "@" + gappy, 5, 7)}
+
+
+def test_a_cluster_is_forgotten_only_once_its_last_message_is_committed(
+        recorded, bb_config, tmp_path):
+    """A processor that applied a cluster to its scheduler_close but has not
+    committed the raw offsets yet keeps it past finished-cluster-ttl. Killed then, the
+    next processor reads the uncommitted half again as duplicates of the checkpoint,
+    instead of starting the cluster over from the middle (its partials a second time
+    under new ids, and a gap), and forgets it once it has committed the last message."""
+    source = [orjson.loads(v) for _, v in recorded.raw]
+    cid = "late-commit"
+    messages = [replay.encode(replay.renamed(e, cid, "@" + cid)) for e in source]
+    half = len(messages) // 2
+    app_id = dask.config.get("blackbox.processors.app-id")
+    settings = {**PROCESSOR_SETTINGS, "blackbox.processors.finished-cluster-ttl": "1s"}
+    env = {**env_for(settings), **bb_config}
+    never_commits = {**env_for({**settings, "blackbox.processors.commit-interval": "1h"}),
+                     **bb_config}
+    asyncio.run(replay.publish_raw(messages[:half]))
+    a = FaustWorker(env, tmp_path, "a").start()
+    b = FaustWorker(never_commits, tmp_path, "b")
+    c = FaustWorker(env, tmp_path, "c")
+    try:
+        wait_for(lambda: (a.stats() or {}).get("envelopes", 0) >= half, 60,
+                 "the first half processed")
+        # Stopped, a commits what it processed and leaves the group: b's assignment
+        # is b's only rebalance (on a rebalance, faust commits what it processed).
+        a.stop()
+        asyncio.run(replay.publish_raw(messages[half:]))
+        b.start()
+        wait_for(lambda: (b.stats() or {}).get("forget_postponed", 0) > 0, 60,
+                 "the closed cluster kept past its TTL, its last messages uncommitted")
+        assert b.stats()["clusters"] == 1 and cid in committed_clusters(app_id)
+        b.kill()
+        c.start()
+        wait_for(lambda: (c.stats() or {}).get("envelopes", 0) >= len(messages) - half,
+                 60, "the uncommitted half read again")
+        again = c.stats()
+        assert again["adopted"] == 1 and again["duplicates"] == again["envelopes"], again
+        problems = _converge_on_recorded(recorded, [cid], 60)
+        assert not problems, (problems, c.tail())
+        wait_for(lambda: c.stats()["clusters"] == 0, 30, "the cluster forgotten")
+        wait_for(lambda: cid not in committed_clusters(app_id), 30,
+                 "its checkpoint deleted")
+    finally:
+        for w in (a, b, c):
+            w.stop()
+    # no second set of partials, no gap where the uncommitted half began
+    assert not _differences_from_recorded(recorded, [cid])
+    assert [g for g in read_json(contract.GAPS, idle=0.5) if g["cluster_id"] == cid] == []
 
 
 # ------------------------------------------------------- checkpoint consistency
@@ -453,12 +512,14 @@ def test_settings_are_resolved_once_and_validated():
                           "blackbox.kafka.bootstrap-servers": "127.0.0.1:9"}):
         s = ProcessorSettings.from_config()
     assert s.idle_cluster_ttl == 90 and s.kafka.bootstrap_servers == ("127.0.0.1:9",)
+    assert s.commit_interval == 2.8  # faust's default
     with pytest.raises(Exception):
         s.prefix_window = 1  # frozen
     for key, value, fix in (
             ("processors.snapshot-interval", "0s", "snapshot-interval: '0s' must be at least"),
             ("processors.idle-cluster-ttl", "soon", "idle-cluster-ttl: 'soon' is not a duration"),
             ("processors.session-timeout", "500ms", "session-timeout: '500ms' must be at least 1s"),
+            ("processors.commit-interval", "0s", "commit-interval: '0s' must be at least"),
             ("processors.batch-max-envelopes", 0, "batch-max-envelopes: 0 must be an integer")):
         with dask.config.set({f"blackbox.{key}": value,
                               "blackbox.kafka.bootstrap-servers": "127.0.0.1:9"}):
