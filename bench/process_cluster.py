@@ -43,6 +43,7 @@ def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
     ``scheduler_prefix`` runs the scheduler under a command (``valgrind ...``)."""
     env = _env(config or {})
     port = free_port()
+    scheduler_log, workers_log = _logs(port)
     address = f"tcp://127.0.0.1:{port}"
     procs = []
     try:
@@ -50,7 +51,7 @@ def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
             [*scheduler_prefix, sys.executable, "-m", "distributed.cli.dask_scheduler",
              "--host", "127.0.0.1",
              "--port", str(port), "--dashboard-address", ":0", "--no-show"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=env, stdout=subprocess.DEVNULL, stderr=scheduler_log)
         procs.append(scheduler)
         # Workers started before the scheduler listens give up on it (a scheduler
         # under valgrind takes minutes to start).
@@ -63,7 +64,7 @@ def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
             [sys.executable, "-m", "distributed.cli.dask_worker", address,
              "--nworkers", str(n_workers), "--nthreads", "1", "--no-dashboard",
              "--memory-limit", "0", "--host", "127.0.0.1"],
-            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            env=env, stdout=subprocess.DEVNULL, stderr=workers_log)
         procs.append(workers)
         client = Client(address, timeout=timeout)
         try:
@@ -80,6 +81,20 @@ def process_cluster(n_workers: int = 2, config: dict[str, object] | None = None,
             except subprocess.TimeoutExpired:
                 p.kill()
                 p.wait()
+        for log in (scheduler_log, workers_log):
+            if log is not subprocess.DEVNULL:
+                log.close()
+
+
+def _logs(port: int) -> tuple:
+    """Where the scheduler's and the workers' logs go: files under
+    ``$BENCH_CLUSTER_LOGS`` (named by the scheduler's port) if set, else nowhere."""
+    where = os.environ.get("BENCH_CLUSTER_LOGS")
+    if not where:
+        return subprocess.DEVNULL, subprocess.DEVNULL
+    os.makedirs(where, exist_ok=True)
+    return (open(os.path.join(where, f"{port}-scheduler.log"), "ab"),
+            open(os.path.join(where, f"{port}-workers.log"), "ab"))
 
 
 def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:

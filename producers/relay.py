@@ -358,9 +358,10 @@ class RelayTransport(Transport):
 
     def _take_rows(self, limit: int) -> tuple[tuple[list, list, list], int, int]:
         """Up to ``limit`` buffered items as rows (``records, names, others``, see
-        :class:`_Receiver`), their count and their buffer weight. Counted taken and
-        held before they leave the buffer (the room errs on the safe side: every
-        item is first counted a record, then the others are counted back).
+        :class:`_Receiver`), their count and their buffer weight. Counted held before
+        they leave the buffer (the room errs on the safe side: every item is first
+        counted a record, then the others are counted back), and taken with them,
+        under the lock ``accepted_events`` reads with (see :mod:`producers.transport`).
 
         A record adds its five fields to the flat list ``records`` and its group's
         names to ``names``: no object per record outlives the loop, so the hand-over
@@ -369,21 +370,23 @@ class RelayTransport(Transport):
         k = min(len(buffer), limit)
         if not k:
             return ([], [], []), 0, 0
-        with self._lock:
+        popleft = buffer.popleft
+        with self._taking:
+            with self._lock:  # the status thread gives held back
+                self._held_events += k
+                self._records_taken += TRANSITION_WEIGHT * k
+            items = [popleft() for _ in range(k)]
             self._taken += k
-            self._held_events += k
-            self._records_taken += TRANSITION_WEIGHT * k
         records: list = []
         names_of_records: list = []
         others: list = []
         extend, add_names, add_other = records.extend, names_of_records.append, others.append
-        popleft, pop_group = buffer.popleft, self._groups.popleft
+        pop_group = self._groups.popleft
         builder = self._transitions
         names, transition_row, transition_build = builder.names, builder.row, builder.build
         known_names, fields = names.cached, _RECORD_FIELDS
         weight = 0
-        for position in range(k):
-            item = popleft()
+        for position, item in enumerate(items):
             if type(item) is not tuple:  # a transition_log record
                 group = pop_group()
                 extend(fields(item))

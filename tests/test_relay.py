@@ -25,7 +25,7 @@ from distributed import Client, LocalCluster
 from dask_blackbox import producers
 from dask_blackbox.contract import DROPS, EVENT, TRANSITION
 from dask_blackbox.producers.relay import (
-    MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame,
+    MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame, open_transport,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import BUSY_ENVELOPE, SENDER_THREAD_PREFIX
@@ -337,3 +337,32 @@ def test_after_a_busy_hand_over_the_relay_waits_busy_linger(bb_config, busy_ling
     mine = [ev["ts"] for e in envelopes if e["producer_id"] == relay.producer_id
             for ev in e["events"]]
     assert mine == [float(i) for i in range(BUSY_ENVELOPE + 2)]
+
+
+@pytest.mark.parametrize("sender", ["process", "thread"])
+def test_accepted_events_never_counts_an_item_twice(bb_config, sender):
+    """``accepted_events`` read while the sender takes a batch out of the buffer (here:
+    by every item's builder, which runs in the middle of that batch) counts each item
+    once, so a wait for the delivery of what was accepted ends. Before, the relay
+    counted a whole hand-over taken before moving it, and a wait that read the count
+    in between waited for items that did not exist, forever."""
+    settings = ProducerSettings.resolve({**FAST, "producer.sender": sender})
+    transport = open_transport(settings, "scheduler", cluster_id=f"c-accepted-{sender}",
+                               cluster_name="accepted")
+    n = 1_000
+    seen: list[int] = []
+
+    def build(item: tuple) -> dict:
+        seen.append(transport.accepted_events)
+        return {"kind": "event", "ts": float(item[2]), "topic": "t", "msg": "m"}
+
+    try:
+        for i in range(n):  # before the sender's first hand-over: one batch
+            transport.offer((build, 256, i))
+        wait_for(lambda: len(seen) == n, 60, "every item built")
+        assert max(seen) == n
+        assert transport.accepted_events == n
+        wait_for(lambda: transport.delivered(max(seen)), 60, "what was accepted delivered")
+    finally:
+        transport.close_blocking()
+    assert transport.stats()["sent_events"] == n
