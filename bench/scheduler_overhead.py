@@ -546,24 +546,27 @@ async def _settled(dask_scheduler, deadline: float = WAIT_DEADLINE) -> None:
         await asyncio.sleep(0.005)
 
 
-def _gc_probe(dask_scheduler) -> tuple[float, int, int, int]:
-    """On the scheduler: CPU seconds spent in garbage collections and their number
-    per generation so far (a gc callback installed on first call, on both sides)."""
+def _gc_probe(dask_scheduler) -> tuple:
+    """On the scheduler: CPU seconds spent in garbage collections, their number per
+    generation, and the CPU seconds per generation so far (a gc callback installed
+    on first call, on both sides)."""
     import gc
     import time as _time
 
     state = getattr(dask_scheduler, "_bench_gc", None)
     if state is None:
-        state = dask_scheduler._bench_gc = [0.0, 0, 0, 0, 0.0]
+        state = dask_scheduler._bench_gc = [0.0, 0, 0, 0, 0.0, 0.0, 0.0, 0.0]
 
         def callback(phase, info, state=state):
             if phase == "start":
                 state[4] = _time.thread_time()
             else:
-                state[0] += _time.thread_time() - state[4]
+                took = _time.thread_time() - state[4]
+                state[0] += took
                 state[1 + info["generation"]] += 1
+                state[5 + info["generation"]] += took
         gc.callbacks.append(callback)
-    return tuple(state[:4])
+    return (*state[:4], *state[5:])
 
 
 @dataclass
@@ -573,7 +576,8 @@ class Run:
     cpu: float
     threads: dict[str, float]
     tasks: int
-    gc: tuple[float, int, int, int] = (0.0, 0, 0, 0)
+    #: CPU s in collections, collections of generations 0, 1, 2, CPU s in each
+    gc: tuple = (0.0, 0, 0, 0, 0.0, 0.0, 0.0)
     #: CPU seconds of the producers' helper process (``producer.sender: process``)
     helper_cpu: float = 0.0
     #: the event loop's (voluntary, involuntary) context switches: the second are
@@ -719,7 +723,7 @@ def _print_run(shape: Shape, q: int, r: Run) -> None:
           + ", ".join(f"{k} {v:.2f}s" for k, v in top)
           + f"; event loop preempted {r.switches[1]:,}x, yielded {r.switches[0]:,}x; "
           f"workers {r.workers_cpu:.2f}s, client {r.client_cpu:.2f}s, "
-          f"broker {r.broker_cpu:.2f}s; gc {r.gc[0]:.2f}s ({r.gc[3]} full)", flush=True)
+          f"broker {r.broker_cpu:.2f}s; gc {r.gc[0]:.2f}s ({r.gc[3]} full: {r.gc[6]:.2f}s)", flush=True)
 
 
 def _abba(runs: list[Run]) -> bool:
@@ -796,11 +800,13 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     print(f"  (scheduler + helper) / scheduler CPU per quad: "
           f"{', '.join(f'{x:.3f}' for x in both)}   MEDIAN {statistics.median(both):.3f}")
     for i, what in enumerate(("in garbage collection (CPU s)", "gen-0 collections",
-                              "gen-1 collections", "gen-2 collections")):
+                              "gen-1 collections", "gen-2 collections",
+                              "  CPU s in gen-0 collections", "  CPU s in gen-1 collections",
+                              "  CPU s in gen-2 collections")):
         a = statistics.median(r.gc[i] for r in every if not r.with_blackbox)
         b = statistics.median(r.gc[i] for r in every if r.with_blackbox)
-        print(f"    {what:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}" if i == 0 else
-              f"    {what:38s} {a:10.0f} {b:10.0f} {b - a:+8.0f}")
+        print(f"    {what:38s} {a:10.0f} {b:10.0f} {b - a:+8.0f}" if 1 <= i <= 3 else
+              f"    {what:38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
     report(f"scheduler overhead {shape.name}, wall ratio", statistics.median(walls), "x",
            target=1.03, aim=1.02)
     report(f"scheduler overhead {shape.name}, scheduler-process CPU ratio",

@@ -199,7 +199,7 @@ async def callgrind_child(out: str, broker) -> None:
     _section("A: no-op plugin, per transition", drive(noop))
     _section("B: dask-blackbox hook, per transition", drive(blackbox))
     envelopes: list[bytes] = []
-    items, groups = list(transport._buffer), list(transport._groups)
+    items, fields = list(transport._buffer), list(transport._record_fields)
     frames: list[bytes] = []
 
     def hand_over():  # what the relay thread does in the scheduler process
@@ -209,7 +209,7 @@ async def callgrind_child(out: str, broker) -> None:
 
     _section("relay: hand-over to the helper, per event", hand_over)
     transport._buffer.extend(items)  # the same items again, for the thread sender
-    transport._groups.extend(groups)
+    transport._record_fields.extend(fields)
 
     def drain():
         carry = __import__("collections").deque()

@@ -171,9 +171,9 @@ class TransitionJSON:
     :meth:`TransitionBuilder.event` encoded by orjson, without a mapping per event.
 
     Its input is a :data:`RecordRow` (:meth:`encode_row`, in a relay helper
-    process) or Dask's ``transition_log`` record (``key, start, finish,
-    recommendations, stimulus_id, timestamp``) with the task's ``TaskGroup``
-    (:meth:`encode`, in a sender thread). Every value goes through
+    process) or the fields of Dask's ``transition_log`` record that a transport
+    buffers (key, start, finish, stimulus_id, timestamp) with the task's
+    ``TaskGroup`` (:meth:`encode`, in a sender thread). Every value goes through
     ``orjson.dumps``; what repeats (a key's text, shared with ``builder``, a group's
     names, the states, the last stimulus id) is encoded once.
     """
@@ -189,11 +189,12 @@ class TransitionJSON:
         self._last_stimulus: Any = _NOTHING
         self._last_stimulus_json = b"null"
 
-    def encode(self, record: tuple, group: Any) -> bytes:
-        """The JSON of a ``transition_log`` record and the task's ``TaskGroup``."""
+    def encode(self, key: Hashable, start: str, finish: str, stimulus_id: str,
+               ts: float, group: Any) -> bytes:
+        """The JSON of a ``transition_log`` record's fields and the task's
+        ``TaskGroup``."""
         return self.encode_row(
-            (record[0], record[1], record[2], record[4], record[5],
-             self._builder.names(group)))
+            (key, start, finish, stimulus_id, ts, self._builder.names(group)))
 
     def encode_row(self, row: tuple) -> bytes:
         """The JSON of a :data:`RecordRow`."""

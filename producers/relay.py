@@ -22,9 +22,9 @@ every ``flush-interval`` (after a hand-over of ``transport.BUSY_ENVELOPE`` items
 more, :data:`LINGER` if longer: under load, fewer wake-ups of the thread, each of
 which takes the GIL from Dask's event loop) and when closing:
 
-- a ``transition_log`` record becomes five fields (key, start, finish,
-  stimulus_id, timestamp) and the names of its task group (cached per
-  ``TaskGroup``), a transition with Dask's kwargs a ``TransitionRow`` (see
+- a ``transition_log`` record's five fields (key, start, finish, stimulus_id,
+  timestamp, as the transport buffers them) go with the names of its task group
+  (cached per ``TaskGroup``), a transition with Dask's kwargs a ``TransitionRow`` (see
   :mod:`producers.events`), any other item the event its builder returns, as
   ``(weight, event)``: a user's object is sanitized here and never leaves the Dask
   process;
@@ -82,7 +82,6 @@ import dataclasses
 import json
 import logging
 import marshal
-import operator
 import os
 import pickle
 import selectors
@@ -131,8 +130,6 @@ _HEADER = struct.Struct("<I")
 _HELPER_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                 "from dask_blackbox.producers.relay import main; main()")
 _STATUS_FIELDS = ("sent_events", "sent_envelopes", "sent_drop_reports", "build_errors")
-#: key, start, finish, stimulus_id, timestamp of a ``transition_log`` record
-_RECORD_FIELDS = operator.itemgetter(0, 1, 2, 4, 5)
 
 
 def _pickles(value: Any) -> bool:
@@ -363,9 +360,10 @@ class RelayTransport(Transport):
         counted a record, then the others are counted back), and taken with them,
         under the lock ``accepted_events`` reads with (see :mod:`producers.transport`).
 
-        A record adds its five fields to the flat list ``records`` and its group's
-        names to ``names``: no object per record outlives the loop, so the hand-over
-        does not feed the garbage collector's young generation."""
+        A record adds its group's names to ``names`` and its five fields, as the
+        transport buffered them, to the flat list ``records``: no object per record
+        outlives the loop, so the hand-over does not feed the garbage collector's
+        young generation."""
         buffer = self._buffer
         k = min(len(buffer), limit)
         if not k:
@@ -377,20 +375,20 @@ class RelayTransport(Transport):
                 self._records_taken += TRANSITION_WEIGHT * k
             items = [popleft() for _ in range(k)]
             self._taken += k
-        records: list = []
+        # The records' fields, buffered before their groups and in the same order:
+        # taken at once, so that nothing below can leave them out of step.
+        field = self._record_fields.popleft
+        records = [field() for _ in range(5 * (k - list(map(type, items)).count(tuple)))]
         names_of_records: list = []
         others: list = []
-        extend, add_names, add_other = records.extend, names_of_records.append, others.append
-        pop_group = self._groups.popleft
+        add_names, add_other = names_of_records.append, others.append
         builder = self._transitions
         names, transition_row, transition_build = builder.names, builder.row, builder.build
-        known_names, fields = names.cached, _RECORD_FIELDS
+        known_names = names.cached
         weight = 0
         for position, item in enumerate(items):
-            if type(item) is not tuple:  # a transition_log record
-                group = pop_group()
-                extend(fields(item))
-                add_names(known_names(group) or names(group))
+            if type(item) is not tuple:  # a transition record's group
+                add_names(known_names(item) or names(item))
                 continue
             n = item[1]
             weight += n

@@ -25,8 +25,9 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
 ``transition`` is the hot path. A transition that carried nothing but what Dask's
 ``Scheduler.transition_log`` records (released->waiting, waiting->processing,
 memory->released, ->forgotten: ~4 in 5) costs one dict lookup and two deque appends
-of objects that exist already (the task's ``TaskGroup``, then the very log record
-Dask just appended): no allocation, no Python-level call. The
+of objects that exist already (the five fields of the log record Dask just
+appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
+the record itself): no allocation that outlives the call, no Python-level call. The
 others (processing->memory with worker, nbytes, startstops; erred with the error)
 offer one tuple with Dask's kwargs. Names are resolved and the event encoded later,
 in the sender thread (:class:`~producers.events.TransitionJSON` for the records, the
@@ -63,6 +64,7 @@ from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TransitionBuilder, lifecycle
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.relay import open_transport
+from dask_blackbox.producers.transport import RECORD_FIELDS as _RECORD_FIELDS
 from dask_blackbox.producers.transport import Transport, ready
 
 if TYPE_CHECKING:
@@ -114,7 +116,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._transition_log: Any = ()
         self._records: Any = ()
         self._buffer: Any = ()
-        self._push = self._push_group = self._push_transition = _discard
+        self._push = self._push_fields = self._push_transition = _discard
         self._build_transition = self._build_graph = self._build_structured = None
         self._erred_bytes = _TRANSITION_BYTES
 
@@ -152,7 +154,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._offer = transport.offer
         self._buffer = transport._buffer
         self._push = transport._buffer.append
-        self._push_group = transport._groups.append
+        self._push_fields = transport._record_fields.extend
         self._push_transition = transport.push_transition
         self._tasks_get = scheduler.tasks.get  # Scheduler.tasks is never replaced
         self._transition_log = scheduler.transition_log
@@ -207,11 +209,11 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         if not kwargs and records and ts is not None:
             # Carried nothing extra: the record Dask just appended for this very
             # transition says it all (key, start, finish, stimulus_id, the time
-            # Scheduler.story() shows); buffer it as it is, the group first.
+            # Scheduler.story() shows); buffer its fields, then the group.
             t = self.transport
             if len(self._buffer) + t._held_events < t.room:
-                self._push_group(ts.group)
-                self._push(records[-1])
+                self._push_fields(_RECORD_FIELDS(records[-1]))
+                self._push(ts.group)
             else:
                 self._push_transition(records[-1], ts.group)
             return

@@ -10,11 +10,19 @@ Two kinds of buffer items, one order:
   counters): the sender calls ``build(item)`` to get the event mapping; ``nbytes``
   is the producer's cheap estimate of the item's weight;
 - a scheduler transition that carried nothing but what Dask's own
-  ``Scheduler.transition_log`` records (the common case, ~4 in 5): that very record,
-  appended as it is (:meth:`Transport.push_transition`, which allocates nothing),
-  its ``TaskGroup`` appended first to a second deque read in lockstep. It weighs
+  ``Scheduler.transition_log`` records (the common case, ~4 in 5): the task's
+  ``TaskGroup`` (any item that is not a tuple), its record's five fields (key, start,
+  finish, stimulus_id, timestamp: :data:`RECORD_FIELDS`) appended first to a second
+  deque read in lockstep (:meth:`Transport.push_transition`). It weighs
   :data:`~producers.events.TRANSITION_WEIGHT` and is encoded by the sender straight
   to JSON bytes (:class:`~producers.events.TransitionJSON`), without a mapping.
+  Not the record itself: Dask keeps a record (a tuple and its recommendations dict)
+  for ``distributed.admin.low-level-log-length`` transitions only; held by the
+  buffer for a linger, records outlived young collections and were promoted to the
+  oldest generation, whose growth triggers the garbage collector's full collections
+  (one more per 200k-task graph, about 2 s of the scheduler's CPU; see
+  ``bench/scheduler_overhead.py``). The fields are objects the task already holds
+  (its key), strings and a float: nothing the collector tracks.
 
 The sender packs events into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`)
 of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run of
@@ -61,6 +69,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import operator
 import os
 import sys
 import threading
@@ -80,6 +89,10 @@ from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
 
+#: What the buffer keeps of a ``Scheduler.transition_log`` record (``key, start,
+#: finish, recommendations, stimulus_id, timestamp``): key, start, finish,
+#: stimulus_id, timestamp.
+RECORD_FIELDS = operator.itemgetter(0, 1, 2, 4, 5)
 #: Bytes of an envelope besides its events (header fields, brackets), rounded up.
 _ENVELOPE_OVERHEAD = 1024
 _EVENTS_BUDGET = MAX_ENVELOPE_BYTES - _ENVELOPE_OVERHEAD
@@ -172,8 +185,9 @@ class Transport:
         # of the builder of the other transitions.
         self._transitions = transition_builder or TransitionBuilder(settings.max_value_bytes)
         self._encode_record = TransitionJSON(self._transitions).encode
-        #: TaskGroups of the transition records in the buffer, in their order
-        self._groups: deque = deque()
+        #: RECORD_FIELDS of the transition records in the buffer, five per record,
+        #: in their order
+        self._record_fields: deque = deque()
         self._max_events = settings.buffer_max_events
         self._max_bytes = settings.buffer_max_bytes
         # bytes_in is written only by the producing thread(s), bytes_out and
@@ -253,14 +267,15 @@ class Transport:
             self.drop(n)
 
     def push_transition(self, record: tuple, group: Any) -> None:
-        """Buffer a ``Scheduler.transition_log`` record and the task's TaskGroup, or
-        drop and count it when the buffer is full. The scheduler plugin inlines the
-        fast case (``len(buffer) + held < room``: two appends, the group first) and
-        calls this only when the room it saw ran out."""
+        """Buffer a ``Scheduler.transition_log`` record (its :data:`RECORD_FIELDS`)
+        and the task's TaskGroup, or drop and count it when the buffer is full. The
+        scheduler plugin inlines the fast case (``len(buffer) + held < room``: the
+        fields, then the group) and calls this only when the room it saw ran out."""
         self.room = room = self._compute_room()
         if len(self._buffer) + self._held_events < room:
-            self._groups.append(group)
-            self._buffer.append(record)
+            # The fields first: the sender takes them once it sees the group.
+            self._record_fields.extend(RECORD_FIELDS(record))
+            self._buffer.append(group)
         else:
             self.drop(TRANSITION_WEIGHT)
 
@@ -474,7 +489,7 @@ class Transport:
             with self._taking:
                 self._taken += len(self._buffer)
                 self._buffer.clear()
-            self._groups.clear()
+            self._record_fields.clear()
             self._held_events = 0
             self._bytes_out = self._bytes_in + self._records_taken
             if lost:
@@ -527,7 +542,7 @@ class Transport:
         # side, and all counted taken with the last of them, under the lock
         # accepted_events reads with; then they are built.
         buffer = self._buffer
-        popleft, pop_group = buffer.popleft, self._groups.popleft
+        popleft, field = buffer.popleft, self._record_fields.popleft
         taken: list = []
         take = taken.append
         with self._taking:
@@ -536,7 +551,7 @@ class Transport:
                     break
                 item = buffer[0]
                 self._held_events += 1
-                if type(item) is not tuple:  # a transition_log record
+                if type(item) is not tuple:  # a transition record's group
                     self._records_taken += TRANSITION_WEIGHT
                     weight += TRANSITION_WEIGHT
                 else:
@@ -547,11 +562,12 @@ class Transport:
         add_event, add_weight = events.append, weights.append
         encode_record = self._encode_record
         for item in taken:
-            if type(item) is not tuple:  # a transition_log record
-                try:
-                    add_event(encode_record(item, pop_group()))
+            if type(item) is not tuple:  # a transition record's group
+                try:  # its fields, in RECORD_FIELDS order
+                    add_event(encode_record(field(), field(), field(), field(), field(),
+                                            item))
                 except Exception:  # a bug in the encoder must not stop the sender
-                    self._build_failed(item)
+                    self._build_failed((encode_record,))
                     self._release([TRANSITION_WEIGHT])
                     continue
                 add_weight(TRANSITION_WEIGHT)

@@ -34,7 +34,7 @@ from kafka_reader import read_records
 from polling import wait_for
 from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import BUSY_ENVELOPE, Transport
+from dask_blackbox.producers.transport import BUSY_ENVELOPE, RECORD_FIELDS, Transport
 from producers_support import (
     offer_event, published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
@@ -707,8 +707,9 @@ def test_the_buffer_limits_hold_exactly_for_records_and_offered_items():
             if rng.random() < 0.5:
                 n = TRANSITION_WEIGHT
                 if len(transport._buffer) + transport._held_events < transport.room:
-                    transport._groups.append(None)  # as the scheduler plugin inlines it
-                    transport._buffer.append(record)
+                    # as the scheduler plugin inlines it
+                    transport._record_fields.extend(RECORD_FIELDS(record))
+                    transport._buffer.append(None)
                 else:
                     transport.push_transition(record, None)
             else:
