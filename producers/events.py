@@ -84,14 +84,13 @@ class TransitionBuilder:
     def row(self, item: tuple) -> tuple:
         """The transition of an offered item as plain data, a :data:`TransitionRow`:
         what a relay helper process receives (:mod:`producers.relay`)."""
-        _, _, key, start, finish, stimulus_id, kwargs, task, stamp = item
+        _, _, key, start, finish, stimulus_id, kwargs, task, ts = item
         if task is None:
             names = None
         elif self.on_worker:  # a worker TaskState: its prefix is the name already
             names = (task.prefix, None, task.span_id)
         else:  # a scheduler TaskGroup
             names = self.names(task)
-        ts = stamp if type(stamp) is float else stamp[5]  # Transition.timestamp
         worker = self.worker
         nbytes = typename = startstops = exception = traceback = cause = None
         if kwargs:  # most transitions carry nothing: skip the lookups

@@ -29,7 +29,7 @@ of objects that exist already (the five fields of the log record Dask just
 appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
 the record itself): no allocation that outlives the call, no Python-level call. The
 others (processing->memory with worker, nbytes, startstops; erred with the error)
-offer one tuple with Dask's kwargs. Names are resolved and the event encoded later,
+offer one tuple with Dask's kwargs and the record's timestamp. Names are resolved and the event encoded later,
 in the sender thread (:class:`~producers.events.TransitionJSON` for the records, the
 :class:`~producers.events.TransitionBuilder` the worker plugin uses too for the
 rest); this is safe because a TaskGroup's name, prefix and span id never change
@@ -223,9 +223,11 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._erred_bytes if finish == "erred" else _TRANSITION_BYTES,
             key, start, finish, stimulus_id, kwargs,
             None if ts is None else ts.group,
-            # The record Dask just appended for this very transition: its timestamp
-            # is the one Scheduler.story() shows. time() if the log is disabled.
-            log[-1] if log else time.time(),
+            # The timestamp of the record Dask just appended for this very
+            # transition, the one Scheduler.story() shows (not the record: held for
+            # a linger, it would reach the collector's oldest generation, see
+            # producers.transport). time() if the log is disabled.
+            log[-1][5] if log else time.time(),
         ))
 
     # ------------------------------------------------------------ graphs, spans
