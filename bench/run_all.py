@@ -24,6 +24,7 @@ from report import PREFIX, meets
 HERE = pathlib.Path(__file__).parent
 BENCHMARKS = [
     "transition_hotpath.py",
+    "gc_pressure.py",
     "scheduler_overhead.py",
     "processor_throughput.py",
     "query_latency.py",

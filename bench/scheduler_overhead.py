@@ -1,5 +1,56 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, seventh pass (2026-11-25, sessions 12-13): the collector's generations
+
+- The change (commits 1d776d7, 68b2c65): the buffer keeps a ``transition_log``
+  record's five fields (key, start, finish, stimulus_id, timestamp: the key exists
+  already, the rest are strings and a float the collector does not track) instead
+  of Dask's record (a tuple and its recommendations dict), and a transition with
+  kwargs carries its record's timestamp instead of the record. Held for a linger,
+  records had outlived young collections and been promoted to the oldest
+  generation, whose growth triggers full collections. Hot path
+  (``bench/transition_hotpath.py``, 9 rounds a run, one after the other): 0.84 us
+  a call added before (1 run), 0.90, 0.92, 1.03 after (3 runs; 0.52 in session
+  12's quieter hour): the same within the machine's noise.
+- Counted without noise by ``bench/gc_pressure.py`` (a real ``Scheduler`` holding
+  200k tasks, 1M transitions as Dask makes them, the relay's hand-over done every
+  3,700 transitions; 2 runs a side, the same counts on each): before (d6976d0)
+  gen-0 collections 2,732, gen-1 248, gen-2 4 (1.30 s) added; after 993, 90, 0;
+  the drive's CPU 0.88 -> 3.56 s before, 0.93 -> 2.11 s after.
+- 200k after it, 4 quads (16 runs of 135-162 s, ``--quads 4 --shapes 200k``): CPU
+  1.111, 1.047, 1.148, 1.057 (median 1.084, was 1.102; order-balanced 1.090),
+  wall 1.083, 1.024, 1.104, 1.035 (median 1.059, was 1.062; balanced 1.061): not
+  met. Medians over 8 runs a side: event loop 52.81 -> 57.47 s (+4.66),
+  Dask-Offload 11.50 / 11.59 s, relay thread 2.03 s, whole process 64.84 -> 71.71
+  s (+6.87), helper 6.70 s, broker 0.49 s, workers 182.51 -> 194.78 s (+12.27),
+  preempted 11,648 -> 15,326. GC 7.69 -> 9.00 s (+1.31, was +2.43): gen-0
+  collections 3,506 -> 3,801 (+295, was +818), gen-1 113 -> 123 (+10, was +26),
+  gen-2 4 -> 4 (was 4 -> 5); CPU in them +0.40 / +0.34 / +0.47 s. The extra full
+  collection is gone; what remains is each collection taking longer in B (a full
+  one ~1.27 s against ~1.15 s), as the rest of the scheduler's work does.
+- 32k after it, 4 quads (16 runs, ``--quads 4 --shapes 32k``): CPU 0.987, 1.132,
+  1.005, 1.247 (median 1.069, was 1.083; balanced 1.089), wall 0.984, 1.090, 0.988,
+  1.180 (median 1.039, was 1.068; balanced 1.058): not met, and noisy (the BAAB
+  quads 1.190, the ABBA 0.996). Medians over 8 runs a side: event loop 9.23 ->
+  10.10 s, relay thread 0.33 s, process 10.80 -> 12.17 s, helper 1.23 s, broker
+  0.09 s; GC 0.96 -> 0.97 s (was 0.71 -> 0.84; gen-0 collections +40, was +120).
+- Where 200k's +6.87 s goes now: the relay thread 2.03 s, the hot path ~0.5 s
+  (1M calls), GC +1.31 s, and ~3 s of the event loop that is Dask's own work done
+  slower: B runs are longer (workers +12.27 s of CPU on 2 cores that the helper,
+  6.70 s, and the broker, 0.49 s, share with them), and a scheduler whose heap is
+  hundreds of MB does the same work in more CPU seconds when other processes run
+  on its cores (preempted +3,678; session 8's control burned 6 % of a core beside
+  an unrecorded run and cost as much as recording). Both halves must shrink: the
+  recording's own work in the process (relay, hot path, GC: ~3.8 s, 5.9 %) and
+  what the machine spends beside it (helper and broker). Next, structurally: the
+  helper's 6.7 us an event (decode, an event dict, orjson, compression, aiokafka)
+  is per event in the interpreter;
+  shipping the relay's frames to Kafka as they are (a compact, columnar batch: the
+  flat record fields and their names) and expanding them to the wire contract's
+  events in the stream processors, off the Dask machine, would cut the helper to
+  about a copy and a produce request per frame; the relay thread (2 us an event,
+  marshal of keys shared with the scheduler) would be what is left.
+
 FINDINGS, sixth pass (2026-11-24/25, sessions 9-11): fewer preemptions, a hang, 200k
 
 - SCHED_BATCH for the recording's threads (the relay and status threads, every

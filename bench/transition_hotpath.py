@@ -50,6 +50,7 @@ from distributed.scheduler import Transition
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from local_broker import local_broker
+from parked import NoopPlugin, parked_blackbox
 from report import report
 from dask_blackbox.producers.relay import FRAME_ITEMS
 from dask_blackbox.producers.scheduler import BlackboxSchedulerPlugin
@@ -59,11 +60,6 @@ BATCH = 1_000  # calls between two waits for the sender to drain
 BATCHES_PER_ROUND = 20
 CALLS_PER_ROUND = BATCH * BATCHES_PER_ROUND
 ROUNDS = 9
-
-
-class NoopPlugin(SchedulerPlugin):
-    def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs):
-        pass
 
 
 async def timed_round(
@@ -171,15 +167,8 @@ async def callgrind_child(out: str, broker) -> None:
         "typename": "numpy.ndarray", "metadata": {}, "thread": 140000000000,
         "startstops": ({"action": "compute", "start": 1.0, "stop": 1.001},),
     }
-    settings = ProducerSettings.resolve({
-        "producer.buffer-max-events": 10_000_000, "producer.buffer-max-bytes": "4GiB",
-        "producer.flush-interval": "1h", "producer.metrics-interval": "1h",
-        "producer.sender": "process",  # its relay thread waits an hour: parked
-    })
-    blackbox = BlackboxSchedulerPlugin(settings)
-    await blackbox.start(scheduler)
+    blackbox = await parked_blackbox(scheduler)
     transport = blackbox.transport
-    transport.cluster_id = None  # park the sender: it sends nothing without one
     noop = NoopPlugin()
     now = time.time()
     calls = [(key, a, b, f"stim-{i}", done if carries else {},
