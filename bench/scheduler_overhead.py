@@ -34,6 +34,12 @@ FINDINGS, seventh pass (2026-11-25, sessions 12-13): the collector's generations
   quads 1.190, the ABBA 0.996). Medians over 8 runs a side: event loop 9.23 ->
   10.10 s, relay thread 0.33 s, process 10.80 -> 12.17 s, helper 1.23 s, broker
   0.09 s; GC 0.96 -> 0.97 s (was 0.71 -> 0.84; gen-0 collections +40, was +120).
+- noop100k after it, 2 quads (8 runs of ~160 s, ``--quads 2 --shapes noop100k``):
+  throughput with/without 0.966, 0.973 (median 0.970: 610 against 632 tasks/s;
+  session 7, 1 quad: 0.909), CPU 1.048, 1.069 (median 1.058), wall 1.035, 1.028
+  (median 1.031). Medians over 4 runs a side: event loop 61.02 -> 63.29 s, relay
+  thread 0.87 s, process 61.47 -> 64.70 s, helper 4.03 s, broker 0.41 s, GC 2.35
+  -> 2.63 s (gen-2 2 -> 2).
 - Where 200k's +6.87 s goes now: the relay thread 2.03 s, the hot path ~0.5 s
   (1M calls), GC +1.31 s, and ~3 s of the event loop that is Dask's own work done
   slower: B runs are longer (workers +12.27 s of CPU on 2 cores that the helper,
