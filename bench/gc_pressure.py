@@ -54,9 +54,8 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.scheduler import Transition
 
 from local_broker import local_broker
-from parked import NoopPlugin, parked_blackbox
+from parked import NoopPlugin, handed_over, parked_blackbox
 from report import report
-from dask_blackbox.producers.relay import FRAME_ITEMS
 
 TASKS = 200_000
 #: Transitions between two hand-overs (~0.5 s of a 200k graph's ~7,400 a second).
@@ -126,10 +125,8 @@ async def main() -> None:
     transport = blackbox.transport
     frames = [0]
 
-    def hand_over() -> None:  # what the relay thread does, without the pipe
-        while transport._buffer:
-            rows, _, _ = transport._take_rows(FRAME_ITEMS)
-            frames[0] += len(transport._encoded((None, None, *rows)))
+    def hand_over() -> None:
+        frames[0] += sum(map(len, handed_over(transport)))
         with transport._lock:  # nothing is delivered: give the room back
             transport._held_events = 0
             transport._bytes_out = transport._bytes_in + transport._records_taken

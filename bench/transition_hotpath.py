@@ -50,9 +50,8 @@ from distributed.scheduler import Transition
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from local_broker import local_broker
-from parked import NoopPlugin, parked_blackbox
+from parked import NoopPlugin, handed_over, parked_blackbox
 from report import report
-from dask_blackbox.producers.relay import FRAME_ITEMS
 from dask_blackbox.producers.scheduler import BlackboxSchedulerPlugin
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -192,9 +191,7 @@ async def callgrind_child(out: str, broker) -> None:
     frames: list[bytes] = []
 
     def hand_over():  # what the relay thread does in the scheduler process
-        while transport._buffer:
-            rows, _, _ = transport._take_rows(FRAME_ITEMS)
-            frames.append(transport._encoded((None, None, *rows)))
+        frames.extend(handed_over(transport))
 
     _section("relay: hand-over to the helper, per event", hand_over)
     transport._buffer.extend(items)  # the same items again, for the thread sender
