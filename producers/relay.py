@@ -92,6 +92,7 @@ import sys
 import threading
 import time
 from collections import deque
+from itertools import repeat
 from typing import Any
 
 import orjson
@@ -368,17 +369,16 @@ class RelayTransport(Transport):
         k = min(len(buffer), limit)
         if not k:
             return ([], [], []), 0, 0
-        popleft = buffer.popleft
         with self._taking:
             with self._lock:  # the status thread gives held back
                 self._held_events += k
                 self._records_taken += TRANSITION_WEIGHT * k
-            items = [popleft() for _ in range(k)]
+            items = list(map(deque.popleft, repeat(buffer, k)))  # popped in C
             self._taken += k
         # The records' fields, buffered before their groups and in the same order:
         # taken at once, so that nothing below can leave them out of step.
-        field = self._record_fields.popleft
-        records = [field() for _ in range(5 * (k - list(map(type, items)).count(tuple)))]
+        n_fields = 5 * (k - list(map(type, items)).count(tuple))
+        records = list(map(deque.popleft, repeat(self._record_fields, n_fields)))
         names_of_records: list = []
         others: list = []
         add_names, add_other = names_of_records.append, others.append
