@@ -46,7 +46,8 @@ Delivery semantics:
   means envelopes were genuinely lost (dropped at close, process killed).
 - When the buffer is full the *newest* items are dropped and counted; once a delivery
   succeeds again, a :data:`~dask_blackbox.contract.DROPS` event with the counts since
-  the last report leads the next envelope.
+  the last report leads the next envelope (goes alone if nothing else waits). Every
+  drop counted before close is in a report (each holds the drops since the previous).
 - :meth:`Transport.close` drains the buffer within ``close-timeout``; what cannot be
   delivered by then is lost, counted (``lost_at_close``) and logged.
 - Memory: the buffer's limits, plus at most one packed envelope being retried
@@ -460,6 +461,13 @@ class Transport:
                         last_pack = now
                         linger = (self._busy_linger if envelope[1] >= BUSY_ENVELOPE
                                   else flush_interval)
+                if envelope is None and self.next_seq and (
+                        self.dropped_events != self._reported_events):
+                    # Drops counted after the last delivery with nothing to send
+                    # behind them (a relay's helper learns of its hot path's drops
+                    # with a frame, maybe an empty one): reported on their own.
+                    self._report_drops(carry)
+                    continue
                 if envelope is None:
                     # Nothing left to send (or, without an identity yet, nothing
                     # sendable): a closing sender is done, or out of time.
