@@ -1,5 +1,44 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, eighth pass (2026-11-25, session 14): the helper at niceness 19
+
+- The helper adds ``producer.helper-niceness`` (19 by default, was a fixed +5) to
+  the scheduler's niceness; the relay and status threads keep the scheduler's (they
+  take its GIL). At 19 the helper's CFS weight is 15 against Dask's 1024 (110
+  against 335 under this bench's ``nice -n 5``, 15 against 335 now): on a machine
+  Dask fills it runs mostly on CPU Dask leaves idle. Its input pipe is 1 MiB
+  (``F_SETPIPE_SZ``): frames it has not read wait in the kernel, not in the relay
+  thread's write, and survive a killed scheduler. It did not fall behind: B
+  delivered everything it had accepted 0.49-1.02 s (median 0.87, 8 runs) after
+  the graph was forgotten (about the relay's linger; the new "delivered after"
+  column). This bench does not count drops.
+- 200k, 4 quads (16 runs of 132-149 s): CPU 1.081, 1.062, 1.079, 1.104 -> median
+  **1.080** (session 13: 1.084); wall 1.056, 1.034, 1.057, 1.070 -> **1.056**
+  (1.059). Per thread (medians, 8 runs a side): event loop 49.91 -> 53.02 (+3.11;
+  was +4.66), relay 1.73 (2.03), process 61.55 -> 65.68 (+4.13; was +6.87),
+  helper 6.40, broker 0.43, workers +2.80 s (was +12.27), event loop preempted
+  +1,933 (was +3,678), GC +0.95 (was +1.31; gen-0 +296, gen-1 +9, gen-2 4 -> 4).
+  What B adds to the process fell by 2.7 s, mostly Dask's own work no longer slowed
+  beside the helper; the ratio moved less (1.084 -> 1.080) because this hour's A
+  ran 3.3 s faster. Not an A/B of the niceness in one script: the sessions' hours
+  differ.
+- 32k, 4 quads: CPU 1.082, 1.094, 1.020, 1.131 -> **1.088**; wall 1.074, 1.051,
+  1.034, 1.057 -> **1.054**. The same hour, before the change (helper at +5, 4
+  quads): 1.100 (0.987, 1.295, 1.013, 1.187) / 1.076 (0.981, 1.189, 1.016,
+  1.136). Per thread after: event loop 7.45 -> 7.94, relay 0.25, process +0.64 s
+  (before: +1.08 s), helper 1.00 s, delivered 0.43 s after the graph was gone.
+- fresh40k with the helper at +5 (before the change; 2 quads, stopped for the
+  200k run): CPU 1.031, 1.114, wall 1.007, 1.033; the helper 1.08-1.29 s a run
+  (4.2-4.5 s in session 7), relay thread 0.35-0.42 s.
+- What remains at 200k (+4.13 s, 6.7 %): the relay thread 1.73 s and the hot path
+  (~1 s: 4,331 instructions a transition, ``transition_hotpath.py --callgrind``)
+  are the recording's own work in the process; GC +0.95 s; the rest the event
+  loop's extra preemptions. Tried and dropped this pass: the relay's names of the
+  records' groups looked up in C (``set``/``compress``/``map``): 5,996 -> 6,237
+  instructions an event (callgrind, 1 run), as the sixth pass found for C
+  iterators. marshal v4 stays (v2: 2.7x the encode, 3.5x the bytes; measured on
+  the frames of a fresh40k run, 3 reps).
+
 FINDINGS, seventh pass (2026-11-25, sessions 12-13): the collector's generations
 
 - The change (commits 1d776d7, 68b2c65): the buffer keeps a ``transition_log``
@@ -650,6 +689,9 @@ class Run:
     workers_cpu: float = 0.0
     client_cpu: float = 0.0
     broker_cpu: float = 0.0
+    #: seconds B's producer took, once the graph was forgotten, to deliver what it
+    #: had accepted (how far behind the helper was)
+    behind: float = 0.0
 
     @property
     def cpu_with_helper(self) -> float:
@@ -683,8 +725,10 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
     # compute's return left that cascade out of A and, through the wait below, in
     # B), then B's delivery, then 0.2 s (the helper's last status carries its CPU).
     client.run_on_scheduler(_settled)
+    settled = time.perf_counter()
     if _producing(with_blackbox):  # the sender's work counts too
         client.run_on_scheduler(_wait_delivered)
+    behind = time.perf_counter() - settled
     time.sleep(0.2)
     after, cpu1, machine1 = thread_cpu(pid), process_cpu(pid), _machine(pid, workers)
     helper = client.run_on_scheduler(_helper_cpu) - helper0
@@ -694,7 +738,7 @@ def timed(client, pid: int, shape: Shape, with_blackbox: bool) -> Run:
         b - a for a, b in zip(machine0, machine1))
     return Run(with_blackbox, wall, cpu1 - cpu0, cpu_by_thread(before, after, names), n,
                tuple(b - a for a, b in zip(gc0, gc1)), helper, (voluntary, involuntary),
-               workers_cpu, client_cpu, broker_cpu)
+               workers_cpu, client_cpu, broker_cpu, behind)
 
 
 #: the benchmark's broker process (its CPU is reported per run)
@@ -780,7 +824,8 @@ def _quad(shape: Shape, q: int) -> list[Run]:
 
 def _print_run(shape: Shape, q: int, r: Run) -> None:
     top = sorted(r.threads.items(), key=lambda kv: -kv[1])[:4]
-    helper = f"  helper {r.helper_cpu:5.2f}s" if r.with_blackbox else ""
+    helper = (f"  helper {r.helper_cpu:5.2f}s (delivered {r.behind:.2f}s after)"
+              if r.with_blackbox else "")
     print(f"    {shape.name} quad {q + 1} {'B with   ' if r.with_blackbox else 'A without'}"
           f"  wall {r.wall:6.2f}s  scheduler CPU {r.cpu:6.2f}s{helper}  "
           + ", ".join(f"{k} {v:.2f}s" for k, v in top)
@@ -848,6 +893,8 @@ def summarize(shape: Shape, quads: list[list[Run]]) -> None:
     print(f"    {'whole process':38s} {a:10.2f} {b:10.2f} {b - a:+8.2f}")
     h = statistics.median(r.helper_cpu for r in every if r.with_blackbox)
     print(f"    {'helper process (not the scheduler)':38s} {0.0:10.2f} {h:10.2f} {h:+8.2f}")
+    d = statistics.median(r.behind for r in every if r.with_blackbox)
+    print(f"    {'delivered after the graph was gone (s)':38s} {0.0:10.2f} {d:10.2f} {d:+8.2f}")
     for what, figure in (("workers' processes (CPU s)", lambda r: r.workers_cpu),
                          ("this client's process (CPU s)", lambda r: r.client_cpu),
                          ("the broker's process (CPU s)", lambda r: r.broker_cpu)):

@@ -67,10 +67,14 @@ Failures:
   its exit (``close-timeout`` plus a second) and takes ``lost_at_close`` from its
   last status.
 
-The helper runs at :data:`NICENESS`, so that on a busy machine Dask's own processes
-come first, and, like the relay and status threads, under ``SCHED_BATCH`` (Linux):
-waking up, none of the recording's threads preempts a running thread of Dask's. Its
-CPU is reported as ``relay_cpu_seconds`` in :meth:`stats`. It
+The helper adds ``producer.helper-niceness`` (19 by default) to the Dask process's
+niceness, so that on a busy machine Dask's own processes come first (at 19 it runs
+mostly on CPU time they leave idle; see ``bench/scheduler_overhead.py``), and like
+the relay and status threads it runs under ``SCHED_BATCH`` (Linux): waking up, none
+of the recording's threads preempts a running thread of Dask's. The relay and status
+threads keep the Dask process's niceness: they take its GIL, and a thread starved
+while holding it would stall Dask's event loop. Its CPU is reported as
+``relay_cpu_seconds`` in :meth:`stats`. It
 imports neither Dask's scheduler nor the pipeline's packages (37 MiB at start); what
 it holds while behind is bounded by the buffer limits above, as Python objects
 (about 180 MB measured while it trailed a 32k-task graph on a loaded machine).
@@ -97,6 +101,11 @@ from typing import Any
 
 import orjson
 
+try:
+    import fcntl
+except ImportError:  # not POSIX: the pipe keeps its size
+    fcntl = None  # type: ignore[assignment]
+
 from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
 from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
@@ -122,8 +131,10 @@ _DEATH_WINDOW = 60.0
 #: which costs the helper and the broker a request (see ``bench/relay_replay.py``).
 #: After a hand-over of as many items, the relay thread waits as long.
 LINGER = 0.5
-#: The helper's niceness (added to the Dask process's).
-NICENESS = 5
+#: The helper's input pipe's size (Linux; 64 KiB otherwise): the frames the helper
+#: has not read yet wait there rather than in the relay thread's write, and a
+#: killed Dask process's last frames are still read.
+PIPE_BYTES = 1 << 20
 #: A helper's buffer limits: what the Dask process hands over is bounded there.
 _UNBOUNDED = 1 << 62
 _HEADER = struct.Struct("<I")
@@ -495,6 +506,10 @@ class _Helper:
             )
         except OSError as e:
             raise HelperFailed(f"cannot start its helper process ({e})") from e
+        try:  # frames wait in the kernel while the helper is behind (Linux)
+            fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
+        except (AttributeError, OSError):  # elsewhere, or above pipe-max-size: as is
+            pass
         self.status_thread = threading.Thread(
             target=self._read_status, daemon=True,
             name=f"{SENDER_THREAD_PREFIX}{relay.source}-relay-status",
@@ -665,11 +680,6 @@ def main() -> None:
     """The helper process (module docstring): frames from stdin, status to stdout."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    try:
-        os.nice(NICENESS)
-    except OSError:
-        pass
-    _yield_on_wakeup()  # before any thread starts: they inherit it
     logging.basicConfig(
         level=logging.WARNING, stream=sys.stderr,
         format="%(asctime)s - dask-blackbox relay %(process)d - %(levelname)s - %(message)s")
@@ -680,6 +690,11 @@ def main() -> None:
     hello = _read_frame(stdin)
     if hello is _END:
         return
+    try:
+        os.nice(hello["settings"].helper_niceness)
+    except OSError:
+        pass
+    _yield_on_wakeup()  # before any thread starts: they inherit it and the niceness
     receiver = _Receiver(hello)
     out.write(receiver.status(force=True))
     out.flush()

@@ -58,6 +58,8 @@ class ProducerSettings:
     #: where events are encoded and delivered: "process", "thread" or "auto"
     #: (see :mod:`producers.relay`)
     sender: str = "auto"
+    #: niceness a relay's helper process adds to the Dask process's (0-19)
+    helper_niceness: int = 19
 
     @classmethod
     def resolve(
@@ -93,6 +95,12 @@ class ProducerSettings:
             raise ConfigError(
                 f"blackbox.producer.sender: {sender!r} must be one of {', '.join(SENDERS)}"
             )
+        helper_niceness = config.get("producer.helper-niceness")
+        if isinstance(helper_niceness, bool) or helper_niceness not in range(20):
+            raise ConfigError(
+                f"blackbox.producer.helper-niceness: {helper_niceness!r} must be an "
+                "integer from 0 to 19"
+            )
         worker_transitions = config.get("producer.worker-transitions")
         if not isinstance(worker_transitions, bool):
             raise ConfigError(
@@ -116,6 +124,7 @@ class ProducerSettings:
                 "producer.reconnect-backoff-max", minimum=0.05
             ),
             sender=sender,
+            helper_niceness=helper_niceness,
         )
 
 

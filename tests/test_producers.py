@@ -519,6 +519,9 @@ def test_bad_overrides_raise_config_error_naming_the_key():
         ProducerSettings.resolve({"kafka.bootstrap-servers": "no-port"})
     with pytest.raises(ConfigError, match="blackbox.producer.sender: 'fork' must be one of"):
         ProducerSettings.resolve({"producer.sender": "fork"})
+    for bad in (20, -1, "19", True):
+        with pytest.raises(ConfigError, match=r"blackbox.producer.helper-niceness: .* from 0 to 19"):
+            ProducerSettings.resolve({"producer.helper-niceness": bad})
 
 
 class ReprRaises:

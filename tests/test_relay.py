@@ -6,6 +6,7 @@ sender; and a helper whose scheduler was SIGKILLed still delivers what it held."
 from __future__ import annotations
 
 import datetime
+import fcntl
 import json
 import os
 import signal
@@ -25,7 +26,8 @@ from distributed import Client, LocalCluster
 from dask_blackbox import producers
 from dask_blackbox.contract import DROPS, EVENT, TRANSITION
 from dask_blackbox.producers.relay import (
-    MAX_DEATHS, RelayTransport, _Receiver, decode_frame, encode_frame, open_transport,
+    MAX_DEATHS, PIPE_BYTES, RelayTransport, _Receiver, decode_frame, encode_frame,
+    open_transport,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import BUSY_ENVELOPE, SENDER_THREAD_PREFIX
@@ -62,9 +64,11 @@ def _log_odd_events(dask_scheduler) -> None:
     dask_scheduler.log_event("relay-odd", {"set": {3, 1, 2}, "nested": [(1, "a")]})
 
 
-def _assert_ours_yield_on_wakeup(helper: int | None) -> None:
+def _assert_ours_yield_on_wakeup(helper: int | None, niceness: int = 19) -> None:
     """The recording's threads (and every thread of the helper) are SCHED_BATCH:
-    they never preempt Dask's threads when they wake; Dask's own are left as they were."""
+    they never preempt Dask's threads when they wake; Dask's own are left as they were.
+    Every thread of the helper adds ``niceness`` to this process's; the recording's
+    threads here keep this process's (they take its GIL)."""
     policies = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
     ours = {name for name in policies if name.startswith(SENDER_THREAD_PREFIX)}
     assert ours and {policies[name] for name in ours} == {os.SCHED_BATCH}, policies
@@ -73,6 +77,11 @@ def _assert_ours_yield_on_wakeup(helper: int | None) -> None:
         tasks = os.listdir(f"/proc/{helper}/task")
         assert len(tasks) > 1  # its main thread and the sender's
         assert {os.sched_getscheduler(int(tid)) for tid in tasks} == {os.SCHED_BATCH}
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        assert {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in tasks} == {
+            min(own + niceness, 19)}
+        assert {os.getpriority(os.PRIO_PROCESS, t.native_id)
+                for t in threading.enumerate()} == {own}
 
 
 @pytest.mark.parametrize("sender", ["process", "thread"])
@@ -88,6 +97,9 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
         assert (helper is not None and _alive(helper)) == (sender == "process")
         workers = set(cluster.scheduler.workers)
         _assert_ours_yield_on_wakeup(helper)
+        if helper is not None:  # frames the helper has not read wait in the kernel
+            stdin = cluster.scheduler.plugins["dask-blackbox"].transport._helper.process.stdin
+            assert fcntl.fcntl(stdin.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
         assert (da.ones((200, 200), chunks=20) + 1).sum().compute() == 80_000
         bad = client.submit(div, 1, 0, key="div-by-zero")
         with pytest.raises(ZeroDivisionError):
