@@ -27,6 +27,10 @@ FINDINGS, eighth pass (2026-11-25, session 14): the helper at niceness 19
   quads): 1.100 (0.987, 1.295, 1.013, 1.187) / 1.076 (0.981, 1.189, 1.016,
   1.136). Per thread after: event loop 7.45 -> 7.94, relay 0.25, process +0.64 s
   (before: +1.08 s), helper 1.00 s, delivered 0.43 s after the graph was gone.
+- noop100k, 2 quads (8 runs of ~155 s): throughput with/without 1.003, 0.968 ->
+  **0.985** (633 / 643 tasks/s; session 13: 0.970); CPU 1.039, 1.068 -> 1.053;
+  wall 0.997, 1.033 -> 1.015. Process +3.13 s, relay 0.73 s, helper 3.41 s,
+  delivered 0.71 s after the graph was gone.
 - fresh40k with the helper at +5 (before the change; 2 quads, stopped for the
   200k run): CPU 1.031, 1.114, wall 1.007, 1.033; the helper 1.08-1.29 s a run
   (4.2-4.5 s in session 7), relay thread 0.35-0.42 s.
