@@ -71,11 +71,13 @@ def get_bytes(key: str) -> int:
     return n
 
 
-def get_int(key: str, minimum: int = 1) -> int:
-    """An integer setting, at least ``minimum``."""
+def get_int(key: str, minimum: int = 1, maximum: int | None = None) -> int:
+    """An integer setting, at least ``minimum`` (and at most ``maximum``)."""
     value = get(key)
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(f"blackbox.{key}: {value!r} must be an integer >= {minimum}")
+    if (isinstance(value, bool) or not isinstance(value, int) or value < minimum
+            or (maximum is not None and value > maximum)):
+        bound = f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+        raise ConfigError(f"blackbox.{key}: {value!r} must be an integer {bound}")
     return value
 
 

@@ -95,12 +95,6 @@ class ProducerSettings:
             raise ConfigError(
                 f"blackbox.producer.sender: {sender!r} must be one of {', '.join(SENDERS)}"
             )
-        helper_niceness = config.get("producer.helper-niceness")
-        if isinstance(helper_niceness, bool) or helper_niceness not in range(20):
-            raise ConfigError(
-                f"blackbox.producer.helper-niceness: {helper_niceness!r} must be an "
-                "integer from 0 to 19"
-            )
         worker_transitions = config.get("producer.worker-transitions")
         if not isinstance(worker_transitions, bool):
             raise ConfigError(
@@ -124,7 +118,8 @@ class ProducerSettings:
                 "producer.reconnect-backoff-max", minimum=0.05
             ),
             sender=sender,
-            helper_niceness=helper_niceness,
+            helper_niceness=config.get_int(
+                "producer.helper-niceness", minimum=0, maximum=19),
         )
 
 

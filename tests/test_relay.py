@@ -64,11 +64,12 @@ def _log_odd_events(dask_scheduler) -> None:
     dask_scheduler.log_event("relay-odd", {"set": {3, 1, 2}, "nested": [(1, "a")]})
 
 
-def _assert_ours_yield_on_wakeup(helper: int | None, niceness: int = 19) -> None:
+def _assert_ours_yield_on_wakeup(helper: int | None) -> None:
     """The recording's threads (and every thread of the helper) are SCHED_BATCH:
     they never preempt Dask's threads when they wake; Dask's own are left as they were.
-    Every thread of the helper adds ``niceness`` to this process's; the recording's
-    threads here keep this process's (they take its GIL)."""
+    Every thread of the helper adds ``producer.helper-niceness`` (19 by default) to
+    this process's; the recording's threads here keep this process's (they take its
+    GIL)."""
     policies = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
     ours = {name for name in policies if name.startswith(SENDER_THREAD_PREFIX)}
     assert ours and {policies[name] for name in ours} == {os.SCHED_BATCH}, policies
@@ -79,7 +80,7 @@ def _assert_ours_yield_on_wakeup(helper: int | None, niceness: int = 19) -> None
         assert {os.sched_getscheduler(int(tid)) for tid in tasks} == {os.SCHED_BATCH}
         own = os.getpriority(os.PRIO_PROCESS, 0)
         assert {os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in tasks} == {
-            min(own + niceness, 19)}
+            min(own + 19, 19)}
         assert {os.getpriority(os.PRIO_PROCESS, t.native_id)
                 for t in threading.enumerate()} == {own}
 
