@@ -1,5 +1,87 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, ninth pass (2026-11-25, session 15): what the helper's work costs, by removing it
+
+- The experiment (not kept in the tree): the helper takes each frame off its pipe,
+  decodes it and counts its items delivered at once, encoding and sending nothing;
+  the Dask process is unchanged (hot path, relay thread, frames, pipe, status).
+  The patch, 5 lines at the top of ``_Receiver.apply``, gated by an environment
+  variable the helper inherits::
+
+      if os.environ.get("BLACKBOX_EXPERIMENT_DISCARD"):
+          self.skipped += len(names) + len(others)
+          self.transport.sent_events += len(names) + len(others)
+          return
+
+  Each shape run twice in the same hour, ``nice -n 5 python
+  bench/scheduler_overhead.py --quads Q --shapes S``, with the variable set
+  ("discard") and without ("normal", ``--first baab``).
+- 200k, 2 quads a side (8 runs of 128-134 s each):
+  | | discard | normal |
+  |---|---|---|
+  | CPU ratio per quad | 1.052, 1.036 -> **1.044** | 1.057, 1.081 -> **1.069** |
+  | wall ratio per quad | 1.016, 1.001 -> **1.009** | 1.029, 1.055 -> **1.042** |
+  | event loop B - A | +1.47 s | +2.47 s |
+  | relay thread | 1.54 s | 1.54 s |
+  | whole process B - A | +2.72 s (on 58.21) | +4.13 s (on 56.75) |
+  | helper | 0.79 s | 5.87 s |
+  | broker | 0.08 s | 0.39 s |
+  | workers B - A | -2.07 s | +3.67 s |
+  | event loop preempted B - A | +984 | +1,745 |
+  The relay thread costs the same in both (1.54 s): the Dask process's own work is
+  the same. The helper's ~5.1 s of encoding and delivery (and the broker's 0.3 s)
+  cost the scheduler ~1 s more of event loop and 2.5 points of CPU ratio, 3.3 of
+  wall. Without them 200k is within the targets (CPU 1.044 <= 1.05, wall 1.009 <=
+  1.03, by 2 quads), not the aim (1.03): the Dask process's own part is ~4.4 %.
+- fresh40k, 2 quads a side: discard CPU 1.116, 1.021 -> 1.069, wall 1.024, 1.002
+  -> 1.013 (process +1.15 s on 22.11: event loop +0.82, relay 0.36; helper 0.28 s);
+  normal (helper at 19; the first measurement of this shape at 19) CPU 1.078,
+  1.022 -> **1.050**, wall 1.018, 1.005 -> **1.012** (process +1.49 s on 21.51:
+  event loop +1.19, relay 0.35; helper 1.14 s, broker 0.14 s, workers +2.23 s).
+  Here the helper is small (1.14 s a run, 4.2-4.5 s in session 7) and the two
+  sides do not differ beyond the noise: one quad alone spans 1.02-1.12.
+- 32k, discard, 4 quads (16 runs): CPU 1.075, 1.006, 0.984, 1.097 -> **1.041**;
+  wall 1.057, 0.966, 0.994, 1.044 -> **1.019** (process +0.24 s on 9.12: event
+  loop +0.31, relay 0.23; helper 0.31 s). The normal side was not run this hour
+  (session 14, helper at 19: 1.088 / 1.054); hours differ by more than that.
+- So: where the helper's CPU is large (200k: ~6 s a run), removing its work moves
+  the scheduler's ratio by ~2.5 points, and what is left is the Dask process's own
+  work: 200k's +2.72 s, 4.4 % (relay thread 1.54 s: marshal of the records' fields
+  and the per-item loop, ~1.5 us an event; event loop +1.47 s: the hook, ~1 us a
+  transition, and the collections the hand-over's lists cause, gen-0 +308 a run).
+  Both halves must shrink for the aim (1.03); for the targets, the helper's half.
+- Where the helper's 6.4 us an event goes (``relay_replay.py replay --sides new
+  --runs 1 --speed 2 --spy DIR`` on a fresh40k capture, 1 run, 394 samples, by
+  own line): the records' JSON (``encode_row``) ~20 %, the selector's waits 14 %,
+  zstd 9 %, aiokafka building the batch 12 %, the frame's decode 5 %, the rest
+  the packing loop and the plumbing, each a few percent.
+- Tried and dropped: the helper encoding all of a frame's records at once
+  (``TransitionJSON.encode_rows``: slices of the flat fields, ``map`` of the
+  caches' ``get`` and ``orjson.dumps``, ``zip`` and ``b"".join`` per record, in C;
+  the items put in the buffer ready-built through ``zip``; ``ready`` an
+  ``itemgetter``), the same bytes as ``encode_row`` (tested on str, tuple,
+  non-ASCII and int keys, cache clears, None names and stimulus ids, float edge
+  cases): 0.92 -> 0.63 us a record alone (7 reps, best), but the helper as a
+  whole did not move: ``relay_replay.py replay --base e184845 --runs 4 --speed
+  2``: 1.50 s (base) against 1.53 s (new), medians of 4 runs a side; the work
+  moved from the sender thread (0.84-0.94 -> 0.58-0.61 s) to the reading thread
+  (0.50-0.57 -> 0.83-0.91 s). Per-event Python spread over many places is not
+  cut by one faster piece.
+- Next, structurally (the helper's half): the helper's work per event is the
+  contract's JSON, one event at a time, then zstd and aiokafka over its bytes.
+  Shipping the relay's frames as compact batches (a key-text table, the states as
+  small codes, the stimulus ids and times as columns, the groups' names once per
+  frame) and expanding them to the contract's events off the Dask machine would
+  leave the helper a decode, the key texts (cached), one orjson call per column
+  and a produce request per frame. Two shapes: a compact event kind that
+  ``dask_blackbox.contract`` expands for both readers (processors' ``envelopes``
+  and the sink's typed decoder; ``SCHEMA_VERSION`` 2, as a reader that ignores an
+  unknown field would lose events), or a topic of compact frames that an expander
+  agent in the faust app republishes as JSON envelopes to the raw topic (the
+  contract and readers unchanged; a second hop, and ``seq`` numbering across the
+  split of a frame into envelopes). The Dask process's half stays as it is:
+  relay 1.54 s, hook ~1 s at 200k.
+
 FINDINGS, eighth pass (2026-11-25, session 14): the helper at niceness 19
 
 - The helper adds ``producer.helper-niceness`` (19 by default, was a fixed +5) to
