@@ -40,6 +40,10 @@ FINDINGS, ninth pass (2026-11-25, session 15): what the helper's work costs, by 
   event loop +1.19, relay 0.35; helper 1.14 s, broker 0.14 s, workers +2.23 s).
   Here the helper is small (1.14 s a run, 4.2-4.5 s in session 7) and the two
   sides do not differ beyond the noise: one quad alone spans 1.02-1.12.
+- fresh40k, normal, 2 more quads after the rest (``--quads 2 --shapes fresh40k``):
+  CPU 1.149, 1.036, wall 1.035, 1.007 (helper 1.19 s, process +1.42 s on 21.98).
+  The 4 quads at niceness 19: CPU 1.078, 1.022, 1.149, 1.036 -> **1.057** (not
+  met), wall 1.018, 1.005, 1.035, 1.007 -> **1.012** (met).
 - 32k, discard, 4 quads (16 runs): CPU 1.075, 1.006, 0.984, 1.097 -> **1.041**;
   wall 1.057, 0.966, 0.994, 1.044 -> **1.019** (process +0.24 s on 9.12: event
   loop +0.31, relay 0.23; helper 0.31 s). The normal side was not run this hour
