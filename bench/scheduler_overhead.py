@@ -5,10 +5,11 @@ FINDINGS, ninth pass (2026-11-25, session 15): what the helper's work costs, by 
 - The experiment (not kept in the tree): the helper takes each frame off its pipe,
   decodes it and counts its items delivered at once, encoding and sending nothing;
   the Dask process is unchanged (hot path, relay thread, frames, pipe, status).
-  The patch, 5 lines at the top of ``_Receiver.apply``, gated by an environment
-  variable the helper inherits::
+  The patch: in ``_Receiver.apply``, right after the frame is unpacked, gated by
+  an environment variable the helper inherits (read once, at the helper's import
+  of ``producers.relay``, into ``_DISCARD``)::
 
-      if os.environ.get("BLACKBOX_EXPERIMENT_DISCARD"):
+      if _DISCARD:
           self.skipped += len(names) + len(others)
           self.transport.sent_events += len(names) + len(others)
           return

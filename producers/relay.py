@@ -73,7 +73,7 @@ mostly on CPU time they leave idle; see ``bench/scheduler_overhead.py``), and li
 the relay and status threads it runs under ``SCHED_BATCH`` (Linux): waking up, none
 of the recording's threads preempts a running thread of Dask's. The relay and status
 threads keep the Dask process's niceness: they take its GIL, and a thread starved
-while holding it would stall Dask's event loop. Its CPU is reported as
+while holding it would stall Dask's event loop. The helper's CPU is reported as
 ``relay_cpu_seconds`` in :meth:`stats`. It
 imports neither Dask's scheduler nor the pipeline's packages (37 MiB at start); what
 it holds while behind is bounded by the buffer limits above, as Python objects
