@@ -38,7 +38,7 @@ import dask.array as da
 import orjson
 from distributed import Client, LocalCluster, span
 
-from dask_blackbox import producers
+from dask_blackbox import contract, producers
 from dask_blackbox import kafka
 from dask_blackbox.cli import brokers
 from dask_blackbox.cli.brokers import free_port
@@ -144,7 +144,8 @@ def main() -> None:
     try:
         broker = local.address
         recording = record(broker, size)
-        n_events = sum(len(orjson.loads(v)["events"]) for _, v in recording)
+        n_events = sum(len(contract.expand_events(orjson.loads(v)["events"]))
+                       for _, v in recording)
         print(f"recording: {len(recording)} envelopes, {n_events} events, "
               f"{sum(len(v) for _, v in recording) / 1e6:.1f} MB", flush=True)
 

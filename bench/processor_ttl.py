@@ -37,7 +37,7 @@ ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))  # processors_support imports its neighbours
 
-from dask_blackbox import kafka, producers  # noqa: E402
+from dask_blackbox import contract, kafka, producers  # noqa: E402
 from dask_blackbox.cli.brokers import TansuBroker  # noqa: E402
 from report import report  # noqa: E402
 from tests import replay  # noqa: E402  (test/bench-only, not shipped)
@@ -135,7 +135,7 @@ def main() -> None:
     try:
         with tempfile.TemporaryDirectory() as tmp:
             source = record(broker)
-            n_events = sum(len(e["events"]) for e in source)
+            n_events = sum(len(contract.expand_events(e["events"])) for e in source)
             print(f"one killed cluster: {len(source)} envelopes, {n_events} events")
             results = {}
             for label, ttl in (("A-no-idle-ttl", 3600.0), ("B-idle-ttl", args.ttl)):

@@ -459,7 +459,8 @@ def end_to_end(args, root: pathlib.Path) -> dict:
         run = generate(args.seed + 1, index, clusters, args.e2e // clusters, time.time())
         payload += [(m.key, m.value) for m in run.messages(offsets) if m.topic == contract.RAW]
     sample_key = next(e["key"] for e in run.scheduler_events if e["kind"] == contract.TRANSITION)
-    expected = sum(len(orjson.loads(v)["events"]) for _, v in payload)
+    expected = sum(len(contract.expand_events(orjson.loads(v)["events"]))
+                   for _, v in payload)
     sinks: list[subprocess.Popen] = []
 
     def settings(name: str) -> dict:

@@ -102,7 +102,7 @@ async def replay(recording, replayers: int, seconds: float) -> collections.Count
     """Send the recording ``replayers`` times in parallel, looped, at its pace."""
     from aiokafka import AIOKafkaProducer
 
-    from dask_blackbox import config
+    from dask_blackbox import config, contract
 
     producer = AIOKafkaProducer(**config.kafka_producer_kwargs(), linger_ms=5,
                                 max_request_size=2**20)
@@ -124,7 +124,7 @@ async def replay(recording, replayers: int, seconds: float) -> collections.Count
                         "producer_id": f"{envelope['producer_id']}-{cluster_id}",
                         "sent_at": time.time()}
                 await producer.send(topic, orjson.dumps(copy), key=cluster_id.encode())
-                for event in envelope["events"]:
+                for event in contract.expand_events(envelope["events"]):
                     if event["kind"] in ROWS_PER_EVENT:
                         table, rows = ROWS_PER_EVENT[event["kind"]]
                         sent[table] += rows(event)
@@ -174,6 +174,7 @@ def main() -> None:
 
     from dask_blackbox.cli.demo import quiet_dask_console
     from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
+    from dask_blackbox import contract
     from dask_blackbox.read import queries
 
     quiet_dask_console()  # the recording's failing tasks fail on purpose
@@ -190,7 +191,7 @@ def main() -> None:
         broker_dir = (pathlib.Path(data_dir) / "kafka") if args.broker == "kafka" else None
         try:
             recording = record(rec_seconds)
-            n_events = sum(len(e["events"]) for _, e in recording)
+            n_events = sum(len(contract.expand_events(e["events"])) for _, e in recording)
             span_s = recording[-1][0]
             print(f"recorded {len(recording)} envelopes, {n_events} events over {span_s:.1f}s "
                   f"({n_events / max(span_s, 1e-9):.0f} events/s per cluster)", flush=True)

@@ -7,7 +7,7 @@ imports a layer.
 
 Every raw Kafka message is one *envelope*, an orjson-encoded mapping::
 
-    {"schema": 1, "cluster_id": "...", "cluster_name": "...", "source": "scheduler",
+    {"schema": 2, "cluster_id": "...", "cluster_name": "...", "source": "scheduler",
      "producer_id": "...", "seq": 17, "sent_at": 1700000000.123, "events": [...]}
 
 ``seq`` starts at 0 and increases by exactly one per envelope a producer sends, so a
@@ -22,6 +22,14 @@ means "unknown here", never an error. Readers must ignore fields they don't know
 adding an optional field does not bump :data:`SCHEMA_VERSION`; removing or re-typing
 one does.
 
+Packed events (:data:`PACKED`): a run of consecutive events of one kind may travel as
+one event holding them in columns (:data:`TRANSITION_RUN`, the scheduler's
+transitions that carried nothing but what Dask's ``transition_log`` records, about a
+quarter of their size). A packed event stands for its events, in their order, at its
+place in ``events``: readers call :func:`expand_events` before they read the events,
+and an event's index in its envelope is its index in the expanded list. Version 2 of
+the envelope may hold packed events; version 1 never does, and is still read.
+
 Adding a field: declare it in its TypedDict here (producers build events through
 these declarations, the sink's column layouts are checked against them at import),
 add its column in a new ``sinks/sql/NNN_*.sql`` migration, and read it in a query
@@ -31,9 +39,12 @@ add its column in a new ``sinks/sql/NNN_*.sql`` migration, and read it in a quer
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
+from itertools import repeat
 from typing import Any, Final, TypedDict, get_type_hints
 
-SCHEMA_VERSION: Final = 1
+SCHEMA_VERSION: Final = 2
+#: Envelope versions this build reads: 1 (no packed events) and 2.
+READABLE_SCHEMAS: Final = (1, 2)
 
 #: The envelope's fields, all required.
 ENVELOPE_FIELDS: Final = (
@@ -304,6 +315,125 @@ EVENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     for kind, decl in EVENTS.items()
 }
 
+# ------------------------------------------------------------------ packed events
+
+#: Consecutive TRANSITION events of one producer that carried nothing but what Dask's
+#: ``transition_log`` records (``worker`` ... ``cause`` are None), in columns.
+TRANSITION_RUN: Final = "transition_run"
+
+
+class TransitionRun(Event):
+    """TRANSITION_RUN: ``n`` TRANSITION events in columns of ``n`` values, in order.
+
+    ``key``, ``start``, ``finish`` and ``stimulus_id`` hold those fields of each event,
+    ``time`` its ``ts``; ``names`` lists the distinct ``[prefix, group, span_id]`` of
+    the run (null for a forgotten task) and ``name`` the index in ``names`` of each
+    event's. The run's own ``ts`` is its first event's. Every other field of
+    :class:`Transition` is None in its events (:data:`RUN_NONE_FIELDS`)."""
+
+    key: list[str]
+    time: list[float]
+    start: list[str]
+    finish: list[str]
+    stimulus_id: list[str | None]
+    names: list[list[str | None] | None]
+    name: list[int]
+
+
+#: Packed kind -> (its declaration, the kind of the events it stands for).
+PACKED: Final[Mapping[str, tuple[type, str]]] = {
+    TRANSITION_RUN: (TransitionRun, TRANSITION),
+}
+
+#: A run's columns, each as long as the run.
+RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
+#: TRANSITION fields a run's events take from its columns (``ts`` from ``time``,
+#: ``prefix``/``group``/``span_id`` from ``names``), and the ones that are None.
+RUN_FIELDS: Final = ("ts", "key", "prefix", "group", "span_id", "start", "finish",
+                     "stimulus_id")
+RUN_NONE_FIELDS: Final = tuple(f for f in fields(Transition) if f not in ("kind", *RUN_FIELDS))
+
+
+class InvalidEvent(ValueError):
+    """An event cannot be read; ``field`` names the field at fault."""
+
+    def __init__(self, field: str, reason: str):
+        super().__init__(f"{field}: {reason}")
+        self.field = field
+        self.reason = reason
+
+
+_NO_NAMES: Final = (None, None, None)
+
+
+def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
+    """The TRANSITION fields of a :data:`TRANSITION_RUN`'s events as columns: field ->
+    one value per event (:data:`RUN_FIELDS`; ``ts`` from ``time``). The columns'
+    shape is checked (lists of one length, ``names`` entries of three, ``name`` in
+    range), their values are not: a reader checks them as it checks any TRANSITION
+    event's. Raises :class:`InvalidEvent` naming the column at fault."""
+    n = None
+    for column in RUN_COLUMNS:
+        values = run.get(column)
+        if type(values) is not list:
+            raise InvalidEvent(column, f"expected a list, got {type(values).__name__}")
+        if n is None:
+            n = len(values)
+            if not n:
+                raise InvalidEvent(column, "a run of no events")
+        elif len(values) != n:
+            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
+    names = run.get("names")
+    if type(names) is not list:
+        raise InvalidEvent("names", f"expected a list, got {type(names).__name__}")
+    table = []
+    for entry in names:
+        if entry is None:
+            entry = _NO_NAMES
+        elif type(entry) not in (list, tuple) or len(entry) != 3:
+            raise InvalidEvent("names", f"{entry!r:.80} is not [prefix, group, span_id] "
+                                        "or null")
+        table.append(entry)
+    index = run["name"]
+    if not set(map(type, index)) <= {int} or min(index) < 0 or max(index) >= len(table):
+        raise InvalidEvent("name", f"expected indexes into names (0..{len(table) - 1})")
+    entries = list(map(table.__getitem__, index))
+    prefix, group, span_id = zip(*entries)
+    return {"ts": run["time"], "key": run["key"], "prefix": list(prefix),
+            "group": list(group), "span_id": list(span_id), "start": run["start"],
+            "finish": run["finish"], "stimulus_id": run["stimulus_id"]}
+
+
+def unpack_run(run: Mapping[str, Any]) -> list[dict]:
+    """The TRANSITION events of a :data:`TRANSITION_RUN`, each with every field of
+    :class:`Transition` in declaration order; raises :class:`InvalidEvent`."""
+    columns = run_columns(run)
+    names = ("kind", *fields(Transition)[1:])
+    values = [repeat(TRANSITION), *(
+        columns[f] if f in columns else repeat(None) for f in names[1:])]
+    return list(map(dict, map(zip, repeat(names), zip(*values))))
+
+
+def expand_events(events: list) -> list:
+    """``events`` with every packed event replaced by the events it stands for (the
+    list itself if it holds none). A packed event that cannot be unpacked stays as
+    it is: a reader refuses it as an event of an unknown kind, naming the problem
+    with :func:`unpack_run`'s :class:`InvalidEvent`."""
+    # (compared, not looked up: a malformed kind may be a list, which has no hash)
+    if not any(type(ev) is dict and ev.get("kind") == TRANSITION_RUN for ev in events):
+        return events
+    out: list = []
+    for ev in events:
+        if type(ev) is dict and ev.get("kind") == TRANSITION_RUN:
+            try:
+                out.extend(unpack_run(ev))
+                continue
+            except InvalidEvent:
+                pass
+        out.append(ev)
+    return out
+
+
 #: ``LIFECYCLE.action`` values.
 LIFECYCLE_ACTIONS: Final = frozenset(
     {"worker_added", "worker_removed", "client_added", "client_removed", "restart",
@@ -439,9 +569,10 @@ def validate_envelope(obj: Any) -> dict:
     missing = [f for f in ENVELOPE_FIELDS if f not in obj]
     if missing:
         raise InvalidEnvelope(f"envelope lacks field(s) {', '.join(missing)}")
-    if obj["schema"] != SCHEMA_VERSION:
+    if obj["schema"] not in READABLE_SCHEMAS or type(obj["schema"]) is not int:
         raise InvalidEnvelope(
-            f"unknown schema version {obj['schema']!r}; this build reads {SCHEMA_VERSION}"
+            f"unknown schema version {obj['schema']!r}; this build reads "
+            f"{', '.join(map(str, READABLE_SCHEMAS))}"
         )
     if not isinstance(obj["seq"], int) or obj["seq"] < 0:
         raise InvalidEnvelope(f"seq must be a non-negative integer, got {obj['seq']!r}")

@@ -283,9 +283,26 @@ def _encode_default(obj: Any) -> Any:
 def encode_event(event: dict, max_bytes: int) -> bytes:
     """The orjson encoding of one event. Values orjson cannot encode are described
     (see :func:`describe`); if orjson still fails (huge ints, deep nesting, cycles),
-    the whole event is passed through :func:`sanitize` with ``max_bytes``."""
+    the whole event is passed through :func:`sanitize` with ``max_bytes``, and text
+    that is not UTF-8 (lone surrogates) is written with escapes. Never raises."""
     try:
         return orjson.dumps(event, default=_encode_default, option=_OPTIONS)
     except (orjson.JSONEncodeError, TypeError, RecursionError):
         clean, _ = sanitize(event, max_bytes)
+    try:
         return orjson.dumps(clean, option=_OPTIONS)
+    except TypeError:  # text that is not UTF-8 (lone surrogates, as os.fsdecode makes)
+        return orjson.dumps(_utf8(clean), option=_OPTIONS)
+
+
+def _utf8(value: Any) -> Any:
+    """A sanitized value with every text made UTF-8 (a lone surrogate written as its
+    ``\\udXXX`` escape)."""
+    t = type(value)
+    if t is str:
+        return value.encode("utf-8", "backslashreplace").decode()
+    if t is dict:
+        return {_utf8(k): _utf8(v) for k, v in value.items()}
+    if t is list or t is tuple:
+        return [_utf8(v) for v in value]
+    return value

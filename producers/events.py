@@ -28,12 +28,14 @@ from typing import Any
 
 import orjson
 
-from dask_blackbox.contract import LIFECYCLE, TRANSITION, Lifecycle, Transition, encode_key
+from dask_blackbox.contract import (
+    LIFECYCLE, TRANSITION, TRANSITION_RUN, Lifecycle, Transition, TransitionRun, encode_key,
+)
 from dask_blackbox.producers.encode import cap_text
 
 #: Encoded tuple keys remembered per builder (sender thread only).
 KEY_TEXT_CACHE = 100_000
-#: TaskGroups whose encoded names are remembered per encoder (sender thread only).
+#: TaskGroups whose names are remembered per builder (sender thread only).
 GROUP_CACHE = 4_096
 #: Buffer weight of one scheduler transition (its encoded event is ~300-500 bytes).
 TRANSITION_WEIGHT = 400
@@ -47,17 +49,6 @@ TRANSITION_WEIGHT = 400
 # - TransitionRow: a RecordRow followed by ``worker, nbytes, typename,
 #   startstops, exception, traceback, cause`` as the event will hold them
 #   (exception and traceback already capped text, cause the encoded key).
-
-#: The JSON of a TRANSITION event that carried nothing but what Dask's
-#: ``transition_log`` records, in the contract's field order, around its values.
-_RECORD_HEAD = b'{"kind":' + orjson.dumps(TRANSITION) + b',"ts":'
-_RECORD_KEY = b',"key":'
-_RECORD_START = b',"start":'
-_RECORD_FINISH = b',"finish":'
-_RECORD_STIMULUS = b',"stimulus_id":'
-_RECORD_TAIL = (b',"worker":null,"nbytes":null,"typename":null,"startstops":null,'
-                b'"exception":null,"traceback":null,"cause":null}')
-
 
 class TransitionBuilder:
     """Builds ``TRANSITION`` events from the items a ``transition`` hook offered.
@@ -164,83 +155,39 @@ class GroupNames:
         return names
 
 
-class TransitionJSON:
-    """Encodes a scheduler transition that carried nothing extra straight to the
-    JSON of its ``TRANSITION`` event: the same fields, order and values as
-    :meth:`TransitionBuilder.event` encoded by orjson, without a mapping per event.
+class TransitionRuns:
+    """Encodes consecutive :data:`RecordRow` s to the JSON of one
+    ``TRANSITION_RUN`` event (:class:`dask_blackbox.contract.TransitionRun`): the
+    transitions that carried nothing but what Dask's ``transition_log`` records, in
+    columns. The events a reader unpacks from it (``contract.unpack_run``) hold the
+    same fields and values as :meth:`TransitionBuilder.event` of each row.
 
-    Its input is a :data:`RecordRow` (:meth:`encode_row`, in a relay helper
-    process) or the fields of Dask's ``transition_log`` record that a transport
-    buffers (key, start, finish, stimulus_id, timestamp) with the task's
-    ``TaskGroup`` (:meth:`encode`, in a sender thread). Every value goes through
-    ``orjson.dumps``; what repeats (a key's text, shared with ``builder``, a group's
-    names, the states, the last stimulus id) is encoded once.
-    """
+    The columns are made by C-level calls (a transposition, ``map``, one
+    ``orjson.dumps``); per row in the interpreter there is only a key that is not a
+    ``str`` (its text cached, shared with ``builder``)."""
 
-    __slots__ = ("_builder", "_keys", "_groups", "_states", "_last_stimulus",
-                 "_last_stimulus_json")
+    __slots__ = ("_builder",)
 
     def __init__(self, builder: TransitionBuilder) -> None:
         self._builder = builder
-        self._keys: dict[Hashable, bytes] = {}
-        self._groups: dict[Any, bytes] = {}
-        self._states: dict[str, bytes] = {}
-        self._last_stimulus: Any = _NOTHING
-        self._last_stimulus_json = b"null"
 
-    def encode(self, key: Hashable, start: str, finish: str, stimulus_id: str,
-               ts: float, group: Any) -> bytes:
-        """The JSON of a ``transition_log`` record's fields and the task's
-        ``TaskGroup``."""
-        return self.encode_row(
-            (key, start, finish, stimulus_id, ts, self._builder.names(group)))
-
-    def encode_row(self, row: tuple) -> bytes:
-        """The JSON of a :data:`RecordRow`."""
-        key, start, finish, stimulus_id, ts, names = row
-        states = self._states
-        if stimulus_id != self._last_stimulus:
-            self._last_stimulus = stimulus_id
-            self._last_stimulus_json = _dumps(stimulus_id)
-        return b"".join((
-            _RECORD_HEAD, _dumps(ts),
-            _RECORD_KEY, self._keys.get(key) or self._key_json(key),
-            self._groups.get(names) or self._group_json(names),
-            _RECORD_START, states.get(start) or self._state_json(start),
-            _RECORD_FINISH, states.get(finish) or self._state_json(finish),
-            _RECORD_STIMULUS, self._last_stimulus_json,
-            _RECORD_TAIL,
-        ))
-
-    def _key_json(self, key: Hashable) -> bytes:
-        cache = self._keys
-        if len(cache) >= KEY_TEXT_CACHE:
-            cache.clear()
-        builder = self._builder
-        text = key if type(key) is str else (builder._key_texts.get(key)
-                                             or builder._key_text(key))
-        encoded = cache[key] = _dumps(text)
-        return encoded
-
-    def _group_json(self, names: tuple | None) -> bytes:
-        if names is None:
-            return b',"prefix":null,"group":null,"span_id":null'
-        cache = self._groups
-        if len(cache) >= GROUP_CACHE:
-            cache.clear()
-        prefix, group, span_id = names
-        encoded = cache[names] = b"".join((
-            b',"prefix":', _dumps(prefix), b',"group":', _dumps(group),
-            b',"span_id":', _dumps(span_id),
-        ))
-        return encoded
-
-    def _state_json(self, state: Any) -> bytes:
-        encoded = self._states[state] = _dumps(state)
-        return encoded
+    def encode(self, rows: list[tuple]) -> bytes:
+        """The JSON of the ``TRANSITION_RUN`` event of ``rows`` (at least one)."""
+        keys, starts, finishes, stimulus_ids, times, names = zip(*rows)
+        if not all(map(str.__instancecheck__, keys)):
+            builder = self._builder
+            texts, text = builder._key_texts.get, builder._key_text
+            keys = [key if type(key) is str else (texts(key) or text(key)) for key in keys]
+        distinct = list(dict.fromkeys(names))
+        index = dict(zip(distinct, range(len(distinct))))
+        run: TransitionRun = {
+            "kind": TRANSITION_RUN, "ts": times[0], "key": keys, "time": times,
+            "start": starts, "finish": finishes, "stimulus_id": stimulus_ids,
+            "names": distinct, "name": list(map(index.__getitem__, names)),
+        }
+        return _dumps(run)
 
 
-_NOTHING = object()
 _NO_NAMES = (None, None, None)
 _dumps = orjson.dumps
 

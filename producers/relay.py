@@ -108,7 +108,7 @@ except ImportError:  # not POSIX: the pipe keeps its size
 
 from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
     BUSY_ENVELOPE, OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread,
@@ -600,7 +600,6 @@ class _Receiver:
         settings = dataclasses.replace(
             hello["settings"], buffer_max_events=_UNBOUNDED, buffer_max_bytes=_UNBOUNDED)
         self.builder = builder = TransitionBuilder(settings.max_value_bytes)
-        self.encoder = TransitionJSON(builder)
         self.transport = Transport(
             settings, hello["source"], hello["cluster_id"], hello["cluster_name"],
             transition_builder=builder, producer_id=hello["producer_id"],
@@ -608,9 +607,6 @@ class _Receiver:
         )
         self._last_status: bytes | None = None
         self.skipped = 0  # rows the relay could not hand over: done at once
-
-    def _encode_record(self, item: tuple) -> bytes:
-        return self.encoder.encode_row(item[2])
 
     def _build_transition(self, item: tuple) -> dict:
         return self.builder.event(item[2])
@@ -637,7 +633,8 @@ class _Receiver:
             TRANSITION_WEIGHT if len(row) == 13 else row[0]
             for _, row in others if row is not None)
         append = t._buffer.append
-        record, transition = self._encode_record, self._build_transition
+        # A record goes as its RecordRow: the transport packs each run of them.
+        record, transition = ready, self._build_transition
         total = len(names) + len(others)
         pending = iter(others)
         at, row = next(pending, (total, None))

@@ -14,8 +14,10 @@ Two kinds of buffer items, one order:
   ``TaskGroup`` (any item that is not a tuple), its record's five fields (key, start,
   finish, stimulus_id, timestamp: :data:`RECORD_FIELDS`) appended first to a second
   deque read in lockstep (:meth:`Transport.push_transition`). It weighs
-  :data:`~producers.events.TRANSITION_WEIGHT` and is encoded by the sender straight
-  to JSON bytes (:class:`~producers.events.TransitionJSON`), without a mapping.
+  :data:`~producers.events.TRANSITION_WEIGHT`. The sender makes it a row of plain
+  data (:data:`~producers.events.RecordRow`) and encodes each run of consecutive
+  rows as one ``TRANSITION_RUN`` event (:class:`~producers.events.TransitionRuns`,
+  see :data:`dask_blackbox.contract.PACKED`), without a mapping per transition.
   Not the record itself: Dask keeps a record (a tuple and its recommendations dict)
   for ``distributed.admin.low-level-log-length`` transitions only; held by the
   buffer for a linger, records outlived young collections and were promoted to the
@@ -26,7 +28,7 @@ Two kinds of buffer items, one order:
 
 The sender packs events into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`)
 of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run of
-mappings with one orjson call. ``blackbox.producer.buffer-max-bytes`` counts each
+mappings with one orjson call, and each run of records as one packed event. ``blackbox.producer.buffer-max-bytes`` counts each
 record as ``TRANSITION_WEIGHT`` and every buffered item as at least that much (a
 cheap upper bound: the hot path compares ``len(buffer)`` plus the items the sender
 holds with a precomputed :attr:`Transport.room` and updates no counter). A partial
@@ -78,14 +80,15 @@ import time
 import uuid
 import weakref
 from collections import deque
+from itertools import groupby
 from typing import Any
 
 import orjson
 from aiokafka import AIOKafkaProducer
 
-from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, Drops
+from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, TRANSITION, Drops
 from dask_blackbox.producers.encode import describe, encode_event, type_name
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionJSON
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionRuns
 from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
@@ -105,6 +108,11 @@ _BATCH_ESTIMATE = _EVENTS_BUDGET // 2
 BUSY_ENVELOPE = 200
 #: Estimated weight of an event already built (put back after a split, or DROPS).
 _CARRIED_WEIGHT = 500
+#: A record's estimated share of an envelope, in a TRANSITION_RUN (~60-110 bytes).
+_RECORD_ESTIMATE = 120
+#: A record row's TransitionRow fields after its RecordRow's (none of them known).
+_NO_EXTRAS = (None,) * 7
+
 _FIRST_BACKOFF = 0.05
 #: Names of sender threads start with this (the log handler ignores their records).
 SENDER_THREAD_PREFIX = "dask-blackbox-"
@@ -150,6 +158,11 @@ def new_producer_id(source: str) -> str:
     return f"{source}-{uuid.uuid4().hex}"
 
 
+def _is_record(event: Any) -> bool:
+    """Whether an event being packed is a transition record (a RecordRow tuple)."""
+    return type(event) is tuple
+
+
 def ready(item: tuple) -> dict:
     """Builder of an item whose payload is the finished event: ``(ready, n, event)``."""
     return item[2]
@@ -182,10 +195,10 @@ class Transport:
         self._kafka_kwargs = settings.kafka.producer_kwargs()
 
         self._buffer: deque[tuple] = deque()
-        # Encoder of transition records (sender thread only), sharing the key texts
-        # of the builder of the other transitions.
+        # Encoder of runs of transition records (sender thread only), sharing the key
+        # texts of the builder of the other transitions.
         self._transitions = transition_builder or TransitionBuilder(settings.max_value_bytes)
-        self._encode_record = TransitionJSON(self._transitions).encode
+        self._encode_run = TransitionRuns(self._transitions).encode
         #: RECORD_FIELDS of the transition records in the buffer, five per record,
         #: in their order
         self._record_fields: deque = deque()
@@ -561,21 +574,22 @@ class Transport:
                 self._held_events += 1
                 if type(item) is not tuple:  # a transition record's group
                     self._records_taken += TRANSITION_WEIGHT
-                    weight += TRANSITION_WEIGHT
+                    weight += _RECORD_ESTIMATE
                 else:
                     weight += item[1]
                 popleft()
                 take(item)
             self._taken += len(taken)
         add_event, add_weight = events.append, weights.append
-        encode_record = self._encode_record
+        names = self._transitions.names
         for item in taken:
             if type(item) is not tuple:  # a transition record's group
-                try:  # its fields, in RECORD_FIELDS order
-                    add_event(encode_record(field(), field(), field(), field(), field(),
-                                            item))
-                except Exception:  # a bug in the encoder must not stop the sender
-                    self._build_failed((encode_record,))
+                # its RecordRow: the fields, in RECORD_FIELDS order, and the names
+                row = (field(), field(), field(), field(), field())
+                try:
+                    add_event((*row, names(item)))
+                except Exception:  # a bug in the names must not stop the sender
+                    self._build_failed((names,))
                     self._release([TRANSITION_WEIGHT])
                     continue
                 add_weight(TRANSITION_WEIGHT)
@@ -598,8 +612,8 @@ class Transport:
             body = self._encode_events(events)
         if len(body) > _EVENTS_BUDGET:
             event = events[0]
-            if type(event) is bytes:
-                event = orjson.loads(event)
+            if type(event) is tuple:  # a record whose key alone fills an envelope
+                event = {"kind": TRANSITION, "ts": event[4]}
             logger.warning(
                 "dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
                 "replaced by its description", event.get("kind"), len(body),
@@ -622,26 +636,31 @@ class Transport:
         return b"".join((header[:-1], b',"events":', body, b"}")), len(events), weights
 
     def _encode_events(self, events: list) -> bytes:
-        """The JSON array of ``events``: mappings, and transitions already encoded
-        (bytes) by :class:`~producers.events.TransitionJSON`. Each run of mappings
-        is encoded with one orjson call (:meth:`_encode_mappings`)."""
+        """The JSON array of ``events``: mappings and transition records
+        (:data:`~producers.events.RecordRow` tuples), in order. Each run of mappings
+        is encoded with one orjson call (:meth:`_encode_mappings`), each run of
+        records as one ``TRANSITION_RUN`` event (:class:`~producers.events.TransitionRuns`):
+        an event a reader expands back to them, at its place."""
         parts: list = []
-        run: list[dict] = []
-        for event in events:
-            if type(event) is bytes:
-                if run:
-                    parts.append(memoryview(self._encode_mappings(run))[1:-1])
-                    run = []
-                parts.append(event)
-            else:
-                run.append(event)
-        if not parts:
-            return self._encode_mappings(run)
-        if run:
+        for is_record, run in groupby(events, _is_record):
+            run = list(run)
+            if is_record:
+                try:
+                    parts.append(self._encode_run(run))
+                    continue
+                except Exception:  # a bug in the encoder must not lose the records
+                    self._build_failed((self._encode_run,))
+                    run = list(map(self._record_event, run))
             parts.append(memoryview(self._encode_mappings(run))[1:-1])
-        parts[0] = b"[" + parts[0]
-        parts[-1] = bytes(parts[-1]) + b"]"
-        return b",".join(parts)
+        return b"[" + b",".join(parts) + b"]"
+
+    def _record_event(self, row: tuple) -> dict:
+        """The TRANSITION event of a record row, or only its kind and time if even
+        that cannot be built (a reader then names what it lacks)."""
+        try:
+            return self._transitions.event((*row, *_NO_EXTRAS))
+        except Exception:
+            return {"kind": TRANSITION, "ts": row[4]}
 
     def _encode_mappings(self, events: list[dict]) -> bytes:
         """The JSON array of ``events``: one orjson call, values it cannot encode

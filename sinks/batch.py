@@ -24,6 +24,12 @@ makes the sink fast, and what producers' envelopes take. Anything irregular (a w
 type, an unknown kind, a bad value) sends the whole envelope down the checked path
 instead: decoded with orjson and converted event by event, value by value, to find
 out which event is wrong and why. Both give the same rows for what both accept.
+
+A packed event (``contract.PACKED``: a TRANSITION_RUN) stands for its events: the
+typed path converts its columns as the transitions' columns, the checked path
+expands it (``contract.expand_events``) and converts its events one by one, and on
+both an event's index is its index in the expanded envelope. A run whose shape is
+wrong (``contract.run_columns``) is one dead letter that says why.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ from dask_blackbox import contract, nesting
 from dask_blackbox.sinks import checks
 from dask_blackbox.sinks.checks import Invalid
 from dask_blackbox.sinks.events import (
-    EVENT_CONVERTERS, EVENT_LAYOUTS, STRUCT_KINDS, decode_envelope, layout_row, typed_columns,
+    EVENT_CONVERTERS, EVENT_LAYOUTS, RUN_STRUCT, STRUCT_KINDS, TRANSITION_STRUCT, decode_envelope,
+    layout_row, transition_columns, typed_columns,
 )
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
 from dask_blackbox.sinks.tables import COLUMNS, Block, Envelope, Message, Ref, TableData
@@ -79,7 +86,8 @@ def payload_of(message: Message, event: int | None) -> str:
             and not nesting.too_deep(message.value):
         try:
             decoded = orjson.loads(message.value)
-            items = decoded["events"] if type(decoded) is dict else decoded
+            items = contract.expand_events(decoded["events"]) if type(decoded) is dict \
+                else decoded
             return _event_text(items[event], message)
         except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
             pass
@@ -177,28 +185,48 @@ class Batch:
         # unforeseen), the checked path, event by event, finds out what and says so.
         except Exception:
             return False
-        finishes: Any = ()
+        finishes: list = []
+        n_events = len(wire.events)
         for table, data, refs in converted:
             self._put(table, data, refs)
             if table == "transitions" and type(data) is Block:
-                finishes = data.columns[_FINISH]
-        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, len(wire.events),
+                finishes += data.columns[_FINISH]
+        if RUN_STRUCT in set(map(type, wire.events)):  # the runs' events count
+            n_events = sum(len(ev.key) if type(ev) is RUN_STRUCT else 1 for ev in wire.events)
+        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, n_events,
                                finishes)
         return True
 
     @staticmethod
     def _typed_rows(message: Message, env: Envelope, events: list, now: float):
-        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time."""
+        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time.
+        With TRANSITION_RUNs, an event's index is its index in the expanded envelope
+        (``contract.expand_events``), and the transitions, packed or not, are one
+        block in that order."""
         kinds = list(map(type, events))
         distinct = set(kinds)
+        positions: Any = range(len(events))
+        one_kind = len(distinct) == 1
+
+        def select(struct: type) -> tuple[list, list]:
+            if one_kind:
+                return list(positions[:len(events)]), events
+            mask = list(map(operator.is_, kinds, itertools.repeat(struct)))
+            return list(itertools.compress(positions, mask)), list(itertools.compress(events, mask))
+
+        if RUN_STRUCT in distinct:
+            sizes = [len(ev.key) if kind is RUN_STRUCT else 1 for kind, ev in zip(kinds, events)]
+            positions = [0, *itertools.accumulate(sizes)]
+            firsts, runs = select(RUN_STRUCT)
+            indexes, structs = select(TRANSITION_STRUCT) if TRANSITION_STRUCT in distinct \
+                else ([], [])
+            columns, indexes = transition_columns(env, structs, indexes, runs, firsts, now)
+            yield ("transitions", Block(columns, len(indexes)),
+                   list(zip(itertools.repeat(message), indexes)))
+            distinct -= {RUN_STRUCT, TRANSITION_STRUCT}
         for struct in distinct:
             kind = STRUCT_KINDS[struct]
-            if len(distinct) == 1:
-                indexes, selected = list(range(len(events))), events
-            else:
-                mask = list(map(operator.is_, kinds, itertools.repeat(struct)))
-                indexes = list(itertools.compress(range(len(events)), mask))
-                selected = list(itertools.compress(events, mask))
+            indexes, selected = select(struct)
             if kind in EVENT_LAYOUTS:
                 columns = typed_columns(kind, env, selected, indexes, now)
                 yield (EVENT_LAYOUTS[kind][0], Block(columns, len(indexes)),
@@ -236,7 +264,7 @@ class Batch:
         except (contract.InvalidEnvelope, Invalid) as e:
             self.dead_letter(message, None, str(e), now)
             return
-        events = envelope["events"]
+        events = contract.expand_events(envelope["events"])
         finishes = []
         for idx, event in enumerate(events):
             kind = event["kind"]
@@ -253,10 +281,13 @@ class Batch:
                 elif kind in EVENT_CONVERTERS:
                     for table, data, refs in list(_converted(kind, message, env, event, idx, now)):
                         self._put(table, data, refs)
+                elif kind == contract.TRANSITION_RUN:  # left packed: say why it cannot be read
+                    contract.unpack_run(event)
+                    raise Invalid("could not be expanded")
                 else:
                     self.dead_letter(message, idx, f"unknown event kind {kind[:100]!r}", now,
                                      _event_text(event, message))
-            except Invalid as e:
+            except (Invalid, contract.InvalidEvent) as e:
                 self.dead_letter(message, idx, f"{kind}: {e}", now, _event_text(event, message))
             except Exception as e:  # a converter bug must not stop the sink: say so
                 self.dead_letter(message, idx, f"{kind}: {_unforeseen(e)}", now,

@@ -247,8 +247,13 @@ check_against_contract()
 
 # ------------------------------------------------------------- the two paths
 
+#: The typed struct of a TRANSITION_RUN (its values typed as TRANSITION's fields).
+RUN_STRUCT = typed.run_struct(FIELDS[contract.TRANSITION])
 #: Decodes and types a whole envelope; the event kind of each event struct.
-decode_envelope, STRUCT_KINDS = typed.envelope_decoder(FIELDS, EVENT_CONVERTERS)
+decode_envelope, STRUCT_KINDS = typed.envelope_decoder(
+    FIELDS, EVENT_CONVERTERS, {contract.TRANSITION_RUN: RUN_STRUCT})
+#: The typed struct of a TRANSITION event.
+TRANSITION_STRUCT = next(s for s, kind in STRUCT_KINDS.items() if kind == contract.TRANSITION)
 
 
 def _envelope_column(source: str, env: Envelope, indexes: list[int]) -> list:
@@ -261,9 +266,45 @@ def _envelope_column(source: str, env: Envelope, indexes: list[int]) -> list:
 def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], now: float) -> list:
     """The columns (layout order) of typed ``events`` of a kind, at ``indexes`` in
     their envelope; raises Irregular if a column needs the checked path."""
-    layout = EVENT_LAYOUTS[kind][1]
     # One C-level call per event, and one transposition for all of them.
     by_field = dict(zip(_FIELD_NAMES[kind], zip(*map(msgspec.structs.astuple, events))))
+    return _columns(kind, env, by_field, indexes, now)
+
+
+def transition_columns(env: Envelope, structs: list, indexes: list[int], runs: list,
+                       firsts: list[int], now: float) -> tuple[list, list[int]]:
+    """The ``transitions`` columns (layout order) of typed TRANSITION events
+    (``structs`` at ``indexes``) and of the events typed TRANSITION_RUNs stand for
+    (``runs``, the first of each at ``firsts``), in the order of their indexes in
+    the expanded envelope, and those indexes. Raises Irregular if a run's shape is
+    wrong (``contract.run_columns``) or a column needs the checked path."""
+    names = _FIELD_NAMES[contract.TRANSITION]
+    by_field: dict[str, list] = {name: [] for name in names}
+    if structs:
+        for name, values in zip(names, zip(*map(msgspec.structs.astuple, structs))):
+            by_field[name] += values
+    indexes = list(indexes)
+    for run, first in zip(runs, firsts):
+        try:
+            columns = contract.run_columns(msgspec.structs.asdict(run))
+        except contract.InvalidEvent as e:
+            raise Irregular(str(e)) from None
+        for name, values in columns.items():
+            by_field[name] += values
+        n = len(run.key)
+        for name in contract.RUN_NONE_FIELDS:
+            by_field[name] += [None] * n
+        indexes += range(first, first + n)
+    if structs and runs:  # interleaved: in the envelope's order
+        order = sorted(range(len(indexes)), key=indexes.__getitem__)
+        by_field = {name: list(map(values.__getitem__, order)) for name, values in by_field.items()}
+        indexes = list(map(indexes.__getitem__, order))
+    return _columns(contract.TRANSITION, env, by_field, indexes, now), indexes
+
+
+def _columns(kind: str, env: Envelope, by_field: dict, indexes: list[int], now: float) -> list:
+    """A layout's columns from its typed fields' values (``by_field``)."""
+    layout = EVENT_LAYOUTS[kind][1]
     columns = []
     for source in layout:
         if isinstance(source, str):

@@ -162,12 +162,29 @@ ACCEPTS: dict[str, tuple] = {
 # --------------------------------------------------------- the typed envelope
 
 
-def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds):
+def run_struct(transition_fields: tuple[Field, ...]) -> type:
+    """The struct of a ``TRANSITION_RUN`` (``contract.TransitionRun``) whose column
+    values have the types ``transition_fields`` give the TRANSITION fields they hold
+    (its shape, lengths and indexes, is ``contract.run_columns``'s to check)."""
+    typed = {f.name: f.typed for f in transition_fields}
+    names = tuple[tuple(typed[name] for name in ("prefix", "group", "span_id"))]
+    return msgspec.defstruct(f"Typed_{contract.TRANSITION_RUN}", [
+        ("ts", typed["ts"]), ("key", list[typed["key"]]), ("time", list[typed["ts"]]),
+        ("start", list[typed["start"]]), ("finish", list[typed["finish"]]),
+        ("stimulus_id", list[typed["stimulus_id"]]),
+        ("names", list[Union[names, None]]),
+        ("name", list[Count]),
+    ], tag_field="kind", tag=contract.TRANSITION_RUN, kw_only=True, gc=False)
+
+
+def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds,
+                     packed: dict[str, type]):
     """A decoder of whole envelopes and the event kind of each event struct it makes.
 
     Events of a kind in ``typed_fields`` become structs with those fields typed (in
     that order); events of ``untyped_kinds`` take any JSON value in their contract
-    fields (their converters check them). Every kind has ``ts``, as the contract says.
+    fields (their converters check them); packed events (``contract.PACKED``) the
+    struct ``packed`` gives their kind. Every kind has ``ts``, as the contract says.
     An event of any other kind, or any value of the wrong type, fails the decoding."""
 
     def event_struct(kind: str) -> type:
@@ -180,11 +197,12 @@ def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds):
                                  kw_only=True, gc=False)
 
     kinds = {event_struct(kind): kind for kind in (*typed_fields, *untyped_kinds)}
+    kinds.update({struct: kind for kind, struct in packed.items()})
 
     # An envelope as contract.validate_envelope accepts it, each event of a known
     # kind and typed.
     envelope = msgspec.defstruct("TypedEnvelope", [
-        ("schema", Literal[contract.SCHEMA_VERSION]), ("cluster_id", NonEmpty),
+        ("schema", Literal[contract.READABLE_SCHEMAS]), ("cluster_id", NonEmpty),
         ("cluster_name", str), ("source", NonEmpty), ("producer_id", NonEmpty), ("seq", Count),
         ("sent_at", Time), ("events", list[Union[tuple(kinds)]]),
     ], gc=False)

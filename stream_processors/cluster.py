@@ -41,7 +41,9 @@ import math
 import time
 from typing import NamedTuple
 
-from dask_blackbox.contract import LIFECYCLE, SPAN, TRANSITION, WORKER_DIGESTS
+from dask_blackbox.contract import (
+    LIFECYCLE, SPAN, TRANSITION, TRANSITION_RUN, WORKER_DIGESTS, InvalidEvent, unpack_run,
+)
 
 from .checkpoint import check_format as _check_format
 from .prefix_stats import Partial, PartialKey, PrefixWindows, partial_record
@@ -157,6 +159,12 @@ class ClusterState:
                         tree.nthreads(ev["total_nthreads"], action == "scheduler_start")
                     if action == "scheduler_close":
                         closing = ts
+                elif kind == TRANSITION_RUN:  # left packed by expand_events: unreadable
+                    unpack_run(ev)
+                    raise Rejected("kind", f"{kind} could not be expanded")
+            except InvalidEvent as e:
+                rejected.append(Rejection(i, str(kind), e.field, e.reason))
+                continue
             except Rejected as e:
                 rejected.append(Rejection(i, str(kind), e.field, e.reason))
                 continue

@@ -4,10 +4,12 @@ A raw message is accepted when it is at most ``contract.MAX_ENVELOPE_BYTES`` lon
 nests arrays and objects at most :data:`MAX_DEPTH` deep (checked before decoding: a
 deeper value would make decoding, ``repr`` or encoding recurse past Python's limit),
 decodes as JSON, passes ``contract.validate_envelope``, names a known ``source`` and
-has a string (or null) ``cluster_name`` and is keyed by its own ``cluster_id`` (the key decides the partition, and the partition
-decides which processor owns the cluster's state, so a message keyed otherwise would
-split a cluster across processors). Anything else becomes a dead letter
-(``contract.DEAD_LETTER_FIELDS``) saying why.
+has a string (or null) ``cluster_name`` and is keyed by its own ``cluster_id`` (the
+key decides the partition, and the partition decides which processor owns the
+cluster's state, so a message keyed otherwise would split a cluster across
+processors). Anything else becomes a dead letter (``contract.DEAD_LETTER_FIELDS``)
+saying why. An accepted envelope's packed events (``contract.PACKED``) are expanded
+to the events they stand for.
 """
 
 from __future__ import annotations
@@ -56,6 +58,9 @@ def decode(value: bytes | None, key: bytes | None) -> dict:
             f"message key {key.decode('utf-8', 'replace')!r} is not the envelope's "
             f"cluster_id {envelope['cluster_id']!r}"
         )
+    # Packed events stand for their events, in place (a malformed one stays, and is
+    # refused as an event with the reason: ClusterState.apply).
+    envelope["events"] = contract.expand_events(envelope["events"])
     return envelope
 
 

@@ -12,7 +12,7 @@ from collections import defaultdict
 import dask.config
 
 from dask_blackbox import kafka
-from dask_blackbox.contract import TRANSITION, validate_envelope
+from dask_blackbox.contract import TRANSITION, expand_events, validate_envelope
 from broker_support import broker_for
 from dask_blackbox.cli.brokers import free_port
 from dask_blackbox.producers.transport import Transport, ready
@@ -30,12 +30,13 @@ FAST = {
 
 def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
     """(envelopes, events) on the raw topic; every envelope is validated against the
-    contract and each event gets ``_source``/``_producer`` from its envelope."""
+    contract, its packed events expanded, and each event gets ``_source``/``_producer``
+    from its envelope."""
     envelopes = [validate_envelope(e) for e in read_json("raw", idle=idle)]
     events = [
         {**ev, "_source": env["source"], "_producer": env["producer_id"]}
         for env in envelopes
-        for ev in env["events"]
+        for ev in expand_events(env["events"])
     ]
     return envelopes, events
 

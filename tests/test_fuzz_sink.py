@@ -60,9 +60,10 @@ def test_the_corpus_is_real_and_loads_as_recorded():
     and every derived topic they feed, on the typed path, without dead letters (but
     the one garbage message the recording published on purpose)."""
     batch = convert([(t, v) for t, v in SEEDS])
-    kinds = {e["kind"] for v in CORPUS[contract.RAW] if v.startswith(b'{"schema":1')
+    kinds = {e["kind"] for v in CORPUS[contract.RAW] if v.startswith(b'{"schema":%d' % contract.SCHEMA_VERSION)
              for e in orjson.loads(v)["events"]}
-    assert kinds >= {contract.TRANSITION, contract.GRAPH, contract.SPAN, contract.EVENT,
+    assert kinds >= {contract.TRANSITION, contract.TRANSITION_RUN, contract.GRAPH, contract.SPAN,
+                     contract.EVENT,
                      contract.LIFECYCLE, contract.SCHEDULER_METRICS, contract.WORKER_METRICS,
                      contract.WORKER_DIGESTS, contract.LOG}
     assert all(CORPUS[t] for t in (contract.SPAN_STATE, contract.PREFIX_STATS, contract.DEAD_LETTER))
@@ -136,7 +137,7 @@ def accounted(batch: Batch, topic: str, value: bytes) -> None:
                 per_event[e] = per_event.get(e, 0) + 1
     assert whole or per_event, "a message left no row and no dead letter"
     if topic == contract.RAW and refs["envelopes"]:
-        events = orjson.loads(value)["events"]
+        events = contract.expand_events(orjson.loads(value)["events"])
         for i, event in enumerate(events):
             if i not in per_event:
                 assert event.get("kind") == contract.WORKER_DIGESTS and not event.get("digests"), i

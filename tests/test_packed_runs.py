@@ -1,0 +1,236 @@
+"""TRANSITION_RUN, the packed form of a producer's plain transitions: what the
+producers encode unpacks to exactly the events they used to send, and both readers
+(the sink's two paths, the processors) take a run as the events it stands for, at
+its place, and refuse a malformed one as one event that says why."""
+
+from __future__ import annotations
+
+import time
+from types import SimpleNamespace
+
+import orjson
+import pytest
+
+from dask_blackbox import contract
+from dask_blackbox.producers.events import TransitionBuilder, TransitionRuns
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import Transport
+from dask_blackbox.sinks.batch import Batch, payload_of
+from dask_blackbox.sinks.tables import COLUMNS
+from dask_blackbox.stream_processors import envelopes
+from dask_blackbox.stream_processors.cluster import ClusterState
+
+from sink_support import envelope, transition
+from test_sink_rows import message, rows
+
+NOW = time.time()
+
+
+def run_of(*events: dict) -> dict:
+    """The TRANSITION_RUN of plain transitions, written by hand from the contract."""
+    names = list(dict.fromkeys((e["prefix"], e["group"], e["span_id"]) for e in events))
+    return {
+        "kind": contract.TRANSITION_RUN, "ts": events[0]["ts"],
+        "key": [e["key"] for e in events], "time": [e["ts"] for e in events],
+        "start": [e["start"] for e in events], "finish": [e["finish"] for e in events],
+        "stimulus_id": [e["stimulus_id"] for e in events],
+        "names": [None if n == (None, None, None) else list(n) for n in names],
+        "name": [names.index((e["prefix"], e["group"], e["span_id"])) for e in events],
+    }
+
+
+def plain(key: str, start: str, finish: str, ts: float, names=("x", "x-1", "S"), stimulus="s1"):
+    """A transition as a run's events are: nothing besides the record's fields."""
+    event = dict.fromkeys(("kind", *contract.fields(contract.Transition)[1:]))
+    prefix, group, span_id = (None, None, None) if names is None else names
+    event.update(kind=contract.TRANSITION, ts=ts, key=key, prefix=prefix, group=group,
+                 span_id=span_id, start=start, finish=finish, stimulus_id=stimulus)
+    return event
+
+
+FIRST = [plain("a", "released", "waiting", NOW - 9),
+         plain("('b', 1)", "waiting", "processing", NOW - 8, ("y", "y-2", None), None),
+         plain("c", "memory", "forgotten", NOW - 7, None, "s2")]
+SECOND = [plain("d", "waiting", "processing", NOW - 5), plain("e", "waiting", "processing", NOW - 4)]
+MIDDLE = transition("('b', 1)", "processing", "memory", NOW - 6, nbytes=8, worker="tcp://w:1",
+                    typename="int", prefix="y", group="y-2", span_id=None,
+                    startstops=[{"action": "compute", "start": NOW - 7, "stop": NOW - 6}])
+LOG = {"kind": contract.LOG, "ts": NOW, "logger": "distributed", "level": "INFO",
+       "message": "m", "process": 9, "exc_text": None}
+
+
+# ---------------------------------------------------------------- the contract
+
+
+def test_a_run_unpacks_to_its_events_in_order_with_every_field():
+    run = run_of(*FIRST)
+    assert contract.unpack_run(run) == FIRST
+    assert [list(e) for e in contract.unpack_run(run)] == [list(e) for e in FIRST]
+    packed = [LOG, run, MIDDLE, run_of(*SECOND)]
+    assert contract.expand_events(packed) == [LOG, *FIRST, MIDDLE, *SECOND]
+    unpacked = [LOG, MIDDLE, {"kind": ["a list"], "ts": NOW}, "not an event"]
+    assert contract.expand_events(unpacked) is unpacked
+
+
+MALFORMED = [
+    ({"time": [NOW]}, "time: 1 values, key has 3"),
+    ({"key": "abc"}, "key: expected a list, got str"),
+    ({"key": [], "time": [], "start": [], "finish": [], "stimulus_id": [], "name": []},
+     "key: a run of no events"),
+    ({"names": [["x", "x-1"], None, ["y", "y-2", None]]}, "names: ['x', 'x-1'] is not"),
+    ({"names": {"x": 1}}, "names: expected a list, got dict"),
+    ({"name": [0, 7, 1]}, "name: expected indexes into names (0..2)"),
+    ({"name": [0, True, 1]}, "name: expected indexes into names"),
+    ({"name": [0, -1, 1]}, "name: expected indexes into names"),
+]
+
+
+@pytest.mark.parametrize("change, reason", MALFORMED)
+def test_a_malformed_run_names_its_problem_and_stays_packed(change, reason):
+    bad = {**run_of(*FIRST), **change}
+    with pytest.raises(contract.InvalidEvent) as e:
+        contract.unpack_run(bad)
+    assert str(e.value).startswith(reason)
+    assert contract.expand_events([LOG, bad, run_of(*SECOND)]) == [LOG, bad, *SECOND]
+
+
+# --------------------------------------------------------------- the producers
+
+
+class Group:
+    def __init__(self, prefix, name, span_id):
+        self.prefix, self.name, self.span_id = SimpleNamespace(name=prefix), name, span_id
+
+
+def test_the_producers_runs_unpack_to_the_events_their_builder_makes():
+    builder = TransitionBuilder(1000)
+    encode = TransitionRuns(builder).encode
+    groups = [Group("x", "x-1", "S"), Group("é", "é-2", None)]
+    keys = ["a", ("x-1", 0, 1), 7, ("é", 2.5), "a\u20ac", ("x-1", 0, 1)]
+    records = [(key, "waiting", "processing", None if i == 3 else f"s{i // 2}",
+                NOW + i / 3, None if i == 4 else builder.names(groups[i % 2]))
+               for i, key in enumerate(keys)]
+    expected = [builder.event((*r, *(None,) * 7)) for r in records]
+    run = orjson.loads(encode(records))
+    assert run["kind"] == contract.TRANSITION_RUN and run["ts"] == records[0][4]
+    assert len(run["names"]) == 3  # each group's names once, and the forgotten task's
+    assert contract.unpack_run(run) == orjson.loads(orjson.dumps(expected))
+
+
+def test_the_sender_packs_each_run_of_records_at_its_place():
+    settings = ProducerSettings.resolve({"kafka.bootstrap-servers": "127.0.0.1:9"})
+    transport = Transport(settings, "scheduler", "c1", "one")
+    try:
+        builder = transport._transitions
+        group = Group("x", "x-1", "S")
+        rows_ = [("a", "released", "waiting", "s", NOW, builder.names(group)),
+                 ("b", "released", "waiting", "s", NOW + 1, None)]
+        other = {"kind": contract.LOG, "ts": NOW}
+        body = transport._encode_events([rows_[0], other, *rows_, other])
+        events = orjson.loads(body)
+        assert [e["kind"] for e in events] == [contract.TRANSITION_RUN, contract.LOG,
+                                               contract.TRANSITION_RUN, contract.LOG]
+        expanded = contract.expand_events(events)
+        assert [(e["kind"], e.get("key")) for e in expanded] == [
+            (contract.TRANSITION, "a"), (contract.LOG, None), (contract.TRANSITION, "a"),
+            (contract.TRANSITION, "b"), (contract.LOG, None)]
+        # A record orjson cannot write (a lone surrogate) goes as the events of its
+        # run, through the mappings' fallbacks: counted as a build error, not lost.
+        body = transport._encode_events([("\ud800", "released", "waiting", "s", NOW, None)])
+        [event] = orjson.loads(body)
+        assert event["kind"] == contract.TRANSITION and event["start"] == "released"
+        assert event["key"] == "\\ud800" and transport.build_errors == 1
+        # So does a user's text (a file name decoded with surrogateescape, logged).
+        log = {"kind": contract.LOG, "ts": NOW, "message": "bad \udcff name"}
+        assert orjson.loads(transport._encode_events([log]))[0]["message"] == "bad \\udcff name"
+    finally:
+        transport.close_blocking(time.monotonic() + 1)
+
+
+# --------------------------------------------------------------------- the sink
+
+
+def _sink_rows(values: list, monkeypatch, typed: bool) -> tuple[Batch, dict]:
+    with monkeypatch.context() as m:
+        if not typed:
+            m.setattr(Batch, "_add_typed", lambda self, message, now: False)
+        batch = Batch()
+        for offset, value in enumerate(values):
+            batch.add(message(value, offset=offset), NOW)
+    return batch, {t: rows(batch, t) for t in COLUMNS}
+
+
+@pytest.mark.parametrize("typed", [True, False], ids=["typed path", "checked path"])
+def test_the_sink_loads_a_run_as_the_events_it_stands_for(monkeypatch, typed):
+    packed = [envelope([LOG, run_of(*FIRST), MIDDLE, run_of(*SECOND)], seq=3, sent_at=NOW),
+              envelope([run_of(*SECOND)], seq=4, sent_at=NOW)]
+    expanded = [envelope([LOG, *FIRST, MIDDLE, *SECOND], seq=3, sent_at=NOW), envelope(SECOND, seq=4, sent_at=NOW)]
+    batch, got = _sink_rows(packed, monkeypatch, typed)
+    _, want = _sink_rows(expanded, monkeypatch, True)
+    assert batch.n_checked == (0 if typed else 2)
+    assert got["dead_letters"] == []
+    for table in COLUMNS:
+        if table == "envelopes":
+            for row in [*got[table], *want[table]]:
+                del row["n_bytes"]
+        assert sorted(got[table], key=repr) == sorted(want[table], key=repr), table
+    trans = sorted(got["transitions"], key=lambda r: (r["seq"], r["idx"]))
+    assert [(r["seq"], r["idx"], r["key"]) for r in trans] == [
+        (3, 1, "a"), (3, 2, "('b', 1)"), (3, 3, "c"), (3, 4, "('b', 1)"), (3, 5, "d"),
+        (3, 6, "e"), (4, 0, "d"), (4, 1, "e")]
+    assert [(e["n_events"], e["n_transitions"]) for e in got["envelopes"]] == [(7, 6), (2, 2)]
+
+
+@pytest.mark.parametrize("change, reason", MALFORMED)
+def test_the_sink_dead_letters_a_malformed_run_and_loads_the_rest(monkeypatch, change, reason):
+    bad = {**run_of(*FIRST), **change}
+    value = envelope([LOG, bad, run_of(*SECOND)], seq=5)
+    batch, got = _sink_rows([value], monkeypatch, True)
+    assert batch.n_checked == 1
+    [letter] = got["dead_letters"]
+    assert letter["reason"].startswith(f"event 1: {contract.TRANSITION_RUN}: {reason}")
+    assert orjson.loads(letter["payload"]) == bad
+    assert [(r["idx"], r["key"]) for r in got["transitions"]] == [(2, "d"), (3, "e")]
+    assert len(got["logs"]) == 1
+    # What the loader keeps of an event ClickHouse refuses: the expanded envelope's.
+    assert orjson.loads(payload_of(message(value), 3))["key"] == "e"
+
+
+def test_the_sink_checks_a_runs_values_as_those_of_its_events(monkeypatch):
+    run = run_of(*FIRST)
+    run["time"][1] = "soon"
+    batch, got = _sink_rows([envelope([run])], monkeypatch, True)
+    assert batch.n_checked == 1
+    [letter] = got["dead_letters"]
+    assert letter["reason"].startswith("event 1: transition: ts: ")
+    assert [r["key"] for r in got["transitions"]] == ["a", "c"]
+
+
+# --------------------------------------------------------------- the processors
+
+
+def _applied(value: dict):
+    state = ClusterState("c1", 60.0, 10_000)
+    decoded = envelopes.decode(orjson.dumps(value), b"c1")
+    return decoded, state, state.apply(decoded)
+
+
+def test_the_processors_apply_a_run_as_its_events():
+    packed = envelope([LOG, run_of(*FIRST), MIDDLE, run_of(*SECOND)], seq=0)
+    expanded = envelope([LOG, *FIRST, MIDDLE, *SECOND], seq=0)
+    decoded, state, applied = _applied(packed)
+    assert decoded["events"] == expanded["events"]
+    _, reference, want = _applied(expanded)
+    assert (applied.gaps, applied.rejected) == (want.gaps, want.rejected) == ([], [])
+    assert state.partial_records(applied.closed) == reference.partial_records(want.closed)
+    assert state.records() == reference.records()
+
+
+@pytest.mark.parametrize("change, reason", MALFORMED[:2])
+def test_the_processors_refuse_a_malformed_run_as_one_event(change, reason):
+    bad = {**run_of(*FIRST), **change}
+    _, state, applied = _applied(envelope([LOG, bad, run_of(*SECOND)], seq=0))
+    [rejection] = applied.rejected
+    assert (rejection.index, rejection.kind) == (1, contract.TRANSITION_RUN)
+    assert f"{rejection.field}: {rejection.reason}".startswith(reason)
+    assert state.malformed_events == 1
