@@ -317,20 +317,11 @@ EVENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
 
 # ------------------------------------------------------------------ packed events
 
-#: Consecutive TRANSITION events of one producer that carried nothing but what Dask's
-#: ``transition_log`` records (``worker`` ... ``cause`` are None), in columns.
+#: Consecutive TRANSITION events of one producer, in columns.
 TRANSITION_RUN: Final = "transition_run"
 
 
-class TransitionRun(Event):
-    """TRANSITION_RUN: ``n`` TRANSITION events in columns of ``n`` values, in order.
-
-    ``key``, ``start``, ``finish`` and ``stimulus_id`` hold those fields of each event,
-    ``time`` its ``ts``; ``names`` lists the distinct ``[prefix, group, span_id]`` of
-    the run (null for a forgotten task) and ``name`` the index in ``names`` of each
-    event's. The run's own ``ts`` is its first event's. Every other field of
-    :class:`Transition` is None in its events (:data:`RUN_NONE_FIELDS`)."""
-
+class _TransitionRunBase(Event):
     key: list[str]
     time: list[float]
     start: list[str]
@@ -340,18 +331,36 @@ class TransitionRun(Event):
     name: list[int]
 
 
+class TransitionRun(_TransitionRunBase, total=False):
+    """TRANSITION_RUN: ``n`` TRANSITION events in columns of ``n`` values, in order.
+
+    ``key``, ``start``, ``finish`` and ``stimulus_id`` hold those fields of each event,
+    ``time`` its ``ts``; ``names`` lists the distinct ``[prefix, group, span_id]`` of
+    the run (null for a forgotten task) and ``name`` the index in ``names`` of each
+    event's. The run's own ``ts`` is its first event's. The other fields of
+    :class:`Transition` (:data:`RUN_OPTIONAL_COLUMNS`) are columns too, left out (or
+    null) where every event of the run has None: most transitions carry nothing
+    but what Dask's ``transition_log`` records."""
+
+    worker: list[str | None]
+    nbytes: list[int | None]
+    typename: list[str | None]
+    startstops: list[list[StartStop] | None]
+    exception: list[str | None]
+    traceback: list[str | None]
+    cause: list[str | None]
+
+
 #: Packed kind -> (its declaration, the kind of the events it stands for).
 PACKED: Final[Mapping[str, tuple[type, str]]] = {
     TRANSITION_RUN: (TransitionRun, TRANSITION),
 }
 
-#: A run's columns, each as long as the run.
+#: A run's columns that it always has, each as long as the run.
 RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
-#: TRANSITION fields a run's events take from its columns (``ts`` from ``time``,
-#: ``prefix``/``group``/``span_id`` from ``names``), and the ones that are None.
-RUN_FIELDS: Final = ("ts", "key", "prefix", "group", "span_id", "start", "finish",
-                     "stimulus_id")
-RUN_NONE_FIELDS: Final = tuple(f for f in fields(Transition) if f not in ("kind", *RUN_FIELDS))
+#: A run's columns that it may leave out: TRANSITION fields, None for every event.
+RUN_OPTIONAL_COLUMNS: Final = ("worker", "nbytes", "typename", "startstops", "exception",
+                               "traceback", "cause")
 
 
 class InvalidEvent(ValueError):
@@ -368,10 +377,11 @@ _NO_NAMES: Final = (None, None, None)
 
 def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
     """The TRANSITION fields of a :data:`TRANSITION_RUN`'s events as columns: field ->
-    one value per event (:data:`RUN_FIELDS`; ``ts`` from ``time``). The columns'
-    shape is checked (lists of one length, ``names`` entries of three, ``name`` in
-    range), their values are not: a reader checks them as it checks any TRANSITION
-    event's. Raises :class:`InvalidEvent` naming the column at fault."""
+    one value per event, for every field of :class:`Transition` but ``kind`` (``ts``
+    from ``time``, ``prefix``/``group``/``span_id`` from ``names``, a column left out
+    all None). The columns' shape is checked (lists of one length, ``names`` entries
+    of three, ``name`` in range), their values are not: a reader checks them as it
+    checks any TRANSITION event's. Raises :class:`InvalidEvent` naming the column."""
     n = None
     for column in RUN_COLUMNS:
         values = run.get(column)
@@ -397,11 +407,20 @@ def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
     index = run["name"]
     if not set(map(type, index)) <= {int} or min(index) < 0 or max(index) >= len(table):
         raise InvalidEvent("name", f"expected indexes into names (0..{len(table) - 1})")
-    entries = list(map(table.__getitem__, index))
-    prefix, group, span_id = zip(*entries)
-    return {"ts": run["time"], "key": run["key"], "prefix": list(prefix),
-            "group": list(group), "span_id": list(span_id), "start": run["start"],
-            "finish": run["finish"], "stimulus_id": run["stimulus_id"]}
+    prefix, group, span_id = zip(*map(table.__getitem__, index))
+    columns = {"ts": run["time"], "key": run["key"], "prefix": list(prefix),
+               "group": list(group), "span_id": list(span_id), "start": run["start"],
+               "finish": run["finish"], "stimulus_id": run["stimulus_id"]}
+    for column in RUN_OPTIONAL_COLUMNS:
+        values = run.get(column)
+        if values is None:
+            values = [None] * n
+        elif type(values) is not list:
+            raise InvalidEvent(column, f"expected a list or null, got {type(values).__name__}")
+        elif len(values) != n:
+            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
+        columns[column] = values
+    return columns
 
 
 def unpack_run(run: Mapping[str, Any]) -> list[dict]:
@@ -409,8 +428,7 @@ def unpack_run(run: Mapping[str, Any]) -> list[dict]:
     :class:`Transition` in declaration order; raises :class:`InvalidEvent`."""
     columns = run_columns(run)
     names = ("kind", *fields(Transition)[1:])
-    values = [repeat(TRANSITION), *(
-        columns[f] if f in columns else repeat(None) for f in names[1:])]
+    values = [repeat(TRANSITION), *map(columns.__getitem__, names[1:])]
     return list(map(dict, map(zip, repeat(names), zip(*values))))
 
 

@@ -24,12 +24,14 @@ Dask's event loop: the plugins' ``transition`` hooks only offer a tuple
 from __future__ import annotations
 
 from collections.abc import Hashable
+from itertools import zip_longest
 from typing import Any
 
 import orjson
 
 from dask_blackbox.contract import (
-    LIFECYCLE, TRANSITION, TRANSITION_RUN, Lifecycle, Transition, TransitionRun, encode_key,
+    LIFECYCLE, RUN_OPTIONAL_COLUMNS, TRANSITION, TRANSITION_RUN, Lifecycle, Transition,
+    TransitionRun, encode_key,
 )
 from dask_blackbox.producers.encode import cap_text
 
@@ -49,6 +51,9 @@ TRANSITION_WEIGHT = 400
 # - TransitionRow: a RecordRow followed by ``worker, nbytes, typename,
 #   startstops, exception, traceback, cause`` as the event will hold them
 #   (exception and traceback already capped text, cause the encoded key).
+#
+# A transport packs consecutive rows of either kind into one TRANSITION_RUN
+# (:class:`TransitionRuns`).
 
 class TransitionBuilder:
     """Builds ``TRANSITION`` events from the items a ``transition`` hook offered.
@@ -156,11 +161,12 @@ class GroupNames:
 
 
 class TransitionRuns:
-    """Encodes consecutive :data:`RecordRow` s to the JSON of one
-    ``TRANSITION_RUN`` event (:class:`dask_blackbox.contract.TransitionRun`): the
-    transitions that carried nothing but what Dask's ``transition_log`` records, in
-    columns. The events a reader unpacks from it (``contract.unpack_run``) hold the
-    same fields and values as :meth:`TransitionBuilder.event` of each row.
+    """Encodes consecutive transitions, each a :data:`RecordRow` or a
+    :data:`TransitionRow`, to the JSON of one ``TRANSITION_RUN`` event
+    (:class:`dask_blackbox.contract.TransitionRun`): their fields in columns, a column
+    of the row's extra fields left out where all of them are None. The events a
+    reader unpacks from it (``contract.unpack_run``) hold the same fields and values
+    as :meth:`TransitionBuilder.event` of each row.
 
     The columns are made by C-level calls (a transposition, ``map``, one
     ``orjson.dumps``); per row in the interpreter there is only a key that is not a
@@ -173,7 +179,7 @@ class TransitionRuns:
 
     def encode(self, rows: list[tuple]) -> bytes:
         """The JSON of the ``TRANSITION_RUN`` event of ``rows`` (at least one)."""
-        keys, starts, finishes, stimulus_ids, times, names = zip(*rows)
+        keys, starts, finishes, stimulus_ids, times, names, *extras = zip_longest(*rows)
         if not all(map(str.__instancecheck__, keys)):
             builder = self._builder
             texts, text = builder._key_texts.get, builder._key_text
@@ -185,6 +191,10 @@ class TransitionRuns:
             "start": starts, "finish": finishes, "stimulus_id": stimulus_ids,
             "names": distinct, "name": list(map(index.__getitem__, names)),
         }
+        n = len(keys)
+        for column, values in zip(RUN_OPTIONAL_COLUMNS, extras):
+            if values.count(None) != n:
+                run[column] = values  # type: ignore[literal-required]
         return _dumps(run)
 
 

@@ -96,7 +96,7 @@ import sys
 import threading
 import time
 from collections import deque
-from itertools import repeat
+from itertools import islice, repeat
 from typing import Any
 
 import orjson
@@ -608,9 +608,6 @@ class _Receiver:
         self._last_status: bytes | None = None
         self.skipped = 0  # rows the relay could not hand over: done at once
 
-    def _build_transition(self, item: tuple) -> dict:
-        return self.builder.event(item[2])
-
     def apply(self, frame: tuple) -> None:
         """Offer a frame's rows to the transport, in the Dask process's order.
 
@@ -632,26 +629,26 @@ class _Receiver:
         t._bytes_in += TRANSITION_WEIGHT * len(names) + sum(
             TRANSITION_WEIGHT if len(row) == 13 else row[0]
             for _, row in others if row is not None)
-        append = t._buffer.append
-        # A record goes as its RecordRow: the transport packs each run of them.
-        record, transition = ready, self._build_transition
-        total = len(names) + len(others)
-        pending = iter(others)
-        at, row = next(pending, (total, None))
-        r = 0
-        for position in range(total):
-            if position != at:
-                j = 5 * r
-                append((record, TRANSITION_WEIGHT, (*records[j:j + 5], names[r])))
-                r += 1
-                continue
+        # Each transition goes as its row (a RecordRow, or the TransitionRow of one
+        # with Dask's kwargs), which the transport packs into runs with its
+        # neighbours; the records' rows and items are made in C, a run at a time.
+        buffer = t._buffer
+        append = buffer.append
+        rows = zip(records[0::5], records[1::5], records[2::5], records[3::5],
+                   records[4::5], names)
+        items = zip(repeat(ready), repeat(TRANSITION_WEIGHT), rows)
+        before = 0  # records put before the next other item
+        for other, (position, row) in enumerate(others):
+            if position - other > before:  # the records before it
+                buffer.extend(islice(items, position - other - before))
+                before = position - other
             if row is None:
                 self.skipped += 1
             elif len(row) == 13:
-                append((transition, TRANSITION_WEIGHT, row))
+                append((ready, TRANSITION_WEIGHT, row))
             else:
                 append((ready, row[0], row[1]))
-            at, row = next(pending, (total, None))
+        buffer.extend(items)
         t.nudge()  # it packs now, or once its linger has passed since its last pack
 
     def status(self, force: bool = False) -> bytes | None:

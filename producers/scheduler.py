@@ -30,10 +30,10 @@ appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why 
 the record itself): no allocation that outlives the call, no Python-level call. The
 others (processing->memory with worker, nbytes, startstops; erred with the error)
 offer one tuple with Dask's kwargs and the record's timestamp. Names are resolved and the event encoded later,
-in the sender thread (:class:`~producers.events.TransitionRuns` for the records, the
-:class:`~producers.events.TransitionBuilder` the worker plugin uses too for the
-rest); this is safe because a TaskGroup's name, prefix and span id never change
-once the task is runnable.
+in the sender thread (the :class:`~producers.events.TransitionBuilder` the worker
+plugin uses too makes rows of the others, and :class:`~producers.events.TransitionRuns`
+encodes runs of rows); this is safe because a TaskGroup's name, prefix and span id
+never change once the task is runnable.
 
 ``update_graph`` walks at most ``graph-max-tasks`` tasks of the graph on the event
 loop (capturing keys, groups and dependencies before tasks can be forgotten);

@@ -15,9 +15,11 @@ Two kinds of buffer items, one order:
   finish, stimulus_id, timestamp: :data:`RECORD_FIELDS`) appended first to a second
   deque read in lockstep (:meth:`Transport.push_transition`). It weighs
   :data:`~producers.events.TRANSITION_WEIGHT`. The sender makes it a row of plain
-  data (:data:`~producers.events.RecordRow`) and encodes each run of consecutive
-  rows as one ``TRANSITION_RUN`` event (:class:`~producers.events.TransitionRuns`,
-  see :data:`dask_blackbox.contract.PACKED`), without a mapping per transition.
+  data (:data:`~producers.events.RecordRow`), and an offered transition (built by
+  the transport's ``transition_builder``) its
+  :data:`~producers.events.TransitionRow`; each run of consecutive rows is encoded
+  as one ``TRANSITION_RUN`` event (:class:`~producers.events.TransitionRuns`, see
+  :data:`dask_blackbox.contract.PACKED`), without a mapping per transition.
   Not the record itself: Dask keeps a record (a tuple and its recommendations dict)
   for ``distributed.admin.low-level-log-length`` transitions only; held by the
   buffer for a linger, records outlived young collections and were promoted to the
@@ -156,11 +158,6 @@ def _yield_on_wakeup() -> None:
 def new_producer_id(source: str) -> str:
     """A producer id, unique to one sender: ``<source>-<uuid4 hex>``."""
     return f"{source}-{uuid.uuid4().hex}"
-
-
-def _is_record(event: Any) -> bool:
-    """Whether an event being packed is a transition record (a RecordRow tuple)."""
-    return type(event) is tuple
 
 
 def ready(item: tuple) -> dict:
@@ -581,7 +578,8 @@ class Transport:
                 take(item)
             self._taken += len(taken)
         add_event, add_weight = events.append, weights.append
-        names = self._transitions.names
+        transitions = self._transitions
+        names, transition_build, transition_row = transitions.names, transitions.build, transitions.row
         for item in taken:
             if type(item) is not tuple:  # a transition record's group
                 # its RecordRow: the fields, in RECORD_FIELDS order, and the names
@@ -595,8 +593,9 @@ class Transport:
                 add_weight(TRANSITION_WEIGHT)
                 continue
             n = item[1]
-            try:
-                add_event(item[0](item))
+            build = item[0]
+            try:  # a transition as its TransitionRow, packed with the records around it
+                add_event(transition_row(item) if build == transition_build else build(item))
             except Exception:  # a bug in a builder must not stop the sender
                 self._build_failed(item)
                 self._release([n])
@@ -642,9 +641,9 @@ class Transport:
         records as one ``TRANSITION_RUN`` event (:class:`~producers.events.TransitionRuns`):
         an event a reader expands back to them, at its place."""
         parts: list = []
-        for is_record, run in groupby(events, _is_record):
+        for kind, run in groupby(events, type):
             run = list(run)
-            if is_record:
+            if kind is tuple:
                 try:
                     parts.append(self._encode_run(run))
                     continue
@@ -655,10 +654,10 @@ class Transport:
         return b"[" + b",".join(parts) + b"]"
 
     def _record_event(self, row: tuple) -> dict:
-        """The TRANSITION event of a record row, or only its kind and time if even
-        that cannot be built (a reader then names what it lacks)."""
+        """The TRANSITION event of a RecordRow or TransitionRow, or only its kind and
+        time if even that cannot be built (a reader then names what it lacks)."""
         try:
-            return self._transitions.event((*row, *_NO_EXTRAS))
+            return self._transitions.event(row if len(row) == 13 else (*row, *_NO_EXTRAS))
         except Exception:
             return {"kind": TRANSITION, "ts": row[4]}
 

@@ -291,10 +291,7 @@ def transition_columns(env: Envelope, structs: list, indexes: list[int], runs: l
             raise Irregular(str(e)) from None
         for name, values in columns.items():
             by_field[name] += values
-        n = len(run.key)
-        for name in contract.RUN_NONE_FIELDS:
-            by_field[name] += [None] * n
-        indexes += range(first, first + n)
+        indexes += range(first, first + len(run.key))
     if structs and runs:  # interleaved: in the envelope's order
         order = sorted(range(len(indexes)), key=indexes.__getitem__)
         by_field = {name: list(map(values.__getitem__, order)) for name, values in by_field.items()}

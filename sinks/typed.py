@@ -165,7 +165,8 @@ ACCEPTS: dict[str, tuple] = {
 def run_struct(transition_fields: tuple[Field, ...]) -> type:
     """The struct of a ``TRANSITION_RUN`` (``contract.TransitionRun``) whose column
     values have the types ``transition_fields`` give the TRANSITION fields they hold
-    (its shape, lengths and indexes, is ``contract.run_columns``'s to check)."""
+    (its shape, lengths and indexes, is ``contract.run_columns``'s to check; an
+    optional column left out is None)."""
     typed = {f.name: f.typed for f in transition_fields}
     names = tuple[tuple(typed[name] for name in ("prefix", "group", "span_id"))]
     return msgspec.defstruct(f"Typed_{contract.TRANSITION_RUN}", [
@@ -174,6 +175,7 @@ def run_struct(transition_fields: tuple[Field, ...]) -> type:
         ("stimulus_id", list[typed["stimulus_id"]]),
         ("names", list[Union[names, None]]),
         ("name", list[Count]),
+        *((name, Union[list[typed[name]], None], None) for name in contract.RUN_OPTIONAL_COLUMNS),
     ], tag_field="kind", tag=contract.TRANSITION_RUN, kw_only=True, gc=False)
 
 

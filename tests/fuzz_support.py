@@ -3,7 +3,10 @@ by hypothesis, the nodes of a decoded message, and a node replaced or dropped.""
 
 from __future__ import annotations
 
+import orjson
 from hypothesis import strategies as st
+
+from dask_blackbox import contract
 
 
 def json_values(*words: str):
@@ -76,3 +79,17 @@ def mutated_bytes(draw, value: bytes) -> bytes:
         i = min(cut, len(value) - 1)
         return value[:i] + bytes([value[i] ^ (1 << draw(st.integers(0, 7)))]) + value[i + 1:]
     return value[:cut] + draw(st.binary(max_size=8)) + value[cut:]
+
+
+def as_version_1(values: list[bytes]) -> list[bytes]:
+    """The raw envelopes among ``values`` that hold packed events, as a version-1
+    producer sent them: schema 1, every run expanded (readers still take both)."""
+    out = []
+    for value in values:
+        if not value.startswith(b'{"schema":%d' % contract.SCHEMA_VERSION):
+            continue
+        envelope = orjson.loads(value)
+        events = contract.expand_events(envelope["events"])
+        if events is not envelope["events"]:
+            out.append(orjson.dumps({**envelope, "schema": 1, "events": events}))
+    return out

@@ -20,7 +20,7 @@ from dask_blackbox.sinks.tables import COLUMNS
 from dask_blackbox.stream_processors import envelopes
 from dask_blackbox.stream_processors.cluster import ClusterState
 
-from sink_support import envelope, transition
+from sink_support import envelope
 from test_sink_rows import message, rows
 
 NOW = time.time()
@@ -29,7 +29,7 @@ NOW = time.time()
 def run_of(*events: dict) -> dict:
     """The TRANSITION_RUN of plain transitions, written by hand from the contract."""
     names = list(dict.fromkeys((e["prefix"], e["group"], e["span_id"]) for e in events))
-    return {
+    run = {
         "kind": contract.TRANSITION_RUN, "ts": events[0]["ts"],
         "key": [e["key"] for e in events], "time": [e["ts"] for e in events],
         "start": [e["start"] for e in events], "finish": [e["finish"] for e in events],
@@ -37,6 +37,10 @@ def run_of(*events: dict) -> dict:
         "names": [None if n == (None, None, None) else list(n) for n in names],
         "name": [names.index((e["prefix"], e["group"], e["span_id"])) for e in events],
     }
+    for column in contract.RUN_OPTIONAL_COLUMNS:  # left out where all None
+        if any(e.get(column) is not None for e in events):
+            run[column] = [e.get(column) for e in events]
+    return run
 
 
 def plain(key: str, start: str, finish: str, ts: float, names=("x", "x-1", "S"), stimulus="s1"):
@@ -52,9 +56,12 @@ FIRST = [plain("a", "released", "waiting", NOW - 9),
          plain("('b', 1)", "waiting", "processing", NOW - 8, ("y", "y-2", None), None),
          plain("c", "memory", "forgotten", NOW - 7, None, "s2")]
 SECOND = [plain("d", "waiting", "processing", NOW - 5), plain("e", "waiting", "processing", NOW - 4)]
-MIDDLE = transition("('b', 1)", "processing", "memory", NOW - 6, nbytes=8, worker="tcp://w:1",
-                    typename="int", prefix="y", group="y-2", span_id=None,
-                    startstops=[{"action": "compute", "start": NOW - 7, "stop": NOW - 6}])
+MIDDLE = {**plain("('b', 1)", "processing", "memory", NOW - 6, ("y", "y-2", None), "s3"),
+          "nbytes": 8, "worker": "tcp://w:1", "typename": "int",
+          "startstops": [{"action": "compute", "start": NOW - 7, "stop": NOW - 6}]}
+ERRED = {**plain("f", "processing", "erred", NOW - 3, ("f", "f-1", "S"), "s4"),
+         "worker": "tcp://w:2", "exception": "ValueError: 1", "traceback": "  line 1\n",
+         "cause": "f"}
 LOG = {"kind": contract.LOG, "ts": NOW, "logger": "distributed", "level": "INFO",
        "message": "m", "process": 9, "exc_text": None}
 
@@ -68,6 +75,11 @@ def test_a_run_unpacks_to_its_events_in_order_with_every_field():
     assert [list(e) for e in contract.unpack_run(run)] == [list(e) for e in FIRST]
     packed = [LOG, run, MIDDLE, run_of(*SECOND)]
     assert contract.expand_events(packed) == [LOG, *FIRST, MIDDLE, *SECOND]
+    mixed = [*FIRST, MIDDLE, *SECOND, ERRED]  # with Dask's kwargs too: their columns
+    run = run_of(*mixed)
+    assert set(contract.RUN_OPTIONAL_COLUMNS) <= set(run) and "worker" not in run_of(*FIRST)
+    assert contract.unpack_run(run) == mixed
+    assert contract.unpack_run({**run, "cause": None}) == [{**e, "cause": None} for e in mixed]
     unpacked = [LOG, MIDDLE, {"kind": ["a list"], "ts": NOW}, "not an event"]
     assert contract.expand_events(unpacked) is unpacked
 
@@ -82,6 +94,8 @@ MALFORMED = [
     ({"name": [0, 7, 1]}, "name: expected indexes into names (0..2)"),
     ({"name": [0, True, 1]}, "name: expected indexes into names"),
     ({"name": [0, -1, 1]}, "name: expected indexes into names"),
+    ({"worker": ["tcp://w:1"]}, "worker: 1 values, key has 3"),
+    ({"nbytes": 8}, "nbytes: expected a list or null, got int"),
 ]
 
 
@@ -114,7 +128,23 @@ def test_the_producers_runs_unpack_to_the_events_their_builder_makes():
     run = orjson.loads(encode(records))
     assert run["kind"] == contract.TRANSITION_RUN and run["ts"] == records[0][4]
     assert len(run["names"]) == 3  # each group's names once, and the forgotten task's
+    assert not set(contract.RUN_OPTIONAL_COLUMNS) & set(run)  # all None: left out
     assert contract.unpack_run(run) == orjson.loads(orjson.dumps(expected))
+    # Transitions with Dask's kwargs (TransitionRows) among them: their columns too.
+    kwargs = {"worker": "tcp://w:1", "nbytes": 8, "typename": "int",
+              "startstops": [{"action": "compute", "start": NOW, "stop": NOW + 1}]}
+    item = (builder.build, 400, ("x-1", 0, 2), "processing", "memory", "s9", kwargs,
+            groups[0], NOW + 3)
+    erred = (builder.build, 400, "e", "processing", "erred", "s9",
+             {"exception_text": "ValueError: x", "traceback_text": "tb", "cause": ("x-1", 0, 2)},
+             None, NOW + 4)
+    rows = [records[0], builder.row(item), records[1], builder.row(erred)]
+    run = orjson.loads(encode(rows))
+    assert set(run) >= {"worker", "nbytes", "typename", "startstops", "exception",
+                        "traceback", "cause"}
+    expected = [builder.event(r if len(r) == 13 else (*r, *(None,) * 7)) for r in rows]
+    assert contract.unpack_run(run) == orjson.loads(orjson.dumps(expected))
+    assert expected[3]["cause"] == "('x-1', 0, 2)" and expected[1]["nbytes"] == 8
 
 
 def test_the_sender_packs_each_run_of_records_at_its_place():
@@ -163,8 +193,9 @@ def _sink_rows(values: list, monkeypatch, typed: bool) -> tuple[Batch, dict]:
 @pytest.mark.parametrize("typed", [True, False], ids=["typed path", "checked path"])
 def test_the_sink_loads_a_run_as_the_events_it_stands_for(monkeypatch, typed):
     packed = [envelope([LOG, run_of(*FIRST), MIDDLE, run_of(*SECOND)], seq=3, sent_at=NOW),
-              envelope([run_of(*SECOND)], seq=4, sent_at=NOW)]
-    expanded = [envelope([LOG, *FIRST, MIDDLE, *SECOND], seq=3, sent_at=NOW), envelope(SECOND, seq=4, sent_at=NOW)]
+              envelope([run_of(*SECOND, ERRED, MIDDLE)], seq=4, sent_at=NOW)]
+    expanded = [envelope([LOG, *FIRST, MIDDLE, *SECOND], seq=3, sent_at=NOW),
+                envelope([*SECOND, ERRED, MIDDLE], seq=4, sent_at=NOW)]
     batch, got = _sink_rows(packed, monkeypatch, typed)
     _, want = _sink_rows(expanded, monkeypatch, True)
     assert batch.n_checked == (0 if typed else 2)
@@ -177,8 +208,10 @@ def test_the_sink_loads_a_run_as_the_events_it_stands_for(monkeypatch, typed):
     trans = sorted(got["transitions"], key=lambda r: (r["seq"], r["idx"]))
     assert [(r["seq"], r["idx"], r["key"]) for r in trans] == [
         (3, 1, "a"), (3, 2, "('b', 1)"), (3, 3, "c"), (3, 4, "('b', 1)"), (3, 5, "d"),
-        (3, 6, "e"), (4, 0, "d"), (4, 1, "e")]
-    assert [(e["n_events"], e["n_transitions"]) for e in got["envelopes"]] == [(7, 6), (2, 2)]
+        (3, 6, "e"), (4, 0, "d"), (4, 1, "e"), (4, 2, "f"), (4, 3, "('b', 1)")]
+    assert [(e["n_events"], e["n_transitions"], e["n_erred"]) for e in got["envelopes"]] == [
+        (7, 6, 0), (4, 4, 1)]
+    assert trans[-2]["exception"] == "ValueError: 1" and trans[-1]["nbytes"] == 8
 
 
 @pytest.mark.parametrize("change, reason", MALFORMED)
