@@ -24,6 +24,24 @@ the events and envelopes delivered; per side, medians. Sides alternate ABBA.
 Run: ``python bench/relay_replay.py capture`` then
 ``python bench/relay_replay.py replay [--runs 4] [--base REV] [--speed 2]``.
 
+FINDINGS (2026-11-25, session 16; a fresh40k capture of session 15: 245 frames,
+17.2 MB, 236,915 events in 74 s; ``nice -n 5 python bench/relay_replay.py replay
+--base 2f3cc51 --runs 4 --speed 2``, medians of 4 runs a side)
+
+- Transitions as ``TRANSITION_RUN`` columns (``producers.events.TransitionRuns``),
+  first for the records only (fa39573): helper 1.52 -> 1.38 s (0.910). The runs were short:
+  a transition with Dask's kwargs (one per task, processing -> memory) ended each
+  one, so a run averaged ~5 records and its fixed cost (transposition, names
+  table, an orjson call) was paid per ~5 events (py-spy, 1 run: the runs' encoding
+  still ~16 % of the samples).
+- With every transition in the runs (their kwargs as optional columns, left out
+  where all None) and the helper putting a frame's records in its buffer a run at
+  a time (``zip``/``islice`` in C): helper **1.69 -> 1.17 s (0.694)**, 7.1 -> 5.0
+  us an event; its sender thread 0.95-1.11 -> 0.51-0.56 s, its reading thread
+  (``marshal`` decode, buffering) 0.59-0.63 -> 0.54-0.58 s; system time 0.20-0.27
+  -> 0.11-0.14 s (fewer bytes to compress and send). Envelopes 237 on both sides
+  (each leaves at the linger, not full); broker 0.12 -> 0.11 s.
+
 FINDINGS (2026-11-23, session 8; fresh40k frames: 1,199 frames, 19.7 MB of
 ``marshal``, 280,301 events in 97 s)
 
