@@ -29,9 +29,9 @@ FINDINGS (2026-11-25, session 16; a fresh40k capture of session 15: 245 frames,
 --base 2f3cc51 --runs 4 --speed 2``, medians of 4 runs a side)
 
 - Transitions as ``TRANSITION_RUN`` columns (``producers.events.TransitionRuns``),
-  first for the records only (fa39573): helper 1.52 -> 1.38 s (0.910). The runs were short:
-  a transition with Dask's kwargs (one per task, processing -> memory) ended each
-  one, so a run averaged ~5 records and its fixed cost (transposition, names
+  first for the records only (fa39573): helper 1.52 -> 1.38 s (0.910). The runs
+  were short: a transition with Dask's kwargs (one per task, processing -> memory)
+  ended each one, so a run averaged ~5 records and its fixed cost (transposition, names
   table, an orjson call) was paid per ~5 events (py-spy, 1 run: the runs' encoding
   still ~16 % of the samples).
 - With every transition in the runs (their kwargs as optional columns, left out

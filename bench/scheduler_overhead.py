@@ -1,5 +1,37 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, tenth pass (2026-11-25, session 16): transitions as runs of columns
+
+- The step the ninth pass named, built (``dask_blackbox.contract.TRANSITION_RUN``):
+  consecutive transitions travel as one event of columns (key, time, start,
+  finish, stimulus id, each distinct [prefix, group, span_id] once, Dask's kwargs
+  as columns left out where all None), one orjson call per run, and both readers
+  expand it (``contract.expand_events``) to the same events, indexes and rows.
+  Schema 2; version 1 is still read.
+- The helper on a fixed input (``relay_replay.py``, fresh40k capture, 4 runs a
+  side): 1.69 -> 1.17 s (0.694). In the 200k runs below: 6.73 -> 4.19 s a run
+  (medians of 4 B runs), its sender thread about halved; broker 0.44 -> 0.42 s.
+- The scheduler did not follow, by what this machine resolves. ``nice -n 5
+  python bench/scheduler_overhead.py --quads 2 --shapes 200k`` on the new tree,
+  then the same with ``--first baab`` on 2f3cc51 (checked out), back to back:
+  | 200k, 2 quads a side | new (cbecc00) | before (2f3cc51) |
+  |---|---|---|
+  | CPU ratio per quad | 1.094, 1.090 -> **1.092** | 1.053, 1.094 -> **1.074** |
+  | wall ratio per quad | 1.051, 1.053 -> **1.052** | 1.024, 1.054 -> **1.039** |
+  | event loop B - A | +3.50 s | +2.18 s |
+  | relay thread | 1.81 s | 1.80 s |
+  | whole process B - A | +5.72 s (A 61.77) | +4.06 s (A 62.80) |
+  | helper / broker | 4.19 / 0.42 s | 6.73 / 0.44 s |
+  | workers B - A | +3.22 s | +0.85 s |
+  The Dask process runs the same code on both sides (the hot path, the relay
+  thread, the frames: 1.81 against 1.80 s); the ninth pass's experiment
+  predicts ~0.9 points from a 2.5 s smaller helper, and one quad of either side
+  spans 1.053-1.094. Not a gain the scheduler's ratio shows; what it did cut is
+  the helper's CPU and the bytes on the wire.
+- So the targets are not met at 200k with either tree (1.07-1.09 CPU). What the
+  ninth pass says of the Dask process's own half (relay thread ~1.8 s, event loop
+  +2-3.5 s, garbage collection +1.1-1.3 s) is what is left to cut.
+
 FINDINGS, ninth pass (2026-11-25, session 15): what the helper's work costs, by removing it
 
 - The experiment (not kept in the tree): the helper takes each frame off its pipe,
