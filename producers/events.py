@@ -180,7 +180,7 @@ class TransitionRuns:
     def encode(self, rows: list[tuple]) -> bytes:
         """The JSON of the ``TRANSITION_RUN`` event of ``rows`` (at least one)."""
         keys, starts, finishes, stimulus_ids, times, names, *extras = zip_longest(*rows)
-        if not all(map(str.__instancecheck__, keys)):
+        if not all(map(str.__instancecheck__, keys)):  # isinstance(key, str), in C
             builder = self._builder
             texts, text = builder._key_texts.get, builder._key_text
             keys = [key if type(key) is str else (texts(key) or text(key)) for key in keys]

@@ -30,9 +30,9 @@ Two kinds of buffer items, one order:
 
 The sender packs events into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`)
 of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run of
-mappings with one orjson call, and each run of records as one packed event. ``blackbox.producer.buffer-max-bytes`` counts each
-record as ``TRANSITION_WEIGHT`` and every buffered item as at least that much (a
-cheap upper bound: the hot path compares ``len(buffer)`` plus the items the sender
+mappings with one orjson call and each run of transitions as one packed event.
+``blackbox.producer.buffer-max-bytes`` counts each record as ``TRANSITION_WEIGHT``
+and every buffered item as at least that much (a cheap upper bound: the hot path compares ``len(buffer)`` plus the items the sender
 holds with a precomputed :attr:`Transport.room` and updates no counter). A partial
 envelope leaves at most once per *linger*, a full one as soon as it is full. The
 linger is ``flush-interval``, or, after a busy envelope (:data:`BUSY_ENVELOPE`
@@ -192,8 +192,8 @@ class Transport:
         self._kafka_kwargs = settings.kafka.producer_kwargs()
 
         self._buffer: deque[tuple] = deque()
-        # Encoder of runs of transition records (sender thread only), sharing the key
-        # texts of the builder of the other transitions.
+        # Encoder of runs of transitions (sender thread only), sharing the key texts
+        # of the builder of the transitions offered with Dask's kwargs.
         self._transitions = transition_builder or TransitionBuilder(settings.max_value_bytes)
         self._encode_run = TransitionRuns(self._transitions).encode
         #: RECORD_FIELDS of the transition records in the buffer, five per record,
@@ -579,7 +579,8 @@ class Transport:
             self._taken += len(taken)
         add_event, add_weight = events.append, weights.append
         transitions = self._transitions
-        names, transition_build, transition_row = transitions.names, transitions.build, transitions.row
+        names = transitions.names
+        transition_build, transition_row = transitions.build, transitions.row
         for item in taken:
             if type(item) is not tuple:  # a transition record's group
                 # its RecordRow: the fields, in RECORD_FIELDS order, and the names
@@ -611,7 +612,7 @@ class Transport:
             body = self._encode_events(events)
         if len(body) > _EVENTS_BUDGET:
             event = events[0]
-            if type(event) is tuple:  # a record whose key alone fills an envelope
+            if type(event) is tuple:  # a transition's row that alone fills an envelope
                 event = {"kind": TRANSITION, "ts": event[4]}
             logger.warning(
                 "dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
