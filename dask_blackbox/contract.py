@@ -23,9 +23,8 @@ adding an optional field does not bump :data:`SCHEMA_VERSION`; removing or re-ty
 one does.
 
 Packed events (:data:`PACKED`): a run of consecutive events of one kind may travel as
-one event holding them in columns (:data:`TRANSITION_RUN`, the scheduler's
-transitions that carried nothing but what Dask's ``transition_log`` records, about a
-quarter of their size). A packed event stands for its events, in their order, at its
+one event holding them in columns (:data:`TRANSITION_RUN`: a producer's transitions,
+about a quarter of their size as separate events). A packed event stands for its events, in their order, at its
 place in ``events``: readers call :func:`expand_events` before they read the events,
 and an event's index in its envelope is its index in the expanded list. Version 2 of
 the envelope may hold packed events; version 1 never does, and is still read.

@@ -599,10 +599,9 @@ class _Receiver:
     def __init__(self, hello: dict):
         settings = dataclasses.replace(
             hello["settings"], buffer_max_events=_UNBOUNDED, buffer_max_bytes=_UNBOUNDED)
-        self.builder = builder = TransitionBuilder(settings.max_value_bytes)
         self.transport = Transport(
             settings, hello["source"], hello["cluster_id"], hello["cluster_name"],
-            transition_builder=builder, producer_id=hello["producer_id"],
+            transition_builder=TransitionBuilder(settings.max_value_bytes), producer_id=hello["producer_id"],
             busy_linger=LINGER,
         )
         self._last_status: bytes | None = None

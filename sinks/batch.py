@@ -179,33 +179,30 @@ class Batch:
             message.value.decode()
             wire = decode_envelope(message.value)
             env = Envelope(wire.cluster_id, wire.source, wire.producer_id, wire.seq)
-            converted = list(self._typed_rows(message, env, wire.events, now))
+            positions = _positions(wire.events)
+            converted = list(self._typed_rows(message, env, wire.events, positions, now))
         # Whatever goes wrong (msgspec's ValidationError; orjson.JSONEncodeError, since
         # msgspec reads integers of any size that orjson cannot write back; anything
         # unforeseen), the checked path, event by event, finds out what and says so.
         except Exception:
             return False
-        finishes: list = []
-        n_events = len(wire.events)
+        finishes: Any = ()
         for table, data, refs in converted:
             self._put(table, data, refs)
-            if table == "transitions" and type(data) is Block:
-                finishes += data.columns[_FINISH]
-        if RUN_STRUCT in set(map(type, wire.events)):  # the runs' events count
-            n_events = sum(len(ev.key) if type(ev) is RUN_STRUCT else 1 for ev in wire.events)
-        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, n_events,
+            if table == "transitions" and type(data) is Block:  # one block an envelope
+                finishes = data.columns[_FINISH]
+        self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, positions[-1],
                                finishes)
         return True
 
     @staticmethod
-    def _typed_rows(message: Message, env: Envelope, events: list, now: float):
-        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time.
-        With TRANSITION_RUNs, an event's index is its index in the expanded envelope
-        (``contract.expand_events``), and the transitions, packed or not, are one
-        block in that order."""
+    def _typed_rows(message: Message, env: Envelope, events: list, positions, now: float):
+        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time,
+        ``positions`` their indexes in the expanded envelope (:func:`_positions`).
+        With TRANSITION_RUNs, the transitions, packed or not, are one block in that
+        order."""
         kinds = list(map(type, events))
         distinct = set(kinds)
-        positions: Any = range(len(events))
         one_kind = len(distinct) == 1
 
         def select(struct: type) -> tuple[list, list]:
@@ -215,8 +212,6 @@ class Batch:
             return list(itertools.compress(positions, mask)), list(itertools.compress(events, mask))
 
         if RUN_STRUCT in distinct:
-            sizes = [len(ev.key) if kind is RUN_STRUCT else 1 for kind, ev in zip(kinds, events)]
-            positions = [0, *itertools.accumulate(sizes)]
             firsts, runs = select(RUN_STRUCT)
             indexes, structs = select(TRANSITION_STRUCT) if TRANSITION_STRUCT in distinct \
                 else ([], [])
@@ -318,6 +313,16 @@ class Batch:
                 continue
             for table, row in converted:
                 self.tables[table].append(row, (message, event))
+
+
+def _positions(events: list):
+    """The index in the expanded envelope (``contract.expand_events``) of each typed
+    event, and after them the number of events: a TRANSITION_RUN stands for as many
+    as it has keys."""
+    if not any(map(RUN_STRUCT.__instancecheck__, events)):
+        return range(len(events) + 1)
+    sizes = [len(ev.key) if type(ev) is RUN_STRUCT else 1 for ev in events]
+    return [0, *itertools.accumulate(sizes)]
 
 
 def _converted(kind: str, message: Message, env: Envelope, event: dict, idx: int, now: float):

@@ -162,10 +162,7 @@ class ClusterState:
                 elif kind == TRANSITION_RUN:  # left packed by expand_events: unreadable
                     unpack_run(ev)
                     raise Rejected("kind", f"{kind} could not be expanded")
-            except InvalidEvent as e:
-                rejected.append(Rejection(i, str(kind), e.field, e.reason))
-                continue
-            except Rejected as e:
+            except InvalidEvent as e:  # a run's, or the tree's Rejected
                 rejected.append(Rejection(i, str(kind), e.field, e.reason))
                 continue
             except KeyError as e:

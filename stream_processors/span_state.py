@@ -64,6 +64,8 @@ import bisect
 import logging
 from collections.abc import Callable, Iterable
 
+from dask_blackbox.contract import InvalidEvent
+
 logger = logging.getLogger(__name__)
 
 #: Task states that make a TaskGroup (and so its span) not done.
@@ -77,13 +79,8 @@ _NUMBER = (int, float)
 _MAX_INT = 2**53
 
 
-class Rejected(ValueError):
+class Rejected(InvalidEvent):
     """An event the tree refuses; nothing was changed. ``field`` names the culprit."""
-
-    def __init__(self, field: str, reason: str):
-        super().__init__(f"{field}: {reason}")
-        self.field = field
-        self.reason = reason
 
 
 def _is_number(value) -> bool:
