@@ -74,7 +74,8 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
                        settings: KafkaSettings | None = None) -> dict[str, int]:
     """Messages of each topic that the consumer group has not committed yet.
 
-    A partition the group never committed counts from its first retained offset.
+    A partition the group never committed counts from its first retained offset; a
+    partition ends one past its last record (:func:`record_ends`).
     """
     from aiokafka import AIOKafkaConsumer, TopicPartition
 
@@ -92,8 +93,8 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
         ]
         if not partitions:
             return {t: 0 for t in topics}
-        end = await consumer.end_offsets(partitions)
         begin = await consumer.beginning_offsets(partitions)
+        end = await record_ends(consumer, await consumer.end_offsets(partitions), begin)
         committed = await admin.list_consumer_group_offsets(group_id, partitions=partitions)
     finally:
         await asyncio.sleep(0)  # aiokafka: stop() before its group task ran raises CancelledError
@@ -105,6 +106,36 @@ async def consumer_lag(group_id: str, topics: list[str], timeout: float = 10.0,
         done = meta.offset if meta is not None and meta.offset >= 0 else begin[tp]
         lag[tp.topic] += max(end[tp] - done, 0)
     return lag
+
+
+async def record_ends(consumer, ends: dict, begins: dict, timeout: float = 2.0) -> dict:
+    """One past the last record of each partition, where the broker's end offsets
+    (``ends``, as ``consumer.end_offsets`` gives them) may say less.
+
+    Tansu reports a partition's end as its last batch's base offset plus one: a
+    batch of several records would count as consumed while its later records are
+    not. This reads from the reported end less one (a fetch returns that batch
+    whole) and takes one past the highest offset it holds; on Apache Kafka that is
+    the reported end. A partition that has nothing to read (``begins[tp]`` is its
+    first retained offset), or that gives no record within ``timeout`` seconds,
+    keeps its reported end. ``consumer`` must have no group: it is assigned these
+    partitions."""
+    last = {tp: end - 1 for tp, end in ends.items() if end > begins.get(tp, 0)}
+    out = dict(ends)
+    if not last:
+        return out
+    consumer.assign(list(last))
+    for tp, offset in last.items():
+        consumer.seek(tp, offset)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while last and loop.time() < deadline:
+        fetched = await consumer.getmany(*last, timeout_ms=200)
+        for tp, records in fetched.items():
+            if records:
+                out[tp] = max(out[tp], records[-1].offset + 1)
+                last.pop(tp, None)
+    return out
 
 
 async def committed_offsets(group_id: str, topic: str, partitions: list[int],
