@@ -1,5 +1,41 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, eleventh pass (2026-11-26, session 17): the plain transitions, removed; then in C
+
+- An experiment (not kept in the tree): the hook returned at once for every
+  transition without Dask's kwargs (4 in 5; a line at the top of
+  ``BlackboxSchedulerPlugin.transition`` gated by an environment variable), so
+  they cost nothing in the Dask process, the helper or the broker. ``nice -n 5
+  python bench/scheduler_overhead.py --quads 2 --shapes 200k`` with it: CPU
+  1.052, 1.072 -> **1.062**, wall 1.030, 1.045 -> **1.038**; B - A: event loop
+  +3.28 s, relay thread 1.21 s, GC +1.47 s (gen-0 +304, gen-1 +10, gen-2 4 / 4:
+  the same extra collections as a whole recording), helper 1.68 s. So the plain
+  transitions are not what keeps 200k above the targets: what is left without
+  them is the ~200k processing->memory transitions with Dask's kwargs (each held
+  until the hand-over as a tuple, the hook's kwargs dict and Dask's startstops
+  list: the extra young collections; their rows: most of the relay thread's
+  1.2 s), the graph hook, metrics and the helper beside Dask.
+- Built anyway, since the count says it is half the hook: the plain case in C
+  (``producers/_hotpath.c``, ``producer.compiled-hook``): 4,318 -> 2,206
+  instructions added a transition (``transition_hotpath.py --callgrind``).
+- 200k, 2 quads a side, back to back, the compiled hook then the Python hook
+  (``DASK_BLACKBOX__PRODUCER__COMPILED_HOOK=false``, ``--first baab``):
+  | 200k, 2 quads a side | compiled hook | Python hook |
+  |---|---|---|
+  | CPU ratio per quad | 1.078, 1.096 -> **1.087** | 1.039, 1.026 -> **1.032** |
+  | wall ratio per quad | 1.042, 1.058 -> **1.050** | 1.020, 1.008 -> **1.014** |
+  | event loop B - A | +2.88 s | +2.07 s |
+  | relay thread | 1.78 s | 1.65 s |
+  | GC B - A (gen-0 / gen-1 extra) | +0.89 s (+296 / +9) | +0.67 s (+294 / +9) |
+  | helper / broker | 4.05 / 0.41 s | 3.93 / 0.38 s |
+  | A runs' scheduler CPU | 57.8-61.4 s | 59.8-67.9 s |
+  | B runs' scheduler CPU | 63.8-67.1 s | 62.2-66.7 s |
+  The Python side met the targets by these two quads, the compiled side did not;
+  the Python side's A runs alone span 59.8-67.9 s (one at 67.9 s lowers its
+  second quad), and the Python hook's tree measured 1.07-1.09 in sessions 14-16.
+  Noise, both ways: no difference between the two hooks this machine resolves,
+  and no resolution of #15 from one lucky hour.
+
 FINDINGS, tenth pass (2026-11-25, session 16): transitions as runs of columns
 
 - The step the ninth pass named, built (``dask_blackbox.contract.TRANSITION_RUN``):

@@ -29,7 +29,12 @@ of objects that exist already (the five fields of the log record Dask just
 appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
 the record itself): no allocation that outlives the call, no Python-level call. The
 others (processing->memory with worker, nbytes, startstops; erred with the error)
-offer one tuple with Dask's kwargs and the record's timestamp. Names are resolved and the event encoded later,
+offer one tuple with Dask's kwargs and the record's timestamp. Where
+``producers/_hotpath.c`` was built (``producer.compiled-hook``, on by default), the
+first case runs in C: the plugin's ``transition`` is then a ``_hotpath.Hook`` that
+buffers the same items and hands every other call to this method (half the
+instructions the hook adds to a transition, ``bench/transition_hotpath.py
+--callgrind``). Names are resolved and the event encoded later,
 in the sender thread (the :class:`~producers.events.TransitionBuilder` the worker
 plugin uses too makes rows of the others, and :class:`~producers.events.TransitionRuns`
 encodes runs of rows); this is safe because a TaskGroup's name, prefix and span id
@@ -66,6 +71,11 @@ from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.relay import open_transport
 from dask_blackbox.producers.transport import RECORD_FIELDS as _RECORD_FIELDS
 from dask_blackbox.producers.transport import Transport, ready
+
+try:
+    from dask_blackbox.producers._hotpath import Hook as _CompiledHook
+except ImportError:  # built without a C compiler: the Python hook does it all
+    _CompiledHook = None
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -162,6 +172,12 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         # type: the sender tells them from offered tuples by type.
         self._records = scheduler.transition_log if _RECORDS_TYPED else ()
         self._build_transition = builder.build
+        if _CompiledHook is not None and self.settings.compiled_hook and _RECORDS_TYPED:
+            # The fast case below, in C (producers/_hotpath.c), which hands every
+            # other call to this method: Dask calls the instance's attribute.
+            self.transition = _CompiledHook(  # type: ignore[method-assign]
+                scheduler.tasks, scheduler.transition_log, transport, transport._buffer,
+                transport._record_fields.extend, transport._buffer.append, self.transition)
         self._build_graph = self._graph_event
         self._build_structured = self._structured_event
         self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes

@@ -60,6 +60,8 @@ class ProducerSettings:
     sender: str = "auto"
     #: niceness a relay's helper process adds to the Dask process's (0-19)
     helper_niceness: int = 19
+    #: the scheduler's transition hook in C where it was built (producers/_hotpath.c)
+    compiled_hook: bool = True
 
     @classmethod
     def resolve(
@@ -101,6 +103,11 @@ class ProducerSettings:
                 f"blackbox.producer.worker-transitions: {worker_transitions!r} must be "
                 "true or false"
             )
+        compiled_hook = config.get("producer.compiled-hook")
+        if not isinstance(compiled_hook, bool):
+            raise ConfigError(
+                f"blackbox.producer.compiled-hook: {compiled_hook!r} must be true or false"
+            )
         return cls(
             cluster_name=str(name) if name else None,
             kafka=kafka,
@@ -120,6 +127,7 @@ class ProducerSettings:
             sender=sender,
             helper_niceness=config.get_int(
                 "producer.helper-niceness", minimum=0, maximum=19),
+            compiled_hook=compiled_hook,
         )
 
 

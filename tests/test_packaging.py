@@ -61,11 +61,14 @@ if __name__ == "__main__":  # the nanny's spawned worker re-imports this file
             "producer.worker-transitions": True,
         }})
         assert client.submit(inc, 1, key="light-inc").result() == 2
+        hook = client.run_on_scheduler(lambda dask_scheduler: type(
+            dask_scheduler.plugins["dask-blackbox"].transition).__name__)
         worker_modules = list(client.run(lambda: sorted(sys.modules)).values())[0]
     print(json.dumps({{
         "missing": missing,
         "identity": identity,
         "producers_file": producers.__file__,
+        "hook": hook,
         "modules": sorted(set(sys.modules) | set(worker_modules)),
     }}))
 '''
@@ -86,14 +89,14 @@ def light_venv(tmp_path_factory) -> Path:
     python = venv / "bin" / "python"
     pins = [f"{name}=={importlib.metadata.version(name)}" for name in LIGHT_SET]
     _run([str(python), "-m", "pip", "install", "-q", *pins], timeout=600)
-    # A copy of the sources as pyproject.toml maps them: building in place would
-    # write build/ into the checkout.
+    # A copy of the sources as pyproject.toml maps them (and setup.py, which builds
+    # the compiled hook): building in place would write build/ into the checkout.
     source = root / "source"
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
     for folder in set(pyproject["tool"]["setuptools"]["package-dir"].values()):
         shutil.copytree(REPO / folder, source / folder,
-                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    for name in ("pyproject.toml", "README.md"):
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc", "*.so"))
+    for name in ("pyproject.toml", "setup.py", "README.md"):
         shutil.copy(REPO / name, source / name)
     _run([str(python), "-m", "pip", "install", "-q", "--no-deps", str(source)], timeout=600)
     return python
@@ -114,6 +117,7 @@ def test_producers_run_with_the_light_set_only(light_venv, bb_config, tmp_path):
     assert not top_level & {"numpy", "pyarrow", "msgspec"}
     venv_root = light_venv.parent.parent
     assert Path(result["producers_file"]).is_relative_to(venv_root)  # the wheel, not the checkout
+    assert result["hook"] == "Hook"  # the wheel built the compiled hook, and the scheduler uses it
 
     envelopes, events = published()
     assert {e["cluster_name"] for e in envelopes} == {"light-install"}
