@@ -9,7 +9,10 @@ annotation is not checked when the program runs); a type checker and
 :class:`TransitionBuilder` is the one builder of ``TRANSITION`` events, for the
 scheduler plugin and the worker plugin alike. It runs in the sender thread, never on
 Dask's event loop: the plugins' ``transition`` hooks only offer a tuple
-``(build, nbytes, key, start, finish, stimulus_id, kwargs, task, stamp)``:
+``(build, nbytes, key, start, finish, stimulus_id, kwargs, task, stamp)``, or, for a
+transition whose kwargs hold no error (the scheduler's processing->memory), ``(build,
+nbytes, key, start, finish, stimulus_id, worker, nbytes, typename, startstops, task,
+stamp)`` with those values taken out of the kwargs (the dict is not held):
 
 - ``task``: the scheduler's ``TaskGroup`` of the task (``prefix.name``, ``name``,
   ``span_id``), or the worker's ``TaskState`` (``prefix``, ``span_id``; no group), or
@@ -80,13 +83,18 @@ class TransitionBuilder:
     def row(self, item: tuple) -> tuple:
         """The transition of an offered item as plain data, a :data:`TransitionRow`:
         what a relay helper process receives (:mod:`producers.relay`)."""
-        _, _, key, start, finish, stimulus_id, kwargs, task, ts = item
+        task = item[-2]
         if task is None:
             names = None
         elif self.on_worker:  # a worker TaskState: its prefix is the name already
             names = (task.prefix, None, task.span_id)
         else:  # a scheduler TaskGroup
             names = self.names(task)
+        if len(item) == 12:  # Dask's values already taken out of its kwargs
+            _, _, key, start, finish, stimulus_id, worker, nbytes, typename, startstops, _, ts = item
+            return (key, start, finish, stimulus_id, ts, names, worker, nbytes, typename,
+                    startstops, None, None, None)
+        _, _, key, start, finish, stimulus_id, kwargs, _, ts = item
         worker = self.worker
         nbytes = typename = startstops = exception = traceback = cause = None
         if kwargs:  # most transitions carry nothing: skip the lookups

@@ -28,8 +28,9 @@ memory->released, ->forgotten: ~4 in 5) costs one dict lookup and two deque appe
 of objects that exist already (the five fields of the log record Dask just
 appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
 the record itself): no allocation that outlives the call, no Python-level call. The
-others (processing->memory with worker, nbytes, startstops; erred with the error)
-offer one tuple with Dask's kwargs and the record's timestamp. Where
+others offer one tuple with the record's timestamp: processing->memory its worker,
+nbytes, typename and startstops, taken out of Dask's kwargs, an erred transition
+the kwargs themselves (its error is read in the sender thread). Where
 ``producers/_hotpath.c`` was built (``producer.compiled-hook``, on by default), the
 first case runs in C: the plugin's ``transition`` is then a ``_hotpath.Hook`` that
 buffers the same items and hands every other call to this method (half the
@@ -234,16 +235,26 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
                 self._push_transition(records[-1], ts.group)
             return
         log = self._transition_log
+        # The timestamp of the record Dask just appended for this very transition,
+        # the one Scheduler.story() shows (not the record: held for a linger, it
+        # would reach the collector's oldest generation, see producers.transport).
+        # time() if the log is disabled.
+        stamp = log[-1][5] if log else time.time()
+        group = None if ts is None else ts.group
+        if _ERROR_KWARGS.isdisjoint(kwargs):
+            # Dask's values taken out of its kwargs now (processing->memory: worker,
+            # nbytes, typename, startstops), so that the kwargs dict is not held until
+            # the hand-over: one object fewer for the collector's young generations.
+            get = kwargs.get
+            self._offer((
+                self._build_transition, _TRANSITION_BYTES, key, start, finish, stimulus_id,
+                get("worker"), get("nbytes"), get("typename"), get("startstops"), group, stamp,
+            ))
+            return
         self._offer((
             self._build_transition,
             self._erred_bytes if finish == "erred" else _TRANSITION_BYTES,
-            key, start, finish, stimulus_id, kwargs,
-            None if ts is None else ts.group,
-            # The timestamp of the record Dask just appended for this very
-            # transition, the one Scheduler.story() shows (not the record: held for
-            # a linger, it would reach the collector's oldest generation, see
-            # producers.transport). time() if the log is disabled.
-            log[-1][5] if log else time.time(),
+            key, start, finish, stimulus_id, kwargs, group, stamp,
         ))
 
     # ------------------------------------------------------------ graphs, spans
@@ -485,6 +496,10 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
 
 _NO_TASKS: dict = {}
+
+#: Dask's kwargs of an erred transition, which the sender thread reads (the
+#: exception may come pickled): the item holds the kwargs as they are.
+_ERROR_KWARGS = frozenset({"exception_text", "exception", "traceback_text", "cause"})
 
 #: Whether Dask's ``transition_log`` records are of a type of their own (a
 #: NamedTuple), which the sender tells from the tuples ``offer`` buffers.

@@ -120,3 +120,48 @@ def test_compiled_hook_setting_is_validated():
         with pytest.raises(ConfigError, match=r"blackbox.producer.compiled-hook: .* true or false"):
             ProducerSettings.resolve({"producer.compiled-hook": bad})
 
+
+def test_a_transition_with_kwargs_is_held_without_them(bb_config):
+    """The hook takes worker, nbytes, typename and startstops out of Dask's kwargs
+    (the dict is not held until the hand-over); an erred transition keeps its kwargs
+    (the sender reads the error). Either way the row is the one the builder makes
+    from the kwargs themselves."""
+    async def run() -> tuple:
+        scheduler = await Scheduler(dashboard_address=":0", validate=False)
+        scheduler.new_task(("inc", 1), None, "released")
+        plugin = _parked(True, 10_000)
+        await plugin.start(scheduler)
+        plugin.transport.cluster_id = None
+        cases = [
+            ("processing", "memory", {
+                "worker": "tcp://127.0.0.1:40000", "nbytes": 3_200, "type": b"\x80\x04int",
+                "typename": "int", "metadata": {}, "thread": 1,
+                "startstops": ({"action": "compute", "start": 1.0, "stop": 1.5},)}),
+            ("memory", "released", {"safe": True}),
+            ("processing", "erred", {"worker": "tcp://127.0.0.1:40000",
+                                     "exception_text": "ValueError: x",
+                                     "traceback_text": "Traceback ...", "cause": ("inc", 1)}),
+        ]
+        before = len(plugin.transport._buffer)
+        for i, (start, finish, kwargs) in enumerate(cases):
+            scheduler.transition_log.append(
+                Transition(("inc", 1), start, finish, {}, f"s-{i}", 100.0 + i))
+            plugin.transition(("inc", 1), start, finish, stimulus_id=f"s-{i}", **kwargs)
+        items = list(plugin.transport._buffer)[before:]
+        builder = plugin.transport._transitions
+        group = scheduler.tasks[("inc", 1)].group
+        expected = [builder.row((None, 400, ("inc", 1), start, finish, f"s-{i}", kwargs, group,
+                                 100.0 + i)) for i, (start, finish, kwargs) in enumerate(cases)]
+        got = [builder.row(item) for item in items]
+        held = [[v for v in item if isinstance(v, dict)] for item in items]
+        plugin.transport.cluster_id = scheduler.id
+        await plugin.close()
+        await scheduler.close()
+        return got, expected, held, cases
+
+    got, expected, held, cases = asyncio.run(run())
+    assert got == expected
+    assert got[0][6:10] == ("tcp://127.0.0.1:40000", 3_200, "int", cases[0][2]["startstops"])
+    assert got[2][10:] == ("ValueError: x", "Traceback ...", "('inc', 1)")
+    assert held[0] == [] and held[1] == []  # no kwargs dict held
+    assert held[2] == [cases[2][2]]  # the erred one's, as Dask passed it
