@@ -35,6 +35,13 @@ FINDINGS, eleventh pass (2026-11-26, session 17): the plain transitions, removed
   second quad), and the Python hook's tree measured 1.07-1.09 in sessions 14-16.
   Noise, both ways: no difference between the two hooks this machine resolves,
   and no resolution of #15 from one lucky hour.
+- Then the hook took worker, nbytes, typename and startstops out of Dask's kwargs
+  instead of holding the dict (``gc_pressure.py``: 993 / 90 -> 252 / 22 young /
+  middle collections). 200k, 2 quads (a slower hour: A runs 64.6-69.1 s; one B
+  run at 80.9 s): CPU 1.138, 1.049 -> 1.094, wall 1.122, 1.029 -> 1.076; the
+  extra collections of a real run **gen-0 +72, gen-1 +3** (were +294-304, +9-10),
+  GC B - A +0.48 s (was +0.67-1.47), event loop +2.02 s, relay thread 1.62 s.
+  The counts moved as the bench said; the ratio, again, says nothing this hour.
 
 FINDINGS, tenth pass (2026-11-25, session 16): transitions as runs of columns
 
