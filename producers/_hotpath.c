@@ -5,7 +5,7 @@
  * (an attribute of the plugin instance: Dask calls ``plugin.transition(key, start,
  * finish, stimulus_id=..., **kwargs)`` on the event loop, for every transition).
  * It does exactly what the Python hook's fast case does
- * (``BlackboxSchedulerPlugin._transition`` in scheduler.py), without a Python frame:
+ * (``BlackboxSchedulerPlugin.transition`` in scheduler.py), without a Python frame:
  *
  *   a call with three positional arguments and ``stimulus_id`` as its only keyword
  *   (a transition that carried nothing but what Dask's ``transition_log`` records),
@@ -78,9 +78,9 @@ fast_case(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         return 0;
     }
     Py_ssize_t buffered = PyObject_Length(self->buffer);
-    Py_ssize_t held = int_attribute(self->transport, s_held_events);
-    Py_ssize_t room = held == -1 && PyErr_Occurred() ? -1 : int_attribute(self->transport, s_room);
-    if (buffered < 0 || PyErr_Occurred()) {
+    Py_ssize_t held = buffered < 0 ? -1 : int_attribute(self->transport, s_held_events);
+    Py_ssize_t room = PyErr_Occurred() ? -1 : int_attribute(self->transport, s_room);
+    if (PyErr_Occurred()) {  /* any of the three unreadable: the Python hook decides */
         PyErr_Clear();
         return 0;
     }
