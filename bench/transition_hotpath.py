@@ -51,6 +51,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import glob
+import marshal
 import os
 import statistics
 import subprocess
@@ -202,14 +203,25 @@ async def callgrind_child(out: str, broker) -> None:
     _section(f"B: dask-blackbox hook ({kind}), per transition", drive(blackbox))
     envelopes: list[bytes] = []
     items, fields = list(transport._buffer), list(transport._record_fields)
+    tape = transport._tape  # the compiled hook's rows (None with the Python hook)
+    rows = marshal.loads(tape.take(len(tape))) if tape is not None else []
+
+    def refill():  # the same buffered items again
+        transport._buffer.extend(items)
+        transport._record_fields.extend(fields)
+        for row in rows:
+            tape.append(row)
+
+    transport._buffer.clear()
+    transport._record_fields.clear()
+    refill()
     frames: list[bytes] = []
 
     def hand_over():  # what the relay thread does in the scheduler process
         frames.extend(handed_over(transport))
 
     _section("relay: hand-over to the helper, per event", hand_over)
-    transport._buffer.extend(items)  # the same items again, for the thread sender
-    transport._record_fields.extend(fields)
+    refill()  # for the thread sender
 
     def drain():
         carry = __import__("collections").deque()
@@ -228,9 +240,13 @@ async def callgrind_child(out: str, broker) -> None:
              lambda: [zstd_encode(e) for e in envelopes])
     transport._buffer.clear()
     transport._record_fields.clear()
+    if tape is not None:
+        tape.clear()
 
     class PythonHook:  # the plugin's own method: what producer.compiled-hook false runs
         transition = BlackboxSchedulerPlugin.transition.__get__(blackbox)
+
+    blackbox._records = scheduler.transition_log  # as without the compiled hook
 
     _section("B': the Python hook, per transition", drive(PythonHook))
     with open(out, "w") as f:

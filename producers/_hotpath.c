@@ -1,34 +1,393 @@
-/* dask_blackbox.producers._hotpath: the scheduler plugin's ``transition`` hook, in C.
+/* dask_blackbox.producers._hotpath: the scheduler plugin's ``transition`` hook, in C,
+ * and the tape it writes transitions to.
  *
- * What it is. ``Hook(tasks, records, transport, buffer, extend_fields, push, slow)``
- * is a callable that the scheduler plugin puts in place of its ``transition`` method
- * (an attribute of the plugin instance: Dask calls ``plugin.transition(key, start,
- * finish, stimulus_id=..., **kwargs)`` on the event loop, for every transition).
- * It does exactly what the Python hook's fast case does
- * (``BlackboxSchedulerPlugin.transition`` in scheduler.py), without a Python frame:
+ * ``Tape()``: the transitions the hook buffered, as rows in ``marshal``'s format
+ * (version 4 types, no references), back to back, in the order they were written:
  *
- *   a call with three positional arguments and ``stimulus_id`` as its only keyword
- *   (a transition that carried nothing but what Dask's ``transition_log`` records),
- *   whose key is in ``tasks`` (``Scheduler.tasks``), while ``records``
- *   (``Scheduler.transition_log``) holds a record and the buffer has room
- *   (``len(buffer) + transport._held_events < transport.room``), calls
- *   ``extend_fields`` with the five fields (0, 1, 2, 4, 5: key, start, finish,
- *   stimulus_id, timestamp; ``transport.RECORD_FIELDS``) of the last record, then
- *   ``push`` with the task's ``group``; and returns None.
+ *   - a plain row ``(key, start, finish, stimulus_id, ts)``: the five fields
+ *     (``transport.RECORD_FIELDS``) of the ``Scheduler.transition_log`` record of a
+ *     transition that carried nothing else;
+ *   - a carried row ``(key, start, finish, stimulus_id, ts, worker, nbytes, typename,
+ *     startstops)``: a transition whose kwargs hold no error (processing->memory),
+ *     its values as Dask passed them (None where absent), ``ts`` its record's.
  *
- * Every other call (Dask's kwargs, an unknown key, an empty or disabled log, no
- * room, a record that is not a tuple of six or more, an attribute that cannot be
- * read) goes to ``slow`` with the same arguments: the Python hook, which handles all
- * cases, the fast one included. So the buffer gets the same items in the same
- * order either way (``tests/test_hotpath.py`` compares them on a real Scheduler).
+ * ``tape.take(n)`` returns the ``marshal`` bytes of the list of the ``n`` oldest
+ * rows (``marshal.loads`` gives the tuples back, equal to what was written, in
+ * order) and forgets them; ``len(tape)`` is the number of rows held;
+ * ``tape.append(row)`` writes a tuple of 5 or 9 values (tests, and the encoder's
+ * own check); ``tape.clear()``. A value is written only if it is, all the way
+ * down, an exact None, bool, int (64 bits), float, str, bytes, tuple, list or dict
+ * (nested at most MAX_DEPTH deep): what marshal writes for it, byte for byte,
+ * but for its references. A row with any other value is not written (``append``
+ * raises ValueError, the hook hands the call to the Python method). The rows hold
+ * no Python object: nothing the garbage collector tracks, nothing that keeps a
+ * task's objects alive.
+ *
+ * ``Hook(tasks, records, transport, buffer, tape, push, slow)`` is a callable that
+ * the scheduler plugin puts in place of its ``transition`` method (an attribute of
+ * the plugin instance: Dask calls ``plugin.transition(key, start, finish,
+ * stimulus_id=..., **kwargs)`` on the event loop, for every transition). A call
+ *
+ *   with three positional arguments and a ``stimulus_id`` keyword, whose other
+ *   keywords (if any) name no error (``exception_text``, ``exception``,
+ *   ``traceback_text``, ``cause``), whose key is in ``tasks`` (``Scheduler.tasks``),
+ *   while ``records`` (``Scheduler.transition_log``) holds a record and the buffer
+ *   has room (``len(buffer) + transport._held_events < transport.room``),
+ *
+ * writes its row to ``tape`` (plain if it had no other keyword: the record's
+ * fields; carried otherwise: the call's key, start, finish and stimulus_id, the
+ * record's timestamp and the keywords ``worker``, ``nbytes``, ``typename`` and
+ * ``startstops``), then calls ``push`` (``buffer.append``) with the task's
+ * ``group``, and returns None. The group in the buffer keeps the row's place among
+ * the other items; the sender takes one row from the tape for each.
+ *
+ * Every other call (an error, an unknown key, an empty or disabled log, no room, a
+ * value the tape does not write, an attribute that cannot be read) goes to
+ * ``slow`` with the same arguments: the Python hook, which offers the transition
+ * as an item of the buffer (it never writes to the tape itself). So each
+ * transition is in the buffer once, in Dask's order, and its event is the same
+ * either way (``tests/test_hotpath.py`` compares them on a real Scheduler).
  *
  * Nothing here blocks, performs I/O, or runs a user's code: ``tasks`` is a dict,
- * ``records`` and ``buffer`` deques, ``extend_fields`` and ``push`` their bound
- * methods, and the attributes read are plain instance attributes.
+ * ``records`` and ``buffer`` deques, ``push`` a bound method of the buffer, the
+ * attributes read are plain instance attributes, and only exact builtin types are
+ * looked into.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stddef.h>
+#include <string.h>
+
+#define MAX_DEPTH 16
+
+/* ------------------------------------------------------------------ the tape */
+
+typedef struct {
+    PyObject_HEAD
+    char *data;            /* rows, from data[head] to data[len] */
+    Py_ssize_t head, len, cap;
+    Py_ssize_t *ends;      /* ends[i]: the end offset of row i, rows first..n-1 */
+    Py_ssize_t first, n, ncap;
+} Tape;
+
+static PyTypeObject TapeType;
+
+static int
+reserve(Tape *t, Py_ssize_t extra)
+{
+    if (t->len + extra <= t->cap)
+        return 0;
+    if (t->head > 0 && t->head >= t->len / 2) {  /* compact: the taken rows go */
+        memmove(t->data, t->data + t->head, t->len - t->head);
+        for (Py_ssize_t i = t->first; i < t->n; i++)
+            t->ends[i] -= t->head;
+        t->len -= t->head;
+        t->head = 0;
+        if (t->len + extra <= t->cap)
+            return 0;
+    }
+    Py_ssize_t cap = t->cap ? t->cap : 1 << 16;
+    while (cap < t->len + extra)
+        cap *= 2;
+    char *data = PyMem_Realloc(t->data, cap);
+    if (data == NULL) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    t->data = data;
+    t->cap = cap;
+    return 0;
+}
+
+static inline int
+put(Tape *t, const void *bytes, Py_ssize_t size)
+{
+    if (reserve(t, size) < 0)
+        return -1;
+    memcpy(t->data + t->len, bytes, size);
+    t->len += size;
+    return 0;
+}
+
+static inline int
+put_byte(Tape *t, char c)
+{
+    if (t->len >= t->cap && reserve(t, 1) < 0)
+        return -1;
+    t->data[t->len++] = c;
+    return 0;
+}
+
+static inline int
+put_int32(Tape *t, char type, int32_t v)
+{
+    unsigned char b[5];
+    uint32_t u = (uint32_t)v;
+    b[0] = (unsigned char)type;
+    b[1] = u & 0xff; b[2] = (u >> 8) & 0xff; b[3] = (u >> 16) & 0xff; b[4] = (u >> 24) & 0xff;
+    return put(t, b, 5);
+}
+
+/* marshal's TYPE_LONG: the count of 15-bit digits (negative for a negative
+ * number), then the digits, least significant first, two bytes each */
+static int
+put_long(Tape *t, long long v)
+{
+    unsigned long long u = v < 0 ? 0ULL - (unsigned long long)v : (unsigned long long)v;
+    unsigned char digits[2 * 5];
+    int32_t n = 0;
+    while (u) {
+        digits[2 * n] = u & 0xff;
+        digits[2 * n + 1] = (u >> 8) & 0x7f;
+        u >>= 15;
+        n++;
+    }
+    if (put_int32(t, 'l', v < 0 ? -n : n) < 0)
+        return -1;
+    return put(t, digits, 2 * n);
+}
+
+static int
+put_str(Tape *t, PyObject *o)
+{
+    if (PyUnicode_READY(o) < 0)
+        return -1;
+    if (PyUnicode_IS_ASCII(o)) {
+        Py_ssize_t size = PyUnicode_GET_LENGTH(o);
+        if (size < 256) {
+            unsigned char head[2] = {'z', (unsigned char)size};
+            if (put(t, head, 2) < 0)
+                return -1;
+        } else if (size > INT32_MAX || put_int32(t, 'a', (int32_t)size) < 0) {
+            return -1;
+        }
+        return put(t, PyUnicode_DATA(o), size);
+    }
+    /* not ASCII: its UTF-8 (strict: a lone surrogate is not written), in a
+     * temporary object, not the cached UTF-8 a str keeps once asked for it */
+    PyObject *utf8 = PyUnicode_AsUTF8String(o);
+    if (utf8 == NULL)
+        return -1;
+    Py_ssize_t size = PyBytes_GET_SIZE(utf8);
+    int r = size > INT32_MAX ? -1 : put_int32(t, 'u', (int32_t)size);
+    if (r == 0)
+        r = put(t, PyBytes_AS_STRING(utf8), size);
+    Py_DECREF(utf8);
+    return r;
+}
+
+/* Write ``o``; -1 if it cannot be (an exception may be set: the caller clears). */
+static int
+put_value(Tape *t, PyObject *o, int depth)
+{
+    PyTypeObject *type = Py_TYPE(o);
+    if (o == Py_None)
+        return put_byte(t, 'N');
+    if (type == &PyUnicode_Type)
+        return put_str(t, o);
+    if (type == &PyFloat_Type) {
+        unsigned char b[9];
+        b[0] = 'g';
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(o), b + 1, 1) < 0)
+            return -1;
+        return put(t, b, 9);
+    }
+    if (type == &PyLong_Type) {
+        int overflow;
+        long long v = PyLong_AsLongLongAndOverflow(o, &overflow);
+        if (overflow || (v == -1 && PyErr_Occurred()))
+            return -1;
+        if (v >= INT32_MIN && v <= INT32_MAX)
+            return put_int32(t, 'i', (int32_t)v);
+        return put_long(t, v);
+    }
+    if (o == Py_True)
+        return put_byte(t, 'T');
+    if (o == Py_False)
+        return put_byte(t, 'F');
+    if (depth >= MAX_DEPTH)
+        return -1;
+    if (type == &PyTuple_Type) {
+        Py_ssize_t size = PyTuple_GET_SIZE(o);
+        if (size < 256) {
+            unsigned char head[2] = {')', (unsigned char)size};
+            if (put(t, head, 2) < 0)
+                return -1;
+        } else if (size > INT32_MAX || put_int32(t, '(', (int32_t)size) < 0) {
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < size; i++)
+            if (put_value(t, PyTuple_GET_ITEM(o, i), depth + 1) < 0)
+                return -1;
+        return 0;
+    }
+    if (type == &PyList_Type) {
+        Py_ssize_t size = PyList_GET_SIZE(o);
+        if (size > INT32_MAX || put_int32(t, '[', (int32_t)size) < 0)
+            return -1;
+        /* no Python code runs while it is written: the list cannot change */
+        for (Py_ssize_t i = 0; i < size; i++)
+            if (put_value(t, PyList_GET_ITEM(o, i), depth + 1) < 0)
+                return -1;
+        return 0;
+    }
+    if (type == &PyDict_Type) {
+        Py_ssize_t pos = 0;
+        PyObject *k, *v;
+        if (put_byte(t, '{') < 0)
+            return -1;
+        while (PyDict_Next(o, &pos, &k, &v))
+            if (put_value(t, k, depth + 1) < 0 || put_value(t, v, depth + 1) < 0)
+                return -1;
+        return put_byte(t, '0');
+    }
+    if (type == &PyBytes_Type) {
+        Py_ssize_t size = PyBytes_GET_SIZE(o);
+        if (size > INT32_MAX || put_int32(t, 's', (int32_t)size) < 0)
+            return -1;
+        return put(t, PyBytes_AS_STRING(o), size);
+    }
+    return -1;
+}
+
+/* Write a row of ``size`` (5 or 9) values; 1 written, 0 a value it does not
+ * write (the tape as it was, no exception set), -1 out of memory. */
+static int
+put_row(Tape *t, PyObject *const *values, Py_ssize_t size)
+{
+    if (t->n >= t->ncap) {
+        if (t->first > 0 && t->first >= t->n / 2) {
+            memmove(t->ends, t->ends + t->first, (t->n - t->first) * sizeof(Py_ssize_t));
+            t->n -= t->first;
+            t->first = 0;
+        } else {
+            Py_ssize_t ncap = t->ncap ? 2 * t->ncap : 4096;
+            Py_ssize_t *ends = PyMem_Realloc(t->ends, ncap * sizeof(Py_ssize_t));
+            if (ends == NULL) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            t->ends = ends;
+            t->ncap = ncap;
+        }
+    }
+    Py_ssize_t start = t->len - t->head;  /* from the head: a compaction moves both */
+    unsigned char head[2] = {')', (unsigned char)size};
+    int ok = put(t, head, 2) == 0;
+    for (Py_ssize_t i = 0; ok && i < size; i++)
+        ok = put_value(t, values[i], 0) == 0;
+    if (!ok) {
+        t->len = t->head + start;
+        if (PyErr_Occurred() && PyErr_ExceptionMatches(PyExc_MemoryError))
+            return -1;
+        PyErr_Clear();
+        return 0;
+    }
+    t->ends[t->n++] = t->len;
+    return 1;
+}
+
+/* Forget the newest row (written, then not buffered). */
+static void
+unput_row(Tape *t)
+{
+    t->n--;
+    t->len = t->n > t->first ? t->ends[t->n - 1] : t->head;
+}
+
+static PyObject *
+tape_append(PyObject *op, PyObject *row)
+{
+    if (!PyTuple_CheckExact(row) || (PyTuple_GET_SIZE(row) != 5 && PyTuple_GET_SIZE(row) != 9)) {
+        PyErr_SetString(PyExc_TypeError, "Tape.append() takes a tuple of 5 or 9 values");
+        return NULL;
+    }
+    int done = put_row((Tape *)op, &PyTuple_GET_ITEM(row, 0), PyTuple_GET_SIZE(row));
+    if (done < 0)
+        return NULL;
+    if (done == 0) {
+        PyErr_SetString(PyExc_ValueError, "a value of the row is not one the tape writes");
+        return NULL;
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *
+tape_take(PyObject *op, PyObject *arg)
+{
+    Tape *t = (Tape *)op;
+    Py_ssize_t k = PyLong_AsSsize_t(arg);
+    if (k == -1 && PyErr_Occurred())
+        return NULL;
+    if (k < 0 || k > t->n - t->first || k > INT32_MAX) {
+        PyErr_Format(PyExc_ValueError, "take(%zd): the tape holds %zd rows", k, t->n - t->first);
+        return NULL;
+    }
+    Py_ssize_t end = k ? t->ends[t->first + k - 1] : t->head;
+    PyObject *out = PyBytes_FromStringAndSize(NULL, 5 + end - t->head);
+    if (out == NULL)
+        return NULL;
+    char *b = PyBytes_AS_STRING(out);
+    uint32_t u = (uint32_t)k;
+    b[0] = '[';
+    b[1] = u & 0xff; b[2] = (u >> 8) & 0xff; b[3] = (u >> 16) & 0xff; b[4] = (u >> 24) & 0xff;
+    memcpy(b + 5, t->data + t->head, end - t->head);
+    t->first += k;
+    t->head = end;
+    if (t->first == t->n) {  /* all taken: start over */
+        t->first = t->n = 0;
+        t->head = t->len = 0;
+    }
+    return out;
+}
+
+static PyObject *
+tape_clear(PyObject *op, PyObject *unused)
+{
+    Tape *t = (Tape *)op;
+    t->first = t->n = 0;
+    t->head = t->len = 0;
+    Py_RETURN_NONE;
+}
+
+static Py_ssize_t
+tape_length(PyObject *op)
+{
+    Tape *t = (Tape *)op;
+    return t->n - t->first;
+}
+
+static void
+tape_dealloc(PyObject *op)
+{
+    Tape *t = (Tape *)op;
+    PyMem_Free(t->data);
+    PyMem_Free(t->ends);
+    Py_TYPE(op)->tp_free(op);
+}
+
+static PyMethodDef tape_methods[] = {
+    {"append", tape_append, METH_O, "Write a row (a tuple of 5 or 9 values)."},
+    {"take", tape_take, METH_O, "The marshal bytes of the list of the n oldest rows; forgets them."},
+    {"clear", tape_clear, METH_NOARGS, "Forget every row."},
+    {NULL, NULL, 0, NULL},
+};
+
+static PySequenceMethods tape_as_sequence = {.sq_length = tape_length};
+
+static PyTypeObject TapeType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "dask_blackbox.producers._hotpath.Tape",
+    .tp_doc = "Transitions as rows in marshal's format (see the module's source).",
+    .tp_basicsize = sizeof(Tape),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_new = PyType_GenericNew,
+    .tp_dealloc = tape_dealloc,
+    .tp_methods = tape_methods,
+    .tp_as_sequence = &tape_as_sequence,
+};
+
+/* ------------------------------------------------------------------ the hook */
 
 typedef struct {
     PyObject_HEAD
@@ -37,12 +396,41 @@ typedef struct {
     PyObject *records;
     PyObject *transport;
     PyObject *buffer;
-    PyObject *extend_fields;
+    PyObject *tape;
     PyObject *push;
     PyObject *slow;
 } Hook;
 
-static PyObject *s_stimulus_id, *s_group, *s_held_events, *s_room;
+enum { K_STIMULUS_ID, K_WORKER, K_NBYTES, K_TYPENAME, K_STARTSTOPS, N_CARRIED,
+       K_ERROR = N_CARRIED, N_NAMES = N_CARRIED + 4 };
+static const char *const names_text[N_NAMES] = {
+    "stimulus_id", "worker", "nbytes", "typename", "startstops",
+    "exception_text", "exception", "traceback_text", "cause",
+};
+static PyObject *names[N_NAMES];
+static Py_hash_t name_hashes[N_NAMES];
+static PyObject *s_group, *s_held_events, *s_room;
+
+/* The index in ``names`` of a keyword, or -1: by identity (interned keywords),
+ * else by hash and then equality (Dask's kwargs come from messages). */
+static int
+name_index(PyObject *kw)
+{
+    for (int i = 0; i < N_NAMES; i++)
+        if (kw == names[i])
+            return i;
+    if (!PyUnicode_CheckExact(kw))
+        return -1;
+    Py_hash_t h = PyObject_Hash(kw);
+    if (h == -1) {
+        PyErr_Clear();
+        return -1;
+    }
+    for (int i = 0; i < N_NAMES; i++)
+        if (h == name_hashes[i] && PyUnicode_Compare(kw, names[i]) == 0)
+            return i;
+    return -1;
+}
 
 /* transport.<name> as a C integer; -1 with an exception set if it cannot be read */
 static Py_ssize_t
@@ -56,16 +444,23 @@ int_attribute(PyObject *obj, PyObject *name)
     return n;
 }
 
-/* Buffer the record's fields and the task's group; 1 done, 0 not a fast case
- * (no exception set), -1 an error (exception set). */
+/* Write the call's row and buffer the task's group; 1 done, 0 not a case of
+ * this hook (no exception set), -1 an error (exception set). */
 static int
 fast_case(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
 {
-    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames == NULL || PyTuple_GET_SIZE(kwnames) != 1)
+    if (PyVectorcall_NARGS(nargsf) != 3 || kwnames == NULL)
         return 0;
-    PyObject *kw = PyTuple_GET_ITEM(kwnames, 0);
-    if (kw != s_stimulus_id &&
-            !(PyUnicode_CheckExact(kw) && PyUnicode_Compare(kw, s_stimulus_id) == 0))
+    PyObject *carried[N_CARRIED] = {NULL, NULL, NULL, NULL, NULL};
+    Py_ssize_t n_kw = PyTuple_GET_SIZE(kwnames);
+    for (Py_ssize_t i = 0; i < n_kw; i++) {
+        int index = name_index(PyTuple_GET_ITEM(kwnames, i));
+        if (index >= K_ERROR)
+            return 0;  /* an error: the sender reads it from Dask's kwargs */
+        if (index >= 0)
+            carried[index] = args[3 + i];
+    }
+    if (carried[K_STIMULUS_ID] == NULL)
         return 0;
     PyObject *ts = PyDict_GetItemWithError(self->tasks, args[0]);  /* borrowed */
     if (ts == NULL) {
@@ -101,27 +496,35 @@ fast_case(Hook *self, PyObject *const *args, size_t nargsf, PyObject *kwnames)
         PyErr_Clear();
         return 0;
     }
-    PyObject *fields = PyTuple_Pack(
-        5, PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1),
-        PyTuple_GET_ITEM(record, 2), PyTuple_GET_ITEM(record, 4), PyTuple_GET_ITEM(record, 5));
+    int done;
+    if (n_kw == 1) {  /* a plain row: the record's fields */
+        PyObject *row[5] = {
+            PyTuple_GET_ITEM(record, 0), PyTuple_GET_ITEM(record, 1),
+            PyTuple_GET_ITEM(record, 2), PyTuple_GET_ITEM(record, 4),
+            PyTuple_GET_ITEM(record, 5)};
+        done = put_row((Tape *)self->tape, row, 5);
+    } else {  /* a carried row */
+        PyObject *row[9] = {
+            args[0], args[1], args[2], carried[K_STIMULUS_ID], PyTuple_GET_ITEM(record, 5),
+            carried[K_WORKER] ? carried[K_WORKER] : Py_None,
+            carried[K_NBYTES] ? carried[K_NBYTES] : Py_None,
+            carried[K_TYPENAME] ? carried[K_TYPENAME] : Py_None,
+            carried[K_STARTSTOPS] ? carried[K_STARTSTOPS] : Py_None};
+        done = put_row((Tape *)self->tape, row, 9);
+    }
     Py_DECREF(record);
-    if (fields == NULL) {
+    if (done <= 0) {
         Py_DECREF(group);
-        return -1;
+        return done;  /* 0: a value the tape does not write, the Python hook offers it */
     }
-    /* the fields first: the sender takes them once it sees the group */
-    PyObject *done = PyObject_CallOneArg(self->extend_fields, fields);
-    Py_DECREF(fields);
-    if (done == NULL) {
-        Py_DECREF(group);
-        return -1;
-    }
-    Py_DECREF(done);
-    done = PyObject_CallOneArg(self->push, group);
+    /* the row first: the sender takes it once it sees the group */
+    PyObject *pushed = PyObject_CallOneArg(self->push, group);
     Py_DECREF(group);
-    if (done == NULL)
+    if (pushed == NULL) {
+        unput_row((Tape *)self->tape);  /* not buffered: neither is its row */
         return -1;
-    Py_DECREF(done);
+    }
+    Py_DECREF(pushed);
     return 1;
 }
 
@@ -141,19 +544,19 @@ static int
 hook_init(PyObject *op, PyObject *args, PyObject *kwds)
 {
     Hook *self = (Hook *)op;
-    PyObject *tasks, *records, *transport, *buffer, *extend_fields, *push, *slow;
+    PyObject *tasks, *records, *transport, *buffer, *tape, *push, *slow;
     if (kwds != NULL && PyDict_GET_SIZE(kwds)) {
         PyErr_SetString(PyExc_TypeError, "Hook() takes positional arguments only");
         return -1;
     }
-    if (!PyArg_ParseTuple(args, "O!OOOOOO:Hook", &PyDict_Type, &tasks, &records, &transport,
-                          &buffer, &extend_fields, &push, &slow))
+    if (!PyArg_ParseTuple(args, "O!OOOO!OO:Hook", &PyDict_Type, &tasks, &records, &transport,
+                          &buffer, &TapeType, &tape, &push, &slow))
         return -1;
     Py_INCREF(tasks); Py_XSETREF(self->tasks, tasks);
     Py_INCREF(records); Py_XSETREF(self->records, records);
     Py_INCREF(transport); Py_XSETREF(self->transport, transport);
     Py_INCREF(buffer); Py_XSETREF(self->buffer, buffer);
-    Py_INCREF(extend_fields); Py_XSETREF(self->extend_fields, extend_fields);
+    Py_INCREF(tape); Py_XSETREF(self->tape, tape);
     Py_INCREF(push); Py_XSETREF(self->push, push);
     Py_INCREF(slow); Py_XSETREF(self->slow, slow);
     return 0;
@@ -176,7 +579,7 @@ hook_traverse(PyObject *op, visitproc visit, void *arg)
     Py_VISIT(self->records);
     Py_VISIT(self->transport);
     Py_VISIT(self->buffer);
-    Py_VISIT(self->extend_fields);
+    Py_VISIT(self->tape);
     Py_VISIT(self->push);
     Py_VISIT(self->slow);
     return 0;
@@ -190,7 +593,7 @@ hook_clear(PyObject *op)
     Py_CLEAR(self->records);
     Py_CLEAR(self->transport);
     Py_CLEAR(self->buffer);
-    Py_CLEAR(self->extend_fields);
+    Py_CLEAR(self->tape);
     Py_CLEAR(self->push);
     Py_CLEAR(self->slow);
     return 0;
@@ -227,26 +630,41 @@ static PyTypeObject HookType = {
 
 static struct PyModuleDef moduledef = {
     PyModuleDef_HEAD_INIT, "_hotpath",
-    "The scheduler plugin's transition hook in C (see producers/_hotpath.c).", -1, NULL,
+    "The scheduler plugin's transition hook and its tape, in C (see producers/_hotpath.c).",
+    -1, NULL,
 };
+
+static int
+add_type(PyObject *m, PyTypeObject *type, const char *name)
+{
+    if (PyType_Ready(type) < 0)
+        return -1;
+    Py_INCREF(type);
+    if (PyModule_AddObject(m, name, (PyObject *)type) < 0) {
+        Py_DECREF(type);
+        return -1;
+    }
+    return 0;
+}
 
 PyMODINIT_FUNC
 PyInit__hotpath(void)
 {
-    s_stimulus_id = PyUnicode_InternFromString("stimulus_id");
+    for (int i = 0; i < N_NAMES; i++) {
+        if ((names[i] = PyUnicode_InternFromString(names_text[i])) == NULL)
+            return NULL;
+        if ((name_hashes[i] = PyObject_Hash(names[i])) == -1)
+            return NULL;
+    }
     s_group = PyUnicode_InternFromString("group");
     s_held_events = PyUnicode_InternFromString("_held_events");
     s_room = PyUnicode_InternFromString("room");
-    if (!s_stimulus_id || !s_group || !s_held_events || !s_room)
-        return NULL;
-    if (PyType_Ready(&HookType) < 0)
+    if (!s_group || !s_held_events || !s_room)
         return NULL;
     PyObject *m = PyModule_Create(&moduledef);
     if (m == NULL)
         return NULL;
-    Py_INCREF(&HookType);
-    if (PyModule_AddObject(m, "Hook", (PyObject *)&HookType) < 0) {
-        Py_DECREF(&HookType);
+    if (add_type(m, &TapeType, "Tape") < 0 || add_type(m, &HookType, "Hook") < 0) {
         Py_DECREF(m);
         return NULL;
     }

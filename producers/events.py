@@ -143,29 +143,53 @@ class TransitionBuilder:
 
 class GroupNames:
     """``TaskGroup`` -> ``(prefix, group, span_id)``, the :data:`GroupNames` of a
-    scheduler task group, one tuple per group (at most :data:`GROUP_CACHE` kept).
+    scheduler task group, one tuple per group (at most :data:`GROUP_CACHE` kept);
+    None -> None.
 
     The same tuple object is returned for a group every time, so that a pickle of
     many rows (:mod:`producers.relay`) holds it once. A group's name, prefix and
     span id never change once its tasks are runnable.
     """
 
-    __slots__ = ("_cache", "cached")
+    __slots__ = ("_cache", "cached", "lookup")
 
     def __init__(self) -> None:
-        self._cache: dict[Any, tuple] = {}
+        self._cache: dict[Any, tuple] = _NamesCache()
         #: ``cached(group)``: its names if known already, else None (a C call)
         self.cached = self._cache.get
+        #: ``lookup(group)``: its names, a C call unless they are not known yet
+        #: (``list(map(lookup, groups))`` names many groups without a Python frame)
+        self.lookup = self._cache.__getitem__
 
     def __call__(self, group: Any) -> tuple | None:
+        return self.lookup(group)
+
+
+class _NamesCache(dict):
+    """The dict of a :class:`GroupNames`: a group missing is named and kept."""
+
+    __slots__ = ()
+
+    def __missing__(self, group: Any) -> tuple | None:
         if group is None:
             return None
-        names = self._cache.get(group)
-        if names is None:
-            if len(self._cache) >= GROUP_CACHE:
-                self._cache.clear()  # the same dict: ``cached`` stays bound to it
-            names = self._cache[group] = (group.prefix.name, group.name, group.span_id)
+        if len(self) >= GROUP_CACHE:
+            self.clear()  # the same dict: the bound methods stay bound to it
+        names = self[group] = (group.prefix.name, group.name, group.span_id)
         return names
+
+
+def tape_row(fields: tuple, names: tuple | None) -> tuple:
+    """The row of a transition the compiled hook wrote to its tape
+    (``producers/_hotpath.c``) and its group's names: a :data:`RecordRow` from a
+    plain row's five fields, a :data:`TransitionRow` from a carried row's nine
+    (``key, start, finish, stimulus_id, ts, worker, nbytes, typename,
+    startstops``)."""
+    if len(fields) == 5:
+        return (*fields, names)
+    key, start, finish, stimulus_id, ts, worker, nbytes, typename, startstops = fields
+    return (key, start, finish, stimulus_id, ts, names, worker, nbytes, typename,
+            startstops, None, None, None)
 
 
 class TransitionRuns:

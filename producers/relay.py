@@ -23,8 +23,10 @@ more, :data:`LINGER` if longer: under load, fewer wake-ups of the thread, each o
 which takes the GIL from Dask's event loop) and when closing:
 
 - a ``transition_log`` record's five fields (key, start, finish, stimulus_id,
-  timestamp, as the transport buffers them) go with the names of its task group
-  (cached per ``TaskGroup``), a transition with Dask's kwargs a ``TransitionRow`` (see
+  timestamp, as the transport buffers them), or the rows the compiled hook wrote to
+  its tape (one ``bytes`` a frame, see :func:`~producers.events.tape_row`), go with
+  the names of their task groups (cached per ``TaskGroup``), a transition offered
+  with Dask's kwargs a ``TransitionRow`` (see
   :mod:`producers.events`), any other item the event its builder returns, as
   ``(weight, event)``: a user's object is sanitized here and never leaves the Dask
   process;
@@ -96,7 +98,8 @@ import sys
 import threading
 import time
 from collections import deque
-from itertools import islice, repeat
+from itertools import compress, islice, repeat
+from operator import is_, is_not
 from typing import Any
 
 import orjson
@@ -108,7 +111,7 @@ except ImportError:  # not POSIX: the pipe keeps its size
 
 from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, tape_row
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
     BUSY_ENVELOPE, OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread,
@@ -365,17 +368,19 @@ class RelayTransport(Transport):
             helper.write(self._encoded((drops, identity, *rows)))
         return items
 
-    def _take_rows(self, limit: int) -> tuple[tuple[list, list, list], int, int]:
+    def _take_rows(self, limit: int) -> tuple[tuple[Any, list, list], int, int]:
         """Up to ``limit`` buffered items as rows (``records, names, others``, see
         :class:`_Receiver`), their count and their buffer weight. Counted held before
         they leave the buffer (the room errs on the safe side: every item is first
         counted a record, then the others are counted back), and taken with them,
         under the lock ``accepted_events`` reads with (see :mod:`producers.transport`).
 
-        A record adds its group's names to ``names`` and its five fields, as the
-        transport buffered them, to the flat list ``records``: no object per record
-        outlives the loop, so the hand-over does not feed the garbage collector's
-        young generation."""
+        A record adds its group's names to ``names`` and its row to ``records``: as
+        many rows of the compiled hook's tape (``marshal`` bytes, taken in one call),
+        or else its five fields, as the transport buffered them, to a flat list. No
+        object per record outlives the call, and records cost no Python-level loop
+        here: the others (rare) are found by position, the groups named by a C-level
+        lookup (a group met for the first time is named in Python)."""
         buffer = self._buffer
         k = min(len(buffer), limit)
         if not k:
@@ -386,21 +391,24 @@ class RelayTransport(Transport):
                 self._records_taken += TRANSITION_WEIGHT * k
             items = list(map(deque.popleft, repeat(buffer, k)))  # popped in C
             self._taken += k
-        # The records' fields, buffered before their groups and in the same order:
-        # taken at once, so that nothing below can leave them out of step.
-        n_fields = 5 * (k - list(map(type, items)).count(tuple))
-        records = list(map(deque.popleft, repeat(self._record_fields, n_fields)))
-        names_of_records: list = []
-        others: list = []
-        add_names, add_other = names_of_records.append, others.append
+        kinds = list(map(type, items))
+        n_others = kinds.count(tuple)
+        # The records' rows (or fields), buffered before their groups and in the same
+        # order: taken at once, so that nothing below can leave them out of step.
+        if self._tape is not None:
+            records: Any = self._tape.take(k - n_others)
+        else:
+            records = list(map(deque.popleft, repeat(self._record_fields, 5 * (k - n_others))))
         builder = self._transitions
-        names, transition_row, transition_build = builder.names, builder.row, builder.build
-        known_names = names.cached
-        weight = 0
-        for position, item in enumerate(items):
-            if type(item) is not tuple:  # a transition record's group
-                add_names(known_names(item) or names(item))
-                continue
+        groups = items if not n_others else list(
+            compress(items, map(is_not, kinds, repeat(tuple))))
+        names_of_records = list(map(builder.names.lookup, groups))
+        others: list = []
+        add_other = others.append
+        transition_row, transition_build = builder.row, builder.build
+        weight = TRANSITION_WEIGHT * len(names_of_records)
+        for position in compress(range(k), map(is_, kinds, repeat(tuple))) if n_others else ():
+            item = items[position]
             n = item[1]
             weight += n
             build = item[0]
@@ -417,7 +425,6 @@ class RelayTransport(Transport):
                 add_other((position, None))
         with self._lock:
             self._records_taken -= TRANSITION_WEIGHT * len(others)
-        weight += TRANSITION_WEIGHT * len(names_of_records)
         return (records, names_of_records, others), k, weight
 
     def _encoded(self, frame: tuple) -> bytes:
@@ -430,7 +437,8 @@ class RelayTransport(Transport):
         except Exception:
             pass
         drops, identity, records, names, others = frame
-        records = [value if _pickles(value) else encode_key(value) for value in records]
+        if type(records) is not bytes:  # a tape's rows are marshal bytes already
+            records = [value if _pickles(value) else encode_key(value) for value in records]
         fixed = []
         for position, row in others:
             if not _pickles(row):
@@ -611,8 +619,9 @@ class _Receiver:
         """Offer a frame's rows to the transport, in the Dask process's order.
 
         A frame is ``(drops, identity, records, names, others)``: ``records`` holds
-        five fields (key, start, finish, stimulus_id, ts) per transition record and
-        ``names`` its group's names; ``others`` is ``[(position, row)]`` for the other
+        five fields (key, start, finish, stimulus_id, ts) per transition record, or,
+        from the compiled hook's tape, the ``marshal`` bytes of the list of their rows
+        (:func:`~producers.events.tape_row`), and ``names`` its group's names; ``others`` is ``[(position, row)]`` for the other
         items, ``position`` being the item's place in the frame, ``row`` a
         ``TransitionRow``, ``(weight, event)``, or None for an item the relay could
         not hand over (counted there, done here at once)."""
@@ -633,8 +642,11 @@ class _Receiver:
         # neighbours; the records' rows and items are made in C, a run at a time.
         buffer = t._buffer
         append = buffer.append
-        rows = zip(records[0::5], records[1::5], records[2::5], records[3::5],
-                   records[4::5], names)
+        if type(records) is bytes:  # rows of the compiled hook's tape
+            rows: Any = map(tape_row, marshal.loads(records), names)
+        else:
+            rows = zip(records[0::5], records[1::5], records[2::5], records[3::5],
+                       records[4::5], names)
         items = zip(repeat(ready), repeat(TRANSITION_WEIGHT), rows)
         before = 0  # records put before the next other item
         for other, (position, row) in enumerate(others):

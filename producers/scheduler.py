@@ -22,20 +22,25 @@ What it publishes (contract kinds, see :data:`dask_blackbox.contract.EVENT_FIELD
   them (the whole history in scheduler_start);
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
-``transition`` is the hot path. A transition that carried nothing but what Dask's
-``Scheduler.transition_log`` records (released->waiting, waiting->processing,
-memory->released, ->forgotten: ~4 in 5) costs one dict lookup and two deque appends
-of objects that exist already (the five fields of the log record Dask just
-appended, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
-the record itself): no allocation that outlives the call, no Python-level call. The
-others offer one tuple with the record's timestamp: processing->memory its worker,
-nbytes, typename and startstops, taken out of Dask's kwargs, an erred transition
-the kwargs themselves (its error is read in the sender thread). Where
-``producers/_hotpath.c`` was built (``producer.compiled-hook``, on by default), the
-first case runs in C: the plugin's ``transition`` is then a ``_hotpath.Hook`` that
-buffers the same items and hands every other call to this method (half the
-instructions the hook adds to a transition, ``bench/transition_hotpath.py
---callgrind``). Names are resolved and the event encoded later,
+``transition`` is the hot path. Where ``producers/_hotpath.c`` was built
+(``producer.compiled-hook``, on by default), the plugin's ``transition`` is a
+``_hotpath.Hook``: for every transition without an error (all but erred ones), it
+writes the transition's row to a tape, in ``marshal``'s format (the record's five
+fields Dask just appended to ``Scheduler.transition_log``; processing->memory's
+worker, nbytes, typename and startstops besides), and appends the task's
+``TaskGroup`` to the buffer, which keeps the row's place: no Python object is
+created or held for it, and the sender thread, or the relay's helper process,
+decodes a frame's rows in one call (see ``bench/transition_hotpath.py
+--callgrind``). Every other call reaches this method, which then offers one tuple
+an item. Without the compiled hook, this method does it all: a transition that
+carried nothing but what Dask's log records (released->waiting,
+waiting->processing, memory->released, ->forgotten: ~4 in 5) costs one dict lookup
+and two deque appends of objects that exist already (the five fields of the log
+record, then the task's ``TaskGroup``; see :mod:`producers.transport` for why not
+the record itself). The others offer one tuple with the record's timestamp:
+processing->memory its worker, nbytes, typename and startstops, taken out of Dask's
+kwargs, an erred transition the kwargs themselves (its error is read in the sender
+thread). Names are resolved and the event encoded later,
 in the sender thread (the :class:`~producers.events.TransitionBuilder` the worker
 plugin uses too makes rows of the others, and :class:`~producers.events.TransitionRuns`
 encodes runs of rows); this is safe because a TaskGroup's name, prefix and span id
@@ -75,8 +80,9 @@ from dask_blackbox.producers.transport import Transport, ready
 
 try:
     from dask_blackbox.producers._hotpath import Hook as _CompiledHook
+    from dask_blackbox.producers._hotpath import Tape as _Tape
 except ImportError:  # built without a C compiler: the Python hook does it all
-    _CompiledHook = None
+    _CompiledHook = _Tape = None
 
 if TYPE_CHECKING:
     from distributed import Scheduler
@@ -173,12 +179,17 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         # type: the sender tells them from offered tuples by type.
         self._records = scheduler.transition_log if _RECORDS_TYPED else ()
         self._build_transition = builder.build
-        if _CompiledHook is not None and self.settings.compiled_hook and _RECORDS_TYPED:
-            # The fast case below, in C (producers/_hotpath.c), which hands every
-            # other call to this method: Dask calls the instance's attribute.
+        if _CompiledHook is not None and self.settings.compiled_hook:
+            # In C (producers/_hotpath.c): every transition without an error, its row
+            # written to a tape; every other call handed to this method, which then
+            # only offers items (a record's fields would be out of the tape's order).
+            # Dask calls the instance's attribute.
+            tape = _Tape()
+            transport.use_tape(tape)
+            self._records = ()
             self.transition = _CompiledHook(  # type: ignore[method-assign]
                 scheduler.tasks, scheduler.transition_log, transport, transport._buffer,
-                transport._record_fields.extend, transport._buffer.append, self.transition)
+                tape, transport._buffer.append, self.transition)
         self._build_graph = self._graph_event
         self._build_structured = self._structured_event
         self._erred_bytes = _TRANSITION_BYTES + 2 * self.settings.max_value_bytes

@@ -74,6 +74,7 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import marshal
 import operator
 import os
 import sys
@@ -90,7 +91,9 @@ from aiokafka import AIOKafkaProducer
 
 from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, TRANSITION, Drops
 from dask_blackbox.producers.encode import describe, encode_event, type_name
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, TransitionRuns
+from dask_blackbox.producers.events import (
+    TRANSITION_WEIGHT, TransitionBuilder, TransitionRuns, tape_row,
+)
 from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
@@ -199,6 +202,10 @@ class Transport:
         #: RECORD_FIELDS of the transition records in the buffer, five per record,
         #: in their order
         self._record_fields: deque = deque()
+        #: Where the records' rows are instead, if the scheduler's compiled hook
+        #: writes them (a ``_hotpath.Tape``, one row per group in the buffer, in
+        #: order; set before the first record): see :meth:`use_tape`.
+        self._tape: Any = None
         self._max_events = settings.buffer_max_events
         self._max_bytes = settings.buffer_max_bytes
         # bytes_in is written only by the producing thread(s), bytes_out and
@@ -289,6 +296,16 @@ class Transport:
             self._buffer.append(group)
         else:
             self.drop(TRANSITION_WEIGHT)
+
+    def use_tape(self, tape: Any) -> None:
+        """Take the rows of the records in the buffer from ``tape`` (a
+        ``producers._hotpath.Tape``) rather than from the fields deque: the
+        scheduler's compiled hook writes a record's row there (a plain row, or a
+        carried one, see :func:`~producers.events.tape_row`), then buffers its group.
+        Called before any record is buffered; nothing may then push fields."""
+        if self._record_fields or self._buffer:
+            raise RuntimeError("use_tape() on a transport that has buffered items already")
+        self._tape = tape
 
     def drop(self, nbytes: int) -> None:
         """Count an item the full buffer did not take."""
@@ -508,6 +525,8 @@ class Transport:
                 self._taken += len(self._buffer)
                 self._buffer.clear()
             self._record_fields.clear()
+            if self._tape is not None:
+                self._tape.clear()
             self._held_events = 0
             self._bytes_out = self._bytes_in + self._records_taken
             if lost:
@@ -581,11 +600,19 @@ class Transport:
         transitions = self._transitions
         names = transitions.names
         transition_build, transition_row = transitions.build, transitions.row
+        if self._tape is not None:  # the records' rows, as many as groups were taken
+            tape_rows = iter(marshal.loads(self._tape.take(
+                len(taken) - list(map(type, taken)).count(tuple))))
         for item in taken:
             if type(item) is not tuple:  # a transition record's group
                 # its RecordRow: the fields, in RECORD_FIELDS order, and the names
-                row = (field(), field(), field(), field(), field())
+                # (or the tape's row: a RecordRow, or a TransitionRow)
                 try:
+                    if self._tape is not None:
+                        add_event(tape_row(next(tape_rows), names(item)))
+                        add_weight(TRANSITION_WEIGHT)
+                        continue
+                    row = (field(), field(), field(), field(), field())
                     add_event((*row, names(item)))
                 except Exception:  # a bug in the names must not stop the sender
                     self._build_failed((names,))
