@@ -2,7 +2,7 @@
  * and the tape it writes transitions to.
  *
  * ``Tape()``: the transitions the hook buffered, as rows in ``marshal``'s format
- * (version 4 types, no references), back to back, in the order they were written:
+ * (version 4), back to back, in the order they were written:
  *
  *   - a plain row ``(key, start, finish, stimulus_id, ts)``: the five fields
  *     (``transport.RECORD_FIELDS``) of the ``Scheduler.transition_log`` record of a
@@ -11,17 +11,20 @@
  *     startstops)``: a transition whose kwargs hold no error (processing->memory),
  *     its values as Dask passed them (None where absent), ``ts`` its record's.
  *
- * ``tape.take(n)`` returns the ``marshal`` bytes of the list of the ``n`` oldest
- * rows (``marshal.loads`` gives the tuples back, equal to what was written, in
- * order) and forgets them; ``len(tape)`` is the number of rows held;
- * ``tape.append(row)`` writes a tuple of 5 or 9 values (tests, and the encoder's
- * own check); ``tape.clear()``. A value is written only if it is, all the way
- * down, an exact None, bool, int (64 bits), float, str, bytes, tuple, list or dict
- * (nested at most MAX_DEPTH deep): what marshal writes for it, byte for byte,
- * but for its references. A row with any other value is not written (``append``
- * raises ValueError, the hook hands the call to the Python method). The rows hold
- * no Python object: nothing the garbage collector tracks, nothing that keeps a
- * task's objects alive.
+ * ``tape.take(n)`` returns the ``marshal`` bytes of ``(shared, rows)``: ``rows`` the
+ * list of the ``n`` oldest rows (equal to what was written, in order), ``shared``
+ * the strings the rows refer to instead of holding them (Dask's task states, the
+ * keys and actions of startstops: see ``shared_text``), and forgets those rows;
+ * ``len(tape)`` is the number of rows held; ``tape.append(row)`` writes a tuple of
+ * 5 or 9 values (tests, and the encoder's own check); ``tape.clear()``. Once every
+ * row is taken, memory beyond KEEP_BYTES (and KEEP_ROWS offsets) is given back
+ * (``sys.getsizeof(tape)`` says what it holds). A value is written only if it is,
+ * all the way down, an exact None, bool, int (64 bits), float, str, bytes, tuple,
+ * list or dict (nested at most MAX_DEPTH deep): what marshal writes for it, byte
+ * for byte, but for its references. A row with any other value is not written
+ * (``append`` raises ValueError, the hook hands the call to the Python method).
+ * The rows hold no Python object: nothing the garbage collector tracks, nothing
+ * that keeps a task's objects alive.
  *
  * ``Hook(tasks, records, transport, buffer, tape, push, slow)`` is a callable that
  * the scheduler plugin puts in place of its ``transition`` method (an attribute of
@@ -59,6 +62,9 @@
 #include <string.h>
 
 #define MAX_DEPTH 16
+/* What an empty tape keeps allocated (more is given back once all is taken). */
+#define KEEP_BYTES (8 << 20)
+#define KEEP_ROWS (1 << 16)
 
 /* ------------------------------------------------------------------ the tape */
 
@@ -71,6 +77,21 @@ typedef struct {
 } Tape;
 
 static PyTypeObject TapeType;
+
+/* Strings a row refers to rather than holds (marshal's references): Dask's task
+ * states and the keys and actions of its startstops. ``take`` puts them first, as
+ * the tuple the references point into; a str is written as a reference only if it
+ * is the interned object itself (Dask's literals, msgpack's dict keys). */
+static const char *const shared_text[] = {
+    "released", "waiting", "processing", "memory", "forgotten", "erred", "queued",
+    "no-worker", "action", "start", "stop", "compute", "transfer", "source",
+    "disk-read", "disk-write",
+};
+#define N_SHARED ((int)(sizeof(shared_text) / sizeof(shared_text[0])))
+static PyObject *shared[N_SHARED];
+/* marshal's bytes of ``(shared, `` (the rows' list follows): built at import */
+static char *preamble;
+static Py_ssize_t preamble_size;
 
 static int
 reserve(Tape *t, Py_ssize_t extra)
@@ -97,6 +118,25 @@ reserve(Tape *t, Py_ssize_t extra)
     t->data = data;
     t->cap = cap;
     return 0;
+}
+
+/* No row held: start over, and give back memory beyond what a busy second needs
+ * (a tape grown while the sender was behind does not keep its size). */
+static void
+forget_all(Tape *t)
+{
+    t->first = t->n = 0;
+    t->head = t->len = 0;
+    if (t->cap > KEEP_BYTES) {
+        PyMem_Free(t->data);
+        t->data = NULL;
+        t->cap = 0;
+    }
+    if (t->ncap > KEEP_ROWS) {
+        PyMem_Free(t->ends);
+        t->ends = NULL;
+        t->ncap = 0;
+    }
 }
 
 static inline int
@@ -150,6 +190,10 @@ put_long(Tape *t, long long v)
 static int
 put_str(Tape *t, PyObject *o)
 {
+    if (PyUnicode_CHECK_INTERNED(o))
+        for (int i = 0; i < N_SHARED; i++)
+            if (o == shared[i])
+                return put_int32(t, 'r', i);
     if (PyUnicode_READY(o) < 0)
         return -1;
     if (PyUnicode_IS_ASCII(o)) {
@@ -324,30 +368,35 @@ tape_take(PyObject *op, PyObject *arg)
         return NULL;
     }
     Py_ssize_t end = k ? t->ends[t->first + k - 1] : t->head;
-    PyObject *out = PyBytes_FromStringAndSize(NULL, 5 + end - t->head);
+    PyObject *out = PyBytes_FromStringAndSize(NULL, preamble_size + 5 + end - t->head);
     if (out == NULL)
         return NULL;
     char *b = PyBytes_AS_STRING(out);
+    memcpy(b, preamble, preamble_size);
+    b += preamble_size;
     uint32_t u = (uint32_t)k;
     b[0] = '[';
     b[1] = u & 0xff; b[2] = (u >> 8) & 0xff; b[3] = (u >> 16) & 0xff; b[4] = (u >> 24) & 0xff;
     memcpy(b + 5, t->data + t->head, end - t->head);
     t->first += k;
     t->head = end;
-    if (t->first == t->n) {  /* all taken: start over */
-        t->first = t->n = 0;
-        t->head = t->len = 0;
-    }
+    if (t->first == t->n)  /* all taken: start over */
+        forget_all(t);
     return out;
 }
 
 static PyObject *
 tape_clear(PyObject *op, PyObject *unused)
 {
-    Tape *t = (Tape *)op;
-    t->first = t->n = 0;
-    t->head = t->len = 0;
+    forget_all((Tape *)op);
     Py_RETURN_NONE;
+}
+
+static PyObject *
+tape_sizeof(PyObject *op, PyObject *unused)
+{
+    Tape *t = (Tape *)op;
+    return PyLong_FromSsize_t(Py_TYPE(op)->tp_basicsize + t->cap + t->ncap * sizeof(Py_ssize_t));
 }
 
 static Py_ssize_t
@@ -368,8 +417,9 @@ tape_dealloc(PyObject *op)
 
 static PyMethodDef tape_methods[] = {
     {"append", tape_append, METH_O, "Write a row (a tuple of 5 or 9 values)."},
-    {"take", tape_take, METH_O, "The marshal bytes of the list of the n oldest rows; forgets them."},
+    {"take", tape_take, METH_O, "The marshal bytes of (shared strings, the n oldest rows); forgets those rows."},
     {"clear", tape_clear, METH_NOARGS, "Forget every row."},
+    {"__sizeof__", tape_sizeof, METH_NOARGS, "Bytes allocated, rows and their offsets included."},
     {NULL, NULL, 0, NULL},
 };
 
@@ -655,6 +705,25 @@ PyInit__hotpath(void)
             return NULL;
         if ((name_hashes[i] = PyObject_Hash(names[i])) == -1)
             return NULL;
+    }
+    /* the preamble: a 2-tuple, its first item the tuple of the shared strings, each
+     * flagged as a reference (marshal's FLAG_REF, 0x80) in order: references 0..N-1 */
+    preamble_size = 4;
+    for (int i = 0; i < N_SHARED; i++) {
+        if ((shared[i] = PyUnicode_InternFromString(shared_text[i])) == NULL)
+            return NULL;
+        preamble_size += 2 + (Py_ssize_t)strlen(shared_text[i]);
+    }
+    if ((preamble = PyMem_Malloc(preamble_size)) == NULL)
+        return PyErr_NoMemory();
+    char *b = preamble;
+    *b++ = ')'; *b++ = 2; *b++ = ')'; *b++ = (char)N_SHARED;
+    for (int i = 0; i < N_SHARED; i++) {
+        size_t size = strlen(shared_text[i]);
+        *b++ = (char)('Z' | 0x80);  /* an interned short ASCII str, a reference */
+        *b++ = (char)size;
+        memcpy(b, shared_text[i], size);
+        b += size;
     }
     s_group = PyUnicode_InternFromString("group");
     s_held_events = PyUnicode_InternFromString("_held_events");

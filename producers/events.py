@@ -26,8 +26,10 @@ stamp)`` with those values taken out of the kwargs (the dict is not held):
 
 from __future__ import annotations
 
+import marshal
 from collections.abc import Hashable
-from itertools import zip_longest
+from itertools import compress, repeat, zip_longest
+from operator import add, ne
 from typing import Any
 
 import orjson
@@ -177,6 +179,22 @@ class _NamesCache(dict):
             self.clear()  # the same dict: the bound methods stay bound to it
         names = self[group] = (group.prefix.name, group.name, group.span_id)
         return names
+
+
+def tape_rows(data: bytes) -> list[tuple]:
+    """The rows of the bytes a compiled hook's tape gave (``Tape.take``)."""
+    return marshal.loads(data)[1]
+
+
+def named_rows(rows: list[tuple], names: list) -> list[tuple]:
+    """``tape_row`` of each of a tape's rows (:func:`tape_rows`) and its group's
+    names (``names``, in order); a plain row's made in C."""
+    out = list(map(add, rows, zip(names)))  # (*fields, names)
+    lengths = list(map(len, rows))
+    if lengths.count(5) != len(rows):  # carried rows: their names go in the middle
+        for i in compress(range(len(rows)), map(ne, lengths, repeat(5))):
+            out[i] = tape_row(rows[i], names[i])
+    return out
 
 
 def tape_row(fields: tuple, names: tuple | None) -> tuple:

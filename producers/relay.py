@@ -111,7 +111,7 @@ except ImportError:  # not POSIX: the pipe keeps its size
 
 from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, tape_row
+from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, named_rows, tape_rows
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
     BUSY_ENVELOPE, OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread,
@@ -643,7 +643,7 @@ class _Receiver:
         buffer = t._buffer
         append = buffer.append
         if type(records) is bytes:  # rows of the compiled hook's tape
-            rows: Any = map(tape_row, marshal.loads(records), names)
+            rows: Any = iter(named_rows(tape_rows(records), names))
         else:
             rows = zip(records[0::5], records[1::5], records[2::5], records[3::5],
                        records[4::5], names)

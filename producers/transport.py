@@ -74,7 +74,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
-import marshal
 import operator
 import os
 import sys
@@ -83,7 +82,8 @@ import time
 import uuid
 import weakref
 from collections import deque
-from itertools import groupby
+from itertools import compress, groupby, repeat
+from operator import is_not
 from typing import Any
 
 import orjson
@@ -92,7 +92,7 @@ from aiokafka import AIOKafkaProducer
 from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, TRANSITION, Drops
 from dask_blackbox.producers.encode import describe, encode_event, type_name
 from dask_blackbox.producers.events import (
-    TRANSITION_WEIGHT, TransitionBuilder, TransitionRuns, tape_row,
+    TRANSITION_WEIGHT, TransitionBuilder, TransitionRuns, named_rows, tape_rows,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -601,15 +601,21 @@ class Transport:
         names = transitions.names
         transition_build, transition_row = transitions.build, transitions.row
         if self._tape is not None:  # the records' rows, as many as groups were taken
-            tape_rows = iter(marshal.loads(self._tape.take(
-                len(taken) - list(map(type, taken)).count(tuple))))
+            groups = list(compress(taken, map(is_not, map(type, taken), repeat(tuple))))
+            fields = tape_rows(self._tape.take(len(groups)))
+            try:
+                rows_taken = iter(named_rows(fields, list(map(names.lookup, groups))))
+            except Exception:  # a bug in the names: each record is a build error
+                rows_taken = repeat(None)
         for item in taken:
             if type(item) is not tuple:  # a transition record's group
                 # its RecordRow: the fields, in RECORD_FIELDS order, and the names
                 # (or the tape's row: a RecordRow, or a TransitionRow)
                 try:
                     if self._tape is not None:
-                        add_event(tape_row(next(tape_rows), names(item)))
+                        if (row := next(rows_taken)) is None:
+                            raise ValueError("no names for a record of the tape")
+                        add_event(row)
                         add_weight(TRANSITION_WEIGHT)
                         continue
                     row = (field(), field(), field(), field(), field())

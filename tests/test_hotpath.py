@@ -6,8 +6,8 @@ and every call that is not its fast case reaches the Python hook."""
 from __future__ import annotations
 
 import asyncio
-import marshal
 import os
+import sys
 import time
 from collections import deque
 
@@ -17,6 +17,7 @@ from distributed import Scheduler
 from distributed.scheduler import Transition
 
 from dask_blackbox.contract import TRANSITION, expand_events
+from dask_blackbox.producers.events import named_rows, tape_rows
 from dask_blackbox.producers.scheduler import BlackboxSchedulerPlugin
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -174,17 +175,36 @@ def test_the_tape_gives_back_what_was_written():
     for row in rows:
         tape.append(row)
     assert len(tape) == len(rows)
-    first = marshal.loads(tape.take(2))
-    rest = marshal.loads(tape.take(len(tape)))
+    first = tape_rows(tape.take(2))
+    rest = tape_rows(tape.take(len(tape)))
     assert same(first + rest, rows) and len(tape) == 0
     for bad in (_Opaque(), "\ud800", 2 ** 64, {1: {2: {3: {4: {5: {6: {7: {8: {9: {
             10: {11: {12: {13: {14: {15: {16: {17: 0}}}}}}}}}}}}}}}}}):
         tape.append(("k", "a", "b", "s", 1.0))
         with pytest.raises(ValueError, match="not one the tape writes"):
             tape.append(("k", "a", "b", "s", bad))
-        assert same(marshal.loads(tape.take(len(tape))), [("k", "a", "b", "s", 1.0)])
+        assert same(tape_rows(tape.take(len(tape))), [("k", "a", "b", "s", 1.0)])
     with pytest.raises(ValueError, match="take"):
         tape.take(1)
+    # Dask's states (interned) are references to one object; an equal str that is
+    # not the interned one is held, and comes back equal
+    state = sys.intern("processing")
+    copy = "".join(["process", "ing"])
+    tape.append(("k", state, copy, "s", 1.0))
+    (row,) = tape_rows(tape.take(1))
+    assert row[1] is state and row[2] == state and row[2] is not state
+    # a carried row gets its names in the middle, a plain row at the end
+    tape.append(("k", "a", "b", "s", 1.0))
+    tape.append(("k", "a", "b", "s", 1.0, "w", 1, "int", ()))
+    assert named_rows(tape_rows(tape.take(2)), [("p", "g", None), None]) == [
+        ("k", "a", "b", "s", 1.0, ("p", "g", None)),
+        ("k", "a", "b", "s", 1.0, None, "w", 1, "int", (), None, None, None)]
+    # memory grown while rows were held is given back once they are taken
+    for _ in range(200_000):
+        tape.append(("k" * 40, "a", "b", "s" * 40, 1.0))
+    assert sys.getsizeof(tape) > 16 << 20
+    tape.take(len(tape))
+    assert sys.getsizeof(tape) < 1 << 20
 
 
 def test_compiled_hook_setting_is_validated():
