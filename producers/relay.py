@@ -24,7 +24,7 @@ which takes the GIL from Dask's event loop) and when closing:
 
 - a ``transition_log`` record's five fields (key, start, finish, stimulus_id,
   timestamp, as the transport buffers them), or the rows the compiled hook wrote to
-  its tape (one ``bytes`` a frame, see :func:`~producers.events.tape_row`), go with
+  its tape (one ``bytes`` a frame, see :func:`~producers.events.tape_rows`), go with
   the names of their task groups (cached per ``TaskGroup``), a transition offered
   with Dask's kwargs a ``TransitionRow`` (see
   :mod:`producers.events`), any other item the event its builder returns, as
@@ -111,7 +111,9 @@ except ImportError:  # not POSIX: the pipe keeps its size
 
 from dask_blackbox.contract import encode_key
 from dask_blackbox.producers.encode import sanitize
-from dask_blackbox.producers.events import TRANSITION_WEIGHT, TransitionBuilder, named_rows, tape_rows
+from dask_blackbox.producers.events import (
+    TRANSITION_WEIGHT, TransitionBuilder, named_rows, tape_rows,
+)
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import (
     BUSY_ENVELOPE, OS_THREAD_NAME, SENDER_THREAD_PREFIX, Transport, _name_os_thread,
@@ -619,9 +621,10 @@ class _Receiver:
         """Offer a frame's rows to the transport, in the Dask process's order.
 
         A frame is ``(drops, identity, records, names, others)``: ``records`` holds
-        five fields (key, start, finish, stimulus_id, ts) per transition record, or,
-        from the compiled hook's tape, the ``marshal`` bytes of the list of their rows
-        (:func:`~producers.events.tape_row`), and ``names`` its group's names; ``others`` is ``[(position, row)]`` for the other
+        five fields (key, start, finish, stimulus_id, ts) per transition record, or
+        the bytes of their rows the compiled hook's tape gave
+        (:func:`~producers.events.tape_rows`), and ``names`` its group's names;
+        ``others`` is ``[(position, row)]`` for the other
         items, ``position`` being the item's place in the frame, ``row`` a
         ``TransitionRow``, ``(weight, event)``, or None for an item the relay could
         not hand over (counted there, done here at once)."""

@@ -27,6 +27,12 @@ Two kinds of buffer items, one order:
   (one more per 200k-task graph, about 2 s of the scheduler's CPU; see
   ``bench/scheduler_overhead.py``). The fields are objects the task already holds
   (its key), strings and a float: nothing the collector tracks.
+  Where the scheduler's compiled hook runs (:meth:`Transport.use_tape`), a record's
+  row is not in that deque but in a ``producers._hotpath.Tape``, as bytes: the
+  record's five fields, or, for a transition with Dask's kwargs but no error
+  (processing->memory), nine, its worker, nbytes, typename and startstops too (see
+  :func:`~producers.events.tape_row`); its group in the buffer keeps its place, and
+  the sender takes as many rows as it takes groups.
 
 The sender packs events into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`)
 of at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`, encoding each run of
