@@ -1,5 +1,42 @@
 """What the producers cost a busy scheduler, in four shapes, A/B in ABBA/BAAB quads.
 
+FINDINGS, twelfth pass (2026-11-26, session 18): every transition without an error written as bytes
+
+- What the eleventh pass named, built: the compiled hook (``producers/_hotpath.c``)
+  writes every transition without an error, processing->memory included (worker,
+  nbytes, typename, startstops read from the call's keywords), as a row in
+  ``marshal``'s format to a ``Tape``, and only the task's group to the buffer; the
+  relay hands a frame's rows over as one bytes object and names the groups with a
+  C-level lookup. No Python object is created or held per transition.
+- Counts, one run each (``transition_hotpath.py --callgrind``): hook 2,799 -> 111
+  instructions a transition (a no-op Python plugin's call costs more: it builds
+  the kwargs dict), the relay's hand-over 5,348 -> 1,925 an event, the scheduler
+  process per event with the helper 8,140 -> 2,037. ``gc_pressure.py`` (2 runs a
+  side): young collections added by the producers 252 -> 0 (A 1, B 0).
+  ``scheduler_instructions.py`` (1 run, first tape version): the event loop's
+  instructions B / A 1.010 (+1,987 a transition, the graph hook and everything
+  else included); the functions that differ most are the hook's own (put_str,
+  put_row, hook_vectorcall) and CPython's collector, with fewer instructions in B.
+- 200k, 4 quads (``nice -n 5 python bench/scheduler_overhead.py --quads 4 --shapes
+  200k``, 16 runs, 13be339's code plus the tape's shared strings):
+  wall 1.069, 1.041, 1.147, 1.011 -> **1.055**; CPU 1.085, 1.023, 1.194, 1.008 ->
+  **1.054** (order-balanced: ABBA quads 1.140, BAAB 1.015). Per thread, medians of
+  8 runs a side: event loop +3.47 s, Dask-Offload +1.33 s, relay thread **0.29 s**
+  (was 1.2-1.8 s), whole process +4.96 s (68.88 -> 73.85); GC **+0.26 s**, gen-0
+  +19 (was +72 to +304), gen-1 +0, gen-2 4 / 4; helper 5.13 s; workers +9.11 s.
+  A runs alone spanned 62.9-76.6 s within one quad (quad 3). Not met.
+- Where the rest goes is no longer instructions in the scheduler process: its
+  event loop executes ~1 % more instructions, its relay thread 0.3 s, yet the
+  event loop's CPU is +3.5 s and Dask-Offload's (which runs none of our code)
+  +1.3 s, with ~1,100 more involuntary context switches (11,596 -> 12,683) and
+  full collections ~5 % slower in B. On 2 cores shared with 2 workers, the
+  workers' own recording (+9.1 s), the helper (5.1 s) and the broker (0.5 s) run
+  beside the scheduler: what is left looks like contention for the cores and their
+  caches, which instruction counts cannot see. Next: the workers' recording (their
+  transitions, the same tape), the helper's decode (its rows' keys and stimulus
+  ids are new objects), and a control run that burns the same CPU beside A
+  (``--control-burn``) to size the contention itself.
+
 FINDINGS, eleventh pass (2026-11-26, session 17): the plain transitions, removed; then in C
 
 - An experiment (not kept in the tree): the hook returned at once for every

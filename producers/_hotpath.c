@@ -168,6 +168,17 @@ put_int32(Tape *t, char type, int32_t v)
     return put(t, b, 5);
 }
 
+/* A type and a size: one byte after ``small`` below 256, else four after ``large``. */
+static int
+put_size(Tape *t, char small, char large, Py_ssize_t size)
+{
+    if (size < 256) {
+        unsigned char head[2] = {(unsigned char)small, (unsigned char)size};
+        return put(t, head, 2);
+    }
+    return size > INT32_MAX ? -1 : put_int32(t, large, (int32_t)size);
+}
+
 /* marshal's TYPE_LONG: the count of 15-bit digits (negative for a negative
  * number), then the digits, least significant first, two bytes each */
 static int
@@ -198,13 +209,8 @@ put_str(Tape *t, PyObject *o)
         return -1;
     if (PyUnicode_IS_ASCII(o)) {
         Py_ssize_t size = PyUnicode_GET_LENGTH(o);
-        if (size < 256) {
-            unsigned char head[2] = {'z', (unsigned char)size};
-            if (put(t, head, 2) < 0)
-                return -1;
-        } else if (size > INT32_MAX || put_int32(t, 'a', (int32_t)size) < 0) {
+        if (put_size(t, 'z', 'a', size) < 0)
             return -1;
-        }
         return put(t, PyUnicode_DATA(o), size);
     }
     /* not ASCII: its UTF-8 (strict: a lone surrogate is not written), in a
@@ -220,6 +226,18 @@ put_str(Tape *t, PyObject *o)
     return r;
 }
 
+static int put_value(Tape *t, PyObject *o, int depth);
+
+/* Write ``size`` values, each at ``depth``; -1 as put_value. */
+static int
+put_items(Tape *t, PyObject *const *items, Py_ssize_t size, int depth)
+{
+    for (Py_ssize_t i = 0; i < size; i++)
+        if (put_value(t, items[i], depth) < 0)
+            return -1;
+    return 0;
+}
+
 /* Write ``o``; -1 if it cannot be (an exception may be set: the caller clears). */
 static int
 put_value(Tape *t, PyObject *o, int depth)
@@ -232,7 +250,7 @@ put_value(Tape *t, PyObject *o, int depth)
     if (type == &PyFloat_Type) {
         unsigned char b[9];
         b[0] = 'g';
-        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(o), b + 1, 1) < 0)
+        if (PyFloat_Pack8(PyFloat_AS_DOUBLE(o), (char *)b + 1, 1) < 0)
             return -1;
         return put(t, b, 9);
     }
@@ -253,27 +271,16 @@ put_value(Tape *t, PyObject *o, int depth)
         return -1;
     if (type == &PyTuple_Type) {
         Py_ssize_t size = PyTuple_GET_SIZE(o);
-        if (size < 256) {
-            unsigned char head[2] = {')', (unsigned char)size};
-            if (put(t, head, 2) < 0)
-                return -1;
-        } else if (size > INT32_MAX || put_int32(t, '(', (int32_t)size) < 0) {
+        if (put_size(t, ')', '(', size) < 0)
             return -1;
-        }
-        for (Py_ssize_t i = 0; i < size; i++)
-            if (put_value(t, PyTuple_GET_ITEM(o, i), depth + 1) < 0)
-                return -1;
-        return 0;
+        return put_items(t, &PyTuple_GET_ITEM(o, 0), size, depth + 1);
     }
     if (type == &PyList_Type) {
         Py_ssize_t size = PyList_GET_SIZE(o);
         if (size > INT32_MAX || put_int32(t, '[', (int32_t)size) < 0)
             return -1;
         /* no Python code runs while it is written: the list cannot change */
-        for (Py_ssize_t i = 0; i < size; i++)
-            if (put_value(t, PyList_GET_ITEM(o, i), depth + 1) < 0)
-                return -1;
-        return 0;
+        return put_items(t, ((PyListObject *)o)->ob_item, size, depth + 1);
     }
     if (type == &PyDict_Type) {
         Py_ssize_t pos = 0;
