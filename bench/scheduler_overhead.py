@@ -36,6 +36,12 @@ FINDINGS, twelfth pass (2026-11-26, session 18): every transition without an err
   transitions, the same tape), the helper's decode (its rows' keys and stimulus
   ids are new objects), and a control run that burns the same CPU beside A
   (``--control-burn``) to size the contention itself.
+- 32k and fresh40k on the same tree (``nice -n 5 python bench/scheduler_overhead.py
+  --quads 4 --shapes 32k,fresh40k``; fresh40k stopped after 3 quads for time):
+  32k wall 1.026, 1.156, 0.998, 0.972 -> median 1.012, CPU 1.002, 1.222, 0.988,
+  0.975 -> 0.995; fresh40k wall 0.983, 0.991, 1.036, CPU 0.953, 0.983, 1.094 (3
+  quads: below the 4 the issue asks). One quad in four of each is 9-22 % off the
+  others: the noise of this machine, not a result.
 
 FINDINGS, eleventh pass (2026-11-26, session 17): the plain transitions, removed; then in C
 

@@ -384,7 +384,8 @@ tape_take(PyObject *op, PyObject *arg)
     uint32_t u = (uint32_t)k;
     b[0] = '[';
     b[1] = u & 0xff; b[2] = (u >> 8) & 0xff; b[3] = (u >> 16) & 0xff; b[4] = (u >> 24) & 0xff;
-    memcpy(b + 5, t->data + t->head, end - t->head);
+    if (end > t->head)  /* an empty tape may have no memory at all */
+        memcpy(b + 5, t->data + t->head, end - t->head);
     t->first += k;
     t->head = end;
     if (t->first == t->n)  /* all taken: start over */
