@@ -153,12 +153,10 @@ class GroupNames:
     span id never change once its tasks are runnable.
     """
 
-    __slots__ = ("_cache", "cached", "lookup")
+    __slots__ = ("_cache", "lookup")
 
     def __init__(self) -> None:
         self._cache: dict[Any, tuple] = _NamesCache()
-        #: ``cached(group)``: its names if known already, else None (a C call)
-        self.cached = self._cache.get
         #: ``lookup(group)``: its names, a C call unless they are not known yet
         #: (``list(map(lookup, groups))`` names many groups without a Python frame)
         self.lookup = self._cache.__getitem__

@@ -31,8 +31,9 @@ worker, nbytes, typename and startstops besides), and appends the task's
 ``TaskGroup`` to the buffer, which keeps the row's place: no Python object is
 created or held for it, and the sender thread, or the relay's helper process,
 decodes a frame's rows in one call (see ``bench/transition_hotpath.py
---callgrind``). Every other call reaches this method, which then offers one tuple
-an item. Without the compiled hook, this method does it all: a transition that
+--callgrind``). Every other call reaches this method, which then offers the
+transition as one tuple (never a record's fields: they would be out of the tape's
+order). Without the compiled hook, this method does it all: a transition that
 carried nothing but what Dask's log records (released->waiting,
 waiting->processing, memory->released, ->forgotten: ~4 in 5) costs one dict lookup
 and two deque appends of objects that exist already (the five fields of the log
