@@ -76,7 +76,8 @@ the relay and status threads it runs under ``SCHED_BATCH`` (Linux): waking up, n
 of the recording's threads preempts a running thread of Dask's. The relay and status
 threads keep the Dask process's niceness: they take its GIL, and a thread starved
 while holding it would stall Dask's event loop. The helper's CPU is reported as
-``relay_cpu_seconds`` in :meth:`stats`. It
+``relay_cpu_seconds`` in :meth:`stats`, its collector's collections per generation
+as ``relay_gc_collections`` (it collects rarely: :data:`HELPER_GC_THRESHOLDS`). It
 imports neither Dask's scheduler nor the pipeline's packages (37 MiB at start); what
 it holds while behind is bounded by the buffer limits above, as Python objects
 (about 180 MB measured while it trailed a 32k-task graph on a loaded machine).
@@ -85,6 +86,7 @@ it holds while behind is bounded by the buffer limits above, as Python objects
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import logging
 import marshal
@@ -140,6 +142,14 @@ LINGER = 0.5
 #: has not read yet wait there rather than in the relay thread's write, and a
 #: killed Dask process's last frames are still read.
 PIPE_BYTES = 1 << 20
+#: The helper's collector thresholds (``gc.set_threshold``; CPython's default is
+#: 700, 10, 10). Nearly all it allocates is acyclic and short-lived (a frame's rows,
+#: their keys, strings and floats, the envelopes' parts): at 700, a collection
+#: traverses the young rows every ~70 events and the older ones every ~700, about
+#: 1.2 us an event of its ~5 (``bench/relay_replay.py``, session 19). The cycles it
+#: does make (asyncio's futures and exceptions, aiokafka's) are still collected, a
+#: few dozen times a minute under load instead of hundreds of times a second.
+HELPER_GC_THRESHOLDS = (20_000, 20, 20)
 #: A helper's buffer limits: what the Dask process hands over is bounded there.
 _UNBOUNDED = 1 << 62
 _HEADER = struct.Struct("<I")
@@ -480,6 +490,7 @@ class RelayTransport(Transport):
         self.connected = bool(status.get("connected"))
         helper.lost_at_close = status.get("lost_at_close", 0)
         helper.cpu = status.get("cpu", helper.cpu)
+        helper.collections = status.get("gc", helper.collections)
 
     def stats(self) -> dict[str, Any]:
         out = super().stats()
@@ -488,6 +499,7 @@ class RelayTransport(Transport):
         out["relay_pid"] = self.relay_pid
         out["relay_ready"] = helper is not None and helper.started
         out["relay_cpu_seconds"] = self._relay_cpu_before + (helper.cpu if helper else 0.0)
+        out["relay_gc_collections"] = list(helper.collections) if helper else None
         return out
 
 
@@ -503,6 +515,7 @@ class _Helper:
         self.last: dict[str, int] = {}  # its counters in its last status
         self.lost_at_close = 0
         self.cpu = 0.0
+        self.collections: list[int] = [0, 0, 0]  # its collector's, per generation
         self.started = False  # it wrote its first status line
         self.ended = threading.Event()  # its stdout ended
         # Isolated (-I): the helper imports what this process imports, from this
@@ -681,6 +694,7 @@ class _Receiver:
             return None
         self._last_status = line
         status["cpu"] = time.process_time()
+        status["gc"] = [s["collections"] for s in gc.get_stats()]
         return orjson.dumps(status) + b"\n"
 
 
@@ -704,6 +718,8 @@ def main() -> None:
         pass
     _yield_on_wakeup()  # before any thread starts: they inherit it and the niceness
     receiver = _Receiver(hello)
+    gc.freeze()  # what importing and starting made is never traversed again
+    gc.set_threshold(*HELPER_GC_THRESHOLDS)
     out.write(receiver.status(force=True))
     out.flush()
     selector = selectors.DefaultSelector()
