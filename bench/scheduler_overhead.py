@@ -28,6 +28,10 @@ FINDINGS, thirteenth pass (2026-11-26, session 19): the helper's collector
   +2.96 s (+9.11); broker 0.41 s; GC +0.19 s, gen-0 +18, gen-1 +0, gen-2 4 / 4;
   event loop preempted +827 (+1,087). 32k: whole process -0.01 s, helper 0.72 s;
   fresh40k: whole process +0.16 s, helper 0.83 s, workers -1.09 s.
+- noop100k after it, 2 quads (``--quads 2 --shapes noop100k``, 8 runs of ~165 s):
+  throughput with/without 1.033, 0.987 -> **1.010** (602 / 610 tasks/s, medians of
+  runs), wall 0.968, 1.013 -> 0.991, CPU 0.895, 1.026 -> 0.960; process -0.83 s,
+  relay 0.15 s, helper 1.96 s (3.41 in session 14). Two quads, not four.
 - This hour the machine ran 200k's runs in 131-155 s of wall (its CPU 58-70 s a
   run): slower than session 18's, so less of the run's time was contended. A quad
   in four still lands 4-6 % off the others (200k quad 4, 32k quad 3): the medians
