@@ -104,6 +104,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections import deque
 
 import dask
 import dask.config
@@ -288,15 +289,14 @@ def _installed_like(tree: pathlib.Path) -> list[str]:
 
 def collector(path: pathlib.Path, runs: int) -> None:
     """The ``collector`` step (module docstring)."""
-    from collections import deque
-
     frames = read_frames(path)
     hello = relay.decode_frame(frames[0][1])
     hello.update(settings=producers.ProducerSettings.resolve(), producer_id="collector",
                  cluster_id=None)  # no identity: its sender never packs nor sends
     raw = [data for _, data in frames[1:]]
     events = sum(len(f[3]) + len(f[4]) for f in map(relay.decode_frame, raw))
-    sides = {"default": (700, 10, 10), "helper": relay.HELPER_GC_THRESHOLDS}
+    default = gc.get_threshold()  # CPython's, as this process has them
+    sides = {"default": default, "helper": relay.HELPER_GC_THRESHOLDS}
     results: dict[str, list[float]] = {side: [] for side in sides}
     order = ["default", "helper", "helper", "default"]
     for i in range(runs * 2):
@@ -313,7 +313,7 @@ def collector(path: pathlib.Path, runs: int) -> None:
                 packed += envelope[1]
         took = time.perf_counter() - t0
         after = [g["collections"] for g in gc.get_stats()]
-        gc.set_threshold(700, 10, 10)
+        gc.set_threshold(*default)
         transport.close_blocking(time.monotonic() + 1)
         assert packed == events, (packed, events)
         results[side].append(took / events * 1e9)

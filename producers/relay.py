@@ -146,9 +146,9 @@ PIPE_BYTES = 1 << 20
 #: 700, 10, 10). Nearly all it allocates is acyclic and short-lived (a frame's rows,
 #: their keys, strings and floats, the envelopes' parts): at 700, a collection
 #: traverses the young rows every ~70 events and the older ones every ~700, about
-#: 1.2 us an event of its ~5 (``bench/relay_replay.py``, session 19). The cycles it
-#: does make (asyncio's futures and exceptions, aiokafka's) are still collected, a
-#: few dozen times a minute under load instead of hundreds of times a second.
+#: 1 us an event of its ~5 (``bench/relay_replay.py collector``, session 19). The
+#: cycles it does make (asyncio's futures and exceptions, aiokafka's) are still
+#: collected, a few dozen times a minute under load instead of dozens a second.
 HELPER_GC_THRESHOLDS = (20_000, 20, 20)
 #: A helper's buffer limits: what the Dask process hands over is bounded there.
 _UNBOUNDED = 1 << 62
