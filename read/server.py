@@ -6,8 +6,9 @@ the header ``X-Blackbox-Token`` (the random token the sink writes to
 ``<data-dir>/sink.json``, readable only by its owner). The answer is JSON
 ``{"columns": [...], "types": [...], "rows": [[...], ...]}`` or, with status 400,
 ``{"error": "..."}`` (plus ``"rejected": true`` when the statement was refused
-before it ran). Parameters are bound server-side by clickhouse-connect
-(``{name:Type}`` placeholders), never spliced into the SQL. ``GET /ping`` answers
+before it ran). Parameters are bound by ClickHouse, never spliced into the SQL: each
+must be a ``{name:Type}`` placeholder of the statement
+(:func:`~dask_blackbox.read.guard.check_parameters`). ``GET /ping`` answers
 ``{"ok": true}`` to the same token.
 
 Every statement goes through :class:`~dask_blackbox.read.guard.ReadOnlyClient`: one
@@ -195,8 +196,6 @@ class QueryServer:
     def execute(self, sql, parameters) -> bytes:
         if not isinstance(sql, str):
             raise QueryRejected("the request needs 'sql', a string")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise QueryRejected("'parameters' must be an object")
         result = self.reader.query(sql, parameters)
         types = [t.name for t in result.column_types]
         return encode_result(result.column_names, types, result.result_rows)
