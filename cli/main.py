@@ -23,7 +23,7 @@ import sys
 import dask.config
 
 from dask_blackbox import config
-from dask_blackbox.cli.formatting import FORMATS, print_result, working
+from dask_blackbox.cli.formatting import FORMATS, print_result, printable, working
 
 # Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
 _QUERY_COMMANDS = {
@@ -253,5 +253,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
-    first = text.splitlines()[0]
+    first = printable(text.splitlines()[0])
     return first if len(first) < 400 else first[:400] + "..."

@@ -12,7 +12,8 @@ One supervisor per data directory: ``up`` holds an exclusive ``flock`` on
 directory fails at once, whatever the timing. While it runs it writes
 ``<data-dir>/up.json``, so other commands (``demo``, ``status``, ``query``, the query
 commands, the producers) find the broker it started. The data directory, its
-``logs/`` and the chDB store are created readable by their owner only (0700).
+``logs/`` and the chDB store are readable by their owner only (0700: created so, and
+an existing one's mode is fixed).
 
 Children write to pipes the supervisor reads: each child's lines go to
 ``<data-dir>/logs/<child>.log``, rotated at ``blackbox.local.log-max-bytes`` (two older
@@ -77,9 +78,7 @@ def _detach_and_die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _private_dir(path: pathlib.Path) -> None:
-    """Create ``path`` (and missing parents) readable by its owner only."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+_private_dir = runfiles.private_dir
 
 
 def prepare_data_dir() -> pathlib.Path:
