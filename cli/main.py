@@ -37,19 +37,26 @@ _QUERY_COMMANDS = {
 
 
 def _duration_ago_or_time(text: str) -> datetime.datetime:
-    """'2h', '30m', '7d' (that long ago) or an ISO date/time (UTC if no zone)."""
+    """'2h', '30m', '7d' (that long ago) or an ISO date/time (UTC if no zone), between
+    1900 and 2299 (what ClickHouse's DateTime64 holds)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
     now = datetime.datetime.now(datetime.timezone.utc)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        return now - datetime.timedelta(**{unit: float(m[1])})
     try:
-        t = datetime.datetime.fromisoformat(text)
+        if m:
+            unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+            t = now - datetime.timedelta(**{unit: float(m[1])})
+        else:
+            t = datetime.datetime.fromisoformat(text)
+            t = t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+        if not 1900 <= t.astimezone(datetime.timezone.utc).year <= 2299:
+            raise OverflowError
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither a duration like 2h / 30m / 7d nor an ISO date-time"
         ) from None
-    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time between 1900 and 2299") from None
+    return t
 
 
 def _key_value(text: str) -> tuple[str, str]:
