@@ -21,6 +21,7 @@ import pathlib
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import dask.config
@@ -38,7 +39,9 @@ BACKEND = {"server": "RemoteBackend", "direct": "DirectBackend"}
 #: Limits the sinks' query servers run with (and the direct path gets by --set).
 LIMITS = {"DASK_BLACKBOX__QUERY__MAX_EXECUTION_TIME": "2s",
           "DASK_BLACKBOX__QUERY__MAX_MEMORY_USAGE": "64MiB",
-          "DASK_BLACKBOX__QUERY__SOCKET_TIMEOUT": "1s"}
+          "DASK_BLACKBOX__QUERY__SOCKET_TIMEOUT": "1s",
+          "DASK_BLACKBOX__QUERY__REQUEST_TIMEOUT": "2s",
+          "DASK_BLACKBOX__QUERY__SERVER_THREADS": "3"}
 
 
 def _settings(broker: str, data_dir) -> dict[str, str]:
@@ -330,6 +333,68 @@ def test_query_server_rejects_bad_content_length(paths):
     # A client that connects and says nothing is dropped.
     assert _exchange(host, port, b"", hold_open=True) == b""
     # And the server still serves.
+    ok = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
+    assert ok.startswith(b"HTTP/1.0 200 ") and b'"rows":[[1]]' in ok, ok[:300]
+
+
+class Trickle:
+    """A client that sends its request a byte at a time, each byte well within the
+    socket timeout (1s), as a slow or hostile client would; it notes when the server
+    closed the connection."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.sock = socket.create_connection((host, port), timeout=5)
+        self.request = _post(token, "Content-Length: 1000\r\n", b"{")
+        self.sent = 0
+        self.closed_after: float | None = None
+        self.started = time.monotonic()
+
+    def step(self) -> None:
+        if self.closed_after is not None:
+            return
+        try:
+            self.sock.sendall(self.request[self.sent % len(self.request):][:1])
+            self.sent += 1
+            self.sock.setblocking(False)
+            try:
+                answer = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            finally:
+                self.sock.setblocking(True)
+            if answer == b"" or answer:
+                self.closed_after = time.monotonic() - self.started
+        except OSError:
+            self.closed_after = time.monotonic() - self.started
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_query_server_bounds_whole_requests_and_threads(paths):
+    """The request timeout (2s here) bounds the whole request, not one read; at most
+    3 requests are handled at once, a fourth is answered 503 at once."""
+    host, port, token = _server(paths["server"])
+    body = b'{"sql": "SELECT 1"}'
+    slow = [Trickle(host, port, token) for _ in range(3)]
+    try:
+        for _ in range(3):  # a few bytes each: every thread is taken
+            for t in slow:
+                t.step()
+            time.sleep(0.2)
+        busy = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
+        assert busy.startswith(b"HTTP/1.0 503 "), busy[:200]
+        assert b"busy" in busy
+        give_up = time.monotonic() + 15
+        while time.monotonic() < give_up and any(t.closed_after is None for t in slow):
+            for t in slow:
+                t.step()
+            time.sleep(0.3)
+        assert all(t.closed_after is not None for t in slow), [t.sent for t in slow]
+        assert all(t.sent < 40 for t in slow), [t.sent for t in slow]  # cut off, not done
+    finally:
+        for t in slow:
+            t.close()
     ok = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
     assert ok.startswith(b"HTTP/1.0 200 ") and b'"rows":[[1]]' in ok, ok[:300]
 
