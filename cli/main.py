@@ -199,7 +199,8 @@ def _up(args: argparse.Namespace) -> int:
           f"DASK_BLACKBOX__KAFKA__TOPIC_PREFIX={config.topic_prefix()}", flush=True)
     code = pipeline.run_until_signal()
     print("dask-blackbox: stopping", flush=True)
-    drained = pipeline.stop(progress=lambda m: print("  " + m, flush=True))
+    # Bounded, but long enough for a child restarted to drain to rejoin its group.
+    drained = pipeline.stop(drain_timeout=120, progress=lambda m: print("  " + m, flush=True))
     if not drained:
         print("dask-blackbox: warning: stopped before everything was loaded", file=sys.stderr)
     print("dask-blackbox: stopped", flush=True)

@@ -7,7 +7,9 @@ token), and removes it when it stops:
 - ``up.json``, by the local supervisor (``dask-blackbox up``):
   ``{"pid", "kafka", "topic_prefix", "clickhouse", "started_at"}``;
 - ``sink.json``, by the sink while it runs:
-  ``{"pid", "query_url", "dsn", "started_at", "token"}``.
+  ``{"pid", "query_url", "dsn", "started_at", "token", "loading"}`` (``loading``:
+  the sink has its partitions and loads; false while it joins its group and
+  repairs what a crash left, when it already serves queries).
 
 The data directory and what a pipeline keeps under it (logs, the chDB store, the
 brokers' and processors' data) are private to their owner: :func:`private_dir`

@@ -7,8 +7,11 @@ but these settings), open ClickHouse (chDB dir writable, server reachable), appl
 the schema migrations, start the *companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
 query server for a ``chdb://`` DSN, which only this process may open), create the
 Kafka topics, start the consumer. Then ``<data-dir>/sink.json`` is written
-(``{"pid", "query_url", "dsn", "started_at", "token"}``; mode 0600, the token guards
-the query server; see :mod:`dask_blackbox.runfiles`) and one line ``sink ready ...``
+(``{"pid", "query_url", "dsn", "started_at", "token", "loading"}``; mode 0600, the
+token guards the query server; see :mod:`dask_blackbox.runfiles`) with ``loading``
+false: queries are served. Ready means loading: once the consumer group has given
+the sink its partitions and they are prepared (a crash repaired,
+:mod:`.consumer`), sink.json says ``loading: true`` and one line ``sink ready ...``
 goes to stdout.
 
 SIGTERM or SIGINT stops it cleanly: a batch being inserted is finished and committed,
@@ -102,20 +105,27 @@ async def serve(companion: CompanionFactory | None = None) -> None:
                 f"blackbox.sink.session-timeout: {s.session_timeout:g}s is outside what the "
                 "broker accepts (its group.min.session.timeout.ms .. group.max.session.timeout.ms; "
                 "Apache Kafka's default minimum is 6s)") from None
-        runfiles.write(s.data_dir, runfiles.SINK, {
-            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": config.redact(s.dsn),
-            "started_at": time.time(), "token": token,
-        })
+        info = {"pid": os.getpid(), "query_url": server.url if server else None,
+                "dsn": config.redact(s.dsn), "started_at": time.time(), "token": token,
+                "loading": False}
+        runfiles.write(s.data_dir, runfiles.SINK, info)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, consumer.stop)
-        print(
-            f"sink ready: {clickhouse.redact(s.dsn)} database={s.target.database} "
-            f"group={s.group_id} topics={','.join(topics)} "
-            f"query_url={server.url if server else '-'}",
-            flush=True,
-        )
-        await consumer.run()
+        running = asyncio.ensure_future(consumer.run())
+        ready = asyncio.ensure_future(consumer.loading.wait())
+        await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            runfiles.write(s.data_dir, runfiles.SINK, {**info, "loading": True})
+            print(
+                f"sink ready: {clickhouse.redact(s.dsn)} database={s.target.database} "
+                f"group={s.group_id} topics={','.join(topics)} "
+                f"query_url={server.url if server else '-'}",
+                flush=True,
+            )
+        else:
+            ready.cancel()
+        await running
         logger.info("stopping after %d batches", consumer.batches_loaded)
     finally:
         runfiles.remove(s.data_dir, runfiles.SINK)
