@@ -164,18 +164,28 @@ def _run_query_command(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Producers with something missing that ``status`` lists, at most (the worst first).
+STATUS_PRODUCERS = 50
+
+
 def _status(args: argparse.Namespace) -> int:
+    """Lag, what was recorded, the producers with envelopes missing, gaps or drops
+    (at most STATUS_PRODUCERS, the worst first: a fleet of thousands of clusters
+    answers as fast as one), rows per table."""
     from dask_blackbox.cli.supervisor import pipeline_lag
     from dask_blackbox.read import queries
 
     lag = asyncio.run(pipeline_lag())
+    backend = queries.connect()
     print_result({
         "consumer lag (messages not yet committed)": (
             ["group", "topic", "lag"],
             [(g, t, n) for g, topics in lag.items() for t, n in topics.items()],
         ),
-        "sequence gaps and drops per producer": queries.gaps_and_drops(queries.connect()),
-        "rows per table": queries.table_counts(queries.connect()),
+        "recorded": queries.recording_summary(backend),
+        f"producers with envelopes missing, gaps or drops (at most {STATUS_PRODUCERS})":
+            queries.gaps_and_drops(backend, problems_only=True, limit=STATUS_PRODUCERS),
+        "rows per table": queries.table_counts(backend),
     }, args.format)
     return 0
 
