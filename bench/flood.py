@@ -21,6 +21,7 @@ end), the clusters it held at the end, and what it refused past its bounds
 (``processors.max-live-clusters``, ``max-live-keys-total``: dead letters).
 
     python bench/flood.py [--clusters 10000] [--per-cluster 10] [--broker tansu|kafka] [--only A]
+                          [--worker-python PATH]   # another checkout's processors, to compare
 """
 
 from __future__ import annotations
@@ -162,7 +163,7 @@ def sink_and_status(conf: dict, workdir: str, messages: int) -> dict:
 
 
 def run(broker: str, clusters: int, per_cluster: int, workdir: str, extra: dict,
-        with_sink: bool = False) -> dict:
+        with_sink: bool = False, python: str = sys.executable) -> dict:
     """Publish the flood, then process it with one fresh faust worker."""
     prefix = "flood" + uuid.uuid4().hex[:6]
     conf = {**processor_settings(broker, prefix, 4), **extra}
@@ -175,7 +176,7 @@ def run(broker: str, clusters: int, per_cluster: int, workdir: str, extra: dict,
     log_path = os.path.join(workdir, f"faust-{prefix}.log")
     with open(log_path, "w") as log:
         worker = subprocess.Popen(
-            [sys.executable, "-m", "faust", "-A", "dask_blackbox.stream_processors.app", "--datadir",
+            [python, "-m", "faust", "-A", "dask_blackbox.stream_processors.app", "--datadir",
              os.path.join(workdir, prefix), "-l", "info", "worker", "--web-port", str(port),
              "--web-host", "127.0.0.1"], env=env, stdout=log, stderr=subprocess.STDOUT)
     process = psutil.Process(worker.pid)
@@ -225,9 +226,9 @@ def show(label: str, clusters: int, s: dict) -> float:
     print(f"{label}: {s['messages']} envelopes of {clusters} clusters in {wall:.1f}s wall, "
           f"{cpu:.1f}s CPU of the faust worker: {rate:.0f} envelopes/s, "
           f"{s['messages'] / cpu:.0f} per CPU second", flush=True)
-    print(f"  RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in s["rss"].items())
+    print("  RSS MiB: " + ", ".join(f"{k} {v:.0f}" for k, v in s["rss"].items())
           + f", peak {s['peak']:.0f}; clusters held at the end {s['clusters']}; "
-          f"dead letters {s['dead_letters']}, refused past bounds "
+          f"dead letters {s['dead_letters']}, refused past the bounds "
           f"{s.get('refused_clusters', 0)} envelopes of new clusters, "
           f"{s.get('refused_keys', 0)} keys", flush=True)
     return rate
@@ -240,6 +241,9 @@ def main() -> None:
     parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
     parser.add_argument("--only", choices=("A", "B"), help="run one side only")
     parser.add_argument("--no-sink", action="store_true", help="skip the sink and status step")
+    parser.add_argument("--worker-python", default=sys.executable,
+                        help="the Python that runs the faust worker (whose dask_blackbox it "
+                             "imports): compare another checkout's processors")
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a blackbox.processors.* setting for both sides")
     args = parser.parse_args()
@@ -255,7 +259,7 @@ def main() -> None:
             rates = {}
             if args.only in (None, "A"):
                 a = run(local.address, args.clusters, args.per_cluster, workdir, extra,
-                        with_sink=not args.no_sink)
+                        with_sink=not args.no_sink, python=args.worker_python)
                 rates["A"] = show("A flood", args.clusters, a)
                 if "sink" in a:
                     under, after = a["sink"]["status_s"]
@@ -274,7 +278,8 @@ def main() -> None:
                        round(grown, 2), "x", 1.5, 1.2, better="lower")
             if args.only in (None, "B"):
                 few = max(1, args.clusters // 100)
-                b = run(local.address, few, args.clusters * args.per_cluster // few, workdir, extra)
+                b = run(local.address, few, args.clusters * args.per_cluster // few, workdir, extra,
+                        python=args.worker_python)
                 rates["B"] = show("B few clusters", few, b)
             if len(rates) == 2:
                 report("flood: envelopes per CPU second, many clusters / few",

@@ -468,9 +468,6 @@ class LocalPipeline:
         return True
 
     # ------------------------------------------------------------------- run
-    def failed_child(self) -> Child | None:
-        return next((c for c in self.children if not c.alive()), None)
-
     def run_until_signal(self) -> int:
         """Serve until SIGINT/SIGTERM (then 0), supervising: a child that dies is
         started again (see the module docstring)."""
