@@ -41,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from report import report  # noqa: E402
 
 from dask_blackbox import clickhouse  # noqa: E402
-from dask_blackbox.read import backends  # noqa: E402
+from dask_blackbox.read import backends, cost  # noqa: E402
 from dask_blackbox.read.critical_path import critical_path  # noqa: E402
 from dask_blackbox.sinks.schema import Target, migrate  # noqa: E402
 
@@ -214,6 +214,51 @@ class Run:
             "startstops.source": pa.array(rows_ss_source, type=pa.list_(pa.string())),
         })
 
+    def extras(self, cluster_id: str) -> dict[str, pa.Table]:
+        """The span, the workers' arrivals (with the thread history) and their
+        fine performance metrics (one row per worker, second, prefix and activity):
+        what the cost of the span is read from."""
+        ts = pa.timestamp("us", tz="UTC")
+        t = int(self.t0 * 1e6)
+        workers = [f"tcp://w{w}" for w in range(WORKERS)]
+        lifecycle = pa.table({
+            "cluster_id": [cluster_id] * (WORKERS + 1),
+            "ts": pa.array([t] * (WORKERS + 1)).cast(ts),
+            "action": ["scheduler_start"] + ["worker_added"] * WORKERS,
+            "worker": [""] + workers,
+            "detail": ["{}"] + ['{"nthreads": %d}' % THREADS] * WORKERS,
+            "total_nthreads.time": pa.array([[t - 1_000_000 + i for i in range(WORKERS + 1)]] + [[]] * WORKERS,
+                                            type=pa.list_(pa.int64())).cast(pa.list_(ts)),
+            "total_nthreads.nthreads": pa.array([[THREADS * i for i in range(WORKERS + 1)]] + [[]] * WORKERS,
+                                                type=pa.list_(pa.uint32())),
+        })
+        spans = pa.table({"cluster_id": [cluster_id], "span_id": ["span-1"], "name": [["bench"]],
+                          "parent_id": [""], "enqueued": pa.array([t]).cast(ts),
+                          "ts": pa.array([t]).cast(ts)})
+        rows = {"worker": [], "ts": [], "prefix": [], "activity": [], "value": []}
+        second = np.floor(self.end - self.t0).astype(int)
+        prefixes = np.array(self.prefix)
+        busy = self.end - self.begin
+        for w in range(WORKERS):
+            mine = self.worker == w
+            for p in DURATIONS:
+                sel = mine & (prefixes == p)
+                per_second = np.bincount(second[sel], weights=busy[sel])
+                for sec in np.flatnonzero(per_second):
+                    for activity, share in (("thread-cpu", 0.9), ("thread-noncpu", 0.08), ("other", 0.02)):
+                        rows["worker"].append(workers[w])
+                        rows["ts"].append(t + int(sec) * 1_000_000)
+                        rows["prefix"].append(p)
+                        rows["activity"].append(activity)
+                        rows["value"].append(float(per_second[sec]) * share)
+        m = len(rows["ts"])
+        digests = pa.table({"cluster_id": [cluster_id] * m, "worker": rows["worker"],
+                            "ts": pa.array(rows["ts"]).cast(ts), "context": ["execute"] * m,
+                            "span_id": ["span-1"] * m, "prefix": rows["prefix"],
+                            "activity": rows["activity"], "unit": ["seconds"] * m,
+                            "value": rows["value"]})
+        return {"lifecycle": lifecycle, "spans": spans, "worker_digests": digests}
+
     def graph_tasks(self, cluster_id: str) -> pa.Table:
         deps: list[list[str]] = [[] for _ in range(self.n)]
         for _, first, n, d in self.layers:
@@ -271,6 +316,8 @@ def main() -> None:
                 insert(client, "transitions", transitions)
                 if variant == "graph":
                     insert(client, "graph_tasks", run.graph_tasks(cluster_id))
+                    for name, rows in run.extras(cluster_id).items():
+                        insert(client, name, rows)
             print(f"{label}: {run.n:,} tasks, {transitions.num_rows:,} transitions a cluster, "
                   f"synthesised and loaded in {time.perf_counter() - t:.0f}s", flush=True)
             del transitions
@@ -293,6 +340,15 @@ def main() -> None:
                        round(wall, 2), "s", bound)
                 report(f"critical path, {label}-task run, {variant} (median, CPU)",
                        round(cpu, 2), "s", bound)
+            cluster_id = f"bench-cp-{label}-graph"
+            wall, cpu, found = median_s(lambda: cost.span_costs(backend, [cluster_id]), args.repeat)
+            [span_cost] = found
+            print(f"  cost of the span: cpu {span_cost.measures.cpu_s:.1f} s, busy "
+                  f"{span_cost.measures.busy_s:.1f} s, moved {span_cost.measures.moved_bytes:,} B, "
+                  f"memory {span_cost.measures.memory_byte_s / 2**30:.1f} GiB*s, offered "
+                  f"{span_cost.offered_s:.1f} s, idle {span_cost.idle_s:.1f} s; median of "
+                  f"{args.repeat}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
+            report(f"span cost, {label}-task run (median, wall)", round(wall, 2), "s", None)
     finally:
         client.close()
         if not args.keep:

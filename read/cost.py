@@ -123,14 +123,14 @@ def measures(backend: Backend, cluster_ids: Sequence[str]) -> dict[tuple[str, st
         f"WITH ends AS (SELECT cluster_id, toFloat64(max(ts)) AS end_s FROM {t} "
         "WHERE cluster_id IN {ids:Array(String)} GROUP BY cluster_id) "
         "SELECT k.cluster_id, span_id, prefix, sum(nb * (left_s - entered_s + open * ends.end_s)) "
-        "FROM (SELECT cluster_id, key, argMaxIf(span_id, ts, span_id != '') AS span_id, "
+        "FROM (SELECT cluster_id, cityHash64(key) AS kh, argMaxIf(span_id, ts, span_id != '') AS span_id, "
         "argMaxIf(prefix, ts, prefix != '') AS prefix, "
         "toFloat64(argMaxIf(nbytes, ts, nbytes IS NOT NULL)) AS nb, "
         "sumIf(toFloat64(ts), finish = 'memory') AS entered_s, "
         "sumIf(toFloat64(ts), start = 'memory') AS left_s, "
         "countIf(finish = 'memory') - countIf(start = 'memory') AS open "
         f"FROM {t} WHERE cluster_id IN {{ids:Array(String)}} AND source = 'scheduler' "
-        "GROUP BY cluster_id, key HAVING countIf(finish = 'memory') > 0) AS k "
+        "GROUP BY cluster_id, kh HAVING countIf(finish = 'memory') > 0) AS k "
         "INNER JOIN ends ON ends.cluster_id = k.cluster_id "
         "GROUP BY k.cluster_id, span_id, prefix", p)
     for c, s, pr, byte_s in rows:
@@ -141,19 +141,20 @@ def measures(backend: Backend, cluster_ids: Sequence[str]) -> dict[tuple[str, st
     graphed_ids = {r[0] for r in graphed}
     if graphed_ids:
         _, rows = backend.query(
-            f"WITH fin AS (SELECT cluster_id, key, argMax(worker, ts) AS worker, "
+            f"WITH fin AS (SELECT cluster_id, cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
             "argMax(ifNull(nbytes, 0), ts) AS nbytes, argMax(span_id, ts) AS span_id, "
             f"argMax(prefix, ts) AS prefix, min(ts) AS first FROM {t} "
             "WHERE cluster_id IN {g:Array(String)} AND source = 'scheduler' "
-            "AND start = 'processing' AND finish = 'memory' GROUP BY cluster_id, key) "
+            "AND start = 'processing' AND finish = 'memory' GROUP BY cluster_id, kh) "
             "SELECT m.cluster_id, m.span_id, m.prefix, sum(d.nbytes) FROM ("
-            " SELECT e.cluster_id AS cluster_id, e.dep AS dep, f.worker AS dest, "
+            " SELECT e.cluster_id AS cluster_id, e.dh AS dh, f.worker AS dest, "
             " argMin(f.span_id, f.first) AS span_id, argMin(f.prefix, f.first) AS prefix "
-            f" FROM (SELECT DISTINCT cluster_id, key, arrayJoin(dependencies) AS dep FROM {g} "
+            " FROM (SELECT DISTINCT cluster_id, cityHash64(key) AS kh, "
+            f" cityHash64(arrayJoin(dependencies)) AS dh FROM {g} "
             " WHERE cluster_id IN {g:Array(String)}) AS e "
-            " INNER JOIN fin AS f ON f.cluster_id = e.cluster_id AND f.key = e.key "
-            " GROUP BY e.cluster_id, e.dep, f.worker) AS m "
-            "INNER JOIN fin AS d ON d.cluster_id = m.cluster_id AND d.key = m.dep "
+            " INNER JOIN fin AS f ON f.cluster_id = e.cluster_id AND f.kh = e.kh "
+            " GROUP BY e.cluster_id, e.dh, f.worker) AS m "
+            "INNER JOIN fin AS d ON d.cluster_id = m.cluster_id AND d.kh = m.dh "
             "WHERE d.worker != m.dest GROUP BY m.cluster_id, m.span_id, m.prefix",
             {"g": sorted(graphed_ids)})
         for c, s, pr, moved in rows:
@@ -230,18 +231,34 @@ def active_cpu_seconds(times: list[float], counts: list[int], enqueued: float, s
 
 
 def _workers(backend: Backend, cluster_id: str) -> dict[str, list[_Worker]]:
-    """Each worker's lives: threads, when it joined and left (None: never left)."""
+    """Each worker's lives: threads, when it joined and left (None: never left).
+
+    A worker's threads are those its worker_added event names, else the step its
+    arrival or departure made in the cluster's thread count (``total_nthreads``). A
+    worker already there when the recording began (no worker_added) joined, for
+    these purposes, when the recording began."""
     _, rows = backend.query(
-        "SELECT worker, action, toFloat64(ts), JSONExtractInt(detail, 'nthreads') "
+        "SELECT worker, action, toFloat64(ts), JSONExtractInt(detail, 'nthreads'), "
+        "total_nthreads.nthreads "
         f"FROM {table(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_added', 'worker_removed') AND worker != '' ORDER BY ts",
-        {"c": cluster_id})
+        "AND (action IN ('worker_added', 'worker_removed') AND worker != '' "
+        "OR action = 'scheduler_start') ORDER BY ts", {"c": cluster_id})
     lives: dict[str, list[_Worker]] = defaultdict(list)
-    for worker, action, ts, nthreads in rows:
-        if action == "worker_added":
-            lives[worker].append(_Worker(int(nthreads or 0), ts, None))
+    began, running = None, 0
+    for worker, action, ts, nthreads, counts in rows:
+        counts = [int(n) for n in counts]
+        before = counts[-2] if len(counts) > 1 else running
+        step = abs(counts[-1] - before) if counts else 0
+        running = counts[-1] if counts else running
+        if action == "scheduler_start":
+            began = ts if began is None else began
+        elif action == "worker_added":
+            lives[worker].append(_Worker(int(nthreads or step), ts, None))
         elif lives[worker] and lives[worker][-1].left is None:
-            lives[worker][-1] = lives[worker][-1]._replace(left=ts)
+            life = lives[worker][-1]
+            lives[worker][-1] = life._replace(left=ts, nthreads=life.nthreads or step)
+        elif not lives[worker]:
+            lives[worker].append(_Worker(step, began if began is not None else ts, ts))
     return lives
 
 

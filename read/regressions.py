@@ -45,12 +45,16 @@ from dask_blackbox.read.critical_path import NoActions, critical_path
 from dask_blackbox.read.filters import TimeBound, build, cluster_ids, cluster_names, epoch, table
 
 #: Significance of a rank test, before the Bonferroni correction.
-ALPHA = 0.01
+ALPHA = 0.05
 #: A change must move the run's task seconds (compute, transfer, disk) by this fraction
 #: at least: a prefix of a few short tasks can double without making a run slower.
 MIN_SHARE = 0.01
 #: Tasks a side the statistics look at (sampled by ClickHouse beyond that).
 SAMPLE = 2000
+#: Earlier runs read for the noise (the latest ones).
+HISTORY = 20
+#: Prefixes shown by name in the runs side by side (the most compute seconds).
+TOP_PREFIXES = 8
 ACTIONS = ("compute", "transfer", "disk", "waiting")
 WORK = ("compute", "transfer", "disk")
 #: The critical path's part that corresponds to an action.
@@ -149,6 +153,9 @@ class Comparison:
     on_path: tuple[int, float] | None
     comparisons: int
     notes: tuple[str, ...] = ()
+    #: every run read (history, baseline, candidate: oldest first) side by side:
+    #: (metric, one value per run) rows -- elapsed_s, task_s, tasks, compute_s <prefix>
+    table: tuple[tuple, ...] = ()
 
     @property
     def wall_verdict(self) -> str:
@@ -226,7 +233,9 @@ class Comparison:
                 "wall_new": self.wall_new, "wall_band": self.wall_band,
                 "culprit": self.culprit._asdict() if self.culprit else None,
                 "on_critical_path": self.on_path, "method": self.method,
-                "changes": [c._asdict() for c in self.changes]}
+                "changes": [c._asdict() for c in self.changes],
+                "runs": [r.label for r in (*self.history, self.baseline, self.candidate)],
+                "table": [list(row) for row in self.table]}
 
 
 def _s(seconds: float, signed: bool = False) -> str:
@@ -404,7 +413,32 @@ def compare_runs(backend: Backend, baseline: Run, candidate: Run,
     name = what or (f"span {candidate.span_id and _span_name(backend, candidate)!r}"
                     if candidate.span_id else f"the run of {candidate.cluster_name!r}")
     return Comparison(name, baseline, candidate, tuple(history), base.wall, new.wall,
-                      wall_band, tuple(changes), culprit, on_path, testable, tuple(notes))
+                      wall_band, tuple(changes), culprit, on_path, testable, tuple(notes),
+                      _side_by_side([*past, base, new]))
+
+
+def _side_by_side(profiles: list[Profile]) -> tuple[tuple, ...]:
+    """Rows of metric and one value per run: wall, task seconds, tasks, and the
+    compute seconds of the prefixes with the most of it."""
+    compute: dict[str, float] = defaultdict(float)
+    for prof in profiles:
+        for (prefix, action), s in prof.samples.items():
+            if action == "compute":
+                compute[prefix] += s.total
+    top = sorted(compute, key=lambda p: (-compute[p], p))[:TOP_PREFIXES]
+
+    def work(prof: Profile) -> float:
+        return sum(s.total for (_, a), s in prof.samples.items() if a in WORK)
+
+    def value(prof: Profile, prefix: str) -> float:
+        s = prof.samples.get((prefix, "compute"))
+        return s.total if s else 0.0
+
+    return (("elapsed_s", *(p.wall for p in profiles)),
+            ("task_s", *(work(p) for p in profiles)),
+            ("tasks", *(sum(s.n for (_, a), s in p.samples.items() if a == "compute")
+                        for p in profiles)),
+            *((f"compute_s {prefix}", *(value(p, prefix) for p in profiles)) for prefix in top))
 
 
 def _span_name(backend: Backend, run: Run) -> str:
@@ -436,4 +470,4 @@ def compare(backend: Backend, span: str | None = None, cluster: str | None = Non
         where = f" in cluster {cluster!r}" if (span and cluster) else ""
         raise NotComparable(f"{what}{where} was recorded {len(runs)} time(s): at least two "
                             "runs are needed to compare")
-    return compare_runs(backend, runs[-2], runs[-1], runs[:-2], what)
+    return compare_runs(backend, runs[-2], runs[-1], runs[:-2][-HISTORY:], what)
