@@ -261,9 +261,14 @@ def main(argv: list[str] | None = None) -> int:
             return ui.run(args)
         if args.command in ("critical-path", "compare"):
             from dask_blackbox.cli import slowness
+            from dask_blackbox.read import backends
 
-            return slowness.critical_path(args) if args.command == "critical-path" \
-                else slowness.compare(args)
+            backend = backends.connect()
+            try:
+                command = slowness.critical_path if args.command == "critical-path" else slowness.compare
+                return command(args, backend)
+            finally:
+                backend.close()
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
             QueryError, UnknownCluster) as e:

@@ -36,8 +36,9 @@ def add_commands(subparsers, parents: list[argparse.ArgumentParser]) -> None:
 # ---------------------------------------------------------------- critical path
 
 
-def critical_path(args: argparse.Namespace) -> int:
-    from dask_blackbox.read import backends, panels
+def critical_path(args: argparse.Namespace, backend) -> int:
+    """The command, reading through ``backend``; its exit code."""
+    from dask_blackbox.read import panels
 
     if not args.cluster:
         print("dask-blackbox: error: critical-path needs --cluster NAME_OR_ID", file=sys.stderr)
@@ -47,7 +48,6 @@ def critical_path(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 1
     with working("dask-blackbox critical-path: reading ClickHouse"):
-        backend = backends.connect()
         try:
             scope = panels.resolve(backend, args.cluster, args.span, args.since, args.until)
         except panels.NotFound as e:
@@ -126,8 +126,9 @@ def _wrap(lines: list[str], width: int) -> str:
 # ------------------------------------------------------------------- compare
 
 
-def compare(args: argparse.Namespace) -> int:
-    from dask_blackbox.read import panels, queries
+def compare(args: argparse.Namespace, backend) -> int:
+    """The command, reading through ``backend``; its exit code."""
+    from dask_blackbox.read import panels
 
     span = args.span_name
     if not span and not args.cluster:
@@ -135,7 +136,6 @@ def compare(args: argparse.Namespace) -> int:
               "the whole runs of that cluster name", file=sys.stderr)
         return 1
     with working("dask-blackbox compare: reading ClickHouse"):
-        backend = queries.connect()
         try:
             data = panels.compare(backend, span, args.cluster, args.since, args.until)
         except panels.NotFound as e:

@@ -421,7 +421,10 @@ def link_segments(task: _Task, start: float, ready: float | None, ready_part: st
         nonlocal t
         until = min(max(until, t), end)
         if until > t:
-            segments.append(Segment(part, t, until))
+            if segments and segments[-1].part == part:  # one stretch, not two
+                segments[-1] = segments[-1]._replace(stop=until)
+            else:
+                segments.append(Segment(part, t, until))
             t = until
 
     if ready is None:
