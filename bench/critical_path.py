@@ -56,7 +56,7 @@ class Run:
     """A synthetic run: per task its key, prefix, dependencies (indexes), worker and
     times, built layer by layer so every time follows from the dependencies'."""
 
-    def __init__(self, n_tasks: int, seed: int, t0: float) -> None:
+    def __init__(self, n_tasks: int, seed: int, t0: float, depth: int = 0) -> None:
         rng = np.random.default_rng(seed)
         self.t0 = t0
         roots = max(FAN_IN, int(n_tasks / (4 + 1 / (FAN_IN - 1))))
@@ -75,11 +75,20 @@ class Run:
             offset += n
             return offset - n, n
 
-        start, n = layer("load", roots, None)
-        ids = np.arange(n)
-        start, n = layer("add", roots, (start + ids)[:, None])
-        start, n = layer("mul", roots, np.stack([start + ids, start + (ids + 1) % n], axis=1))
-        start, n = layer("sub", roots, (start + ids)[:, None])
+        if depth:  # ``depth`` layers, each task on two of the layer before: a long path
+            width = max(2, n_tasks // depth)
+            ids = np.arange(width)
+            start, n = layer("load", width, None)
+            for i in range(depth - 1):
+                start, n = layer(("add", "mul", "sub")[i % 3], width,
+                                 np.stack([start + ids, start + (ids + 1) % width], axis=1))
+            n = 1
+        else:
+            start, n = layer("load", roots, None)
+            ids = np.arange(n)
+            start, n = layer("add", roots, (start + ids)[:, None])
+            start, n = layer("mul", roots, np.stack([start + ids, start + (ids + 1) % n], axis=1))
+            start, n = layer("sub", roots, (start + ids)[:, None])
         while n > 1:
             m = -(-n // FAN_IN)
             d = np.full((m, FAN_IN), -1)
@@ -298,8 +307,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=3, help="runs per median")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", help="keep the chDB directory here")
+    parser.add_argument("--depth", type=int, default=1000,
+                        help="layers of the deep run (a 100k-task run whose path has this many links)")
+    parser.add_argument("--quick", action="store_true", help="a 20k-task run only")
     args = parser.parse_args()
-    sizes = args.tasks or [100_000, 1_000_000]
+    sizes = args.tasks or ([20_000] if args.quick else [100_000, 1_000_000])
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bb-cp-bench-"))
     client = clickhouse.open_client(f"chdb://{root / 'chdb'}")
     migrate(client, Target("blackbox", 90 * 86400))
@@ -349,6 +361,21 @@ def main() -> None:
                   f"{span_cost.offered_s:.1f} s, idle {span_cost.idle_s:.1f} s; median of "
                   f"{args.repeat}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
             report(f"span cost, {label}-task run (median, wall)", round(wall, 2), "s", None)
+        if args.depth and not args.quick:
+            size = 100_000
+            run = Run(size, args.seed + 99, time.time() - 3 * 86400, depth=args.depth)
+            cluster_id = "bench-cp-deep"
+            insert(client, "transitions", run.transitions(cluster_id))
+            insert(client, "graph_tasks", run.graph_tasks(cluster_id))
+            truth = run.truth()
+            critical_path(backend, cluster_id)
+            wall, cpu, path = median_s(lambda: critical_path(backend, cluster_id), args.repeat)
+            found = [link.key for link in path.links]
+            print(f"deep: {run.n:,} tasks in {args.depth} layers: {len(found):,} links; equals the "
+                  f"synthesised path: {found == truth}; median of {args.repeat}: {wall:.2f} s wall, "
+                  f"{cpu:.2f} s CPU", flush=True)
+            report(f"critical path, 100k-task run of {args.depth} layers (median, wall)",
+                   round(wall, 2), "s", 2)
     finally:
         client.close()
         if not args.keep:

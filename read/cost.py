@@ -3,6 +3,9 @@
 Additive measures (:class:`Measures`), per (cluster, span, prefix), summed over a span
 tree, a prefix or a whole cluster:
 
+(None where the cluster recorded no fine performance metrics, or no graph, for
+the measures read from them.)
+
 ``cpu_s``           thread CPU seconds of the tasks: the fine performance metric
                     ``("execute", span, prefix, "thread-cpu", "seconds")`` the workers
                     reported (``worker_digests``), which is what Dask's
@@ -47,20 +50,18 @@ IDLE_SPANS = 200
 
 
 class Measures(NamedTuple):
-    """Additive cost measures (see the module docstring)."""
+    """Additive cost measures (see the module docstring). None: not recorded (no fine
+    performance metrics, or no graph, for the cluster); a sum with None is None."""
 
-    cpu_s: float = 0.0
-    busy_s: float = 0.0
+    cpu_s: float | None = 0.0
+    busy_s: float | None = 0.0
     moved_bytes: int | None = 0
-    spilled_bytes: int = 0
+    spilled_bytes: int | None = 0
     memory_byte_s: float = 0.0
 
     def __add__(self, other: Measures) -> Measures:  # type: ignore[override]
-        moved = (None if self.moved_bytes is None or other.moved_bytes is None
-                 else self.moved_bytes + other.moved_bytes)
-        return Measures(self.cpu_s + other.cpu_s, self.busy_s + other.busy_s, moved,
-                        self.spilled_bytes + other.spilled_bytes,
-                        self.memory_byte_s + other.memory_byte_s)
+        return Measures(*(None if a is None or b is None else a + b
+                          for a, b in zip(self, other)))
 
 
 def total(items: Iterable[Measures]) -> Measures:
@@ -88,7 +89,7 @@ class SpanCost:
 
     @property
     def idle_or_other_s(self) -> float | None:
-        if self.offered_s is None:
+        if self.offered_s is None or self.measures.busy_s is None:
             return None
         return max(0.0, self.offered_s - self.measures.busy_s)
 
@@ -159,7 +160,12 @@ def measures(backend: Backend, cluster_ids: Sequence[str]) -> dict[tuple[str, st
             {"g": sorted(graphed_ids)})
         for c, s, pr, moved in rows:
             out[(c, s, pr)][2] = int(moved)
-    return {k: Measures(cpu, busy, moved if k[0] in graphed_ids else None, spilled, mem)
+    _, digested = backend.query(
+        f"SELECT DISTINCT cluster_id FROM {d} WHERE cluster_id IN {{ids:Array(String)}}", p)
+    metered = {r[0] for r in digested}
+    return {k: Measures(cpu if k[0] in metered else None, busy if k[0] in metered else None,
+                        moved if k[0] in graphed_ids else None,
+                        spilled if k[0] in metered else None, mem)
             for k, (cpu, busy, moved, spilled, mem) in out.items()}
 
 
@@ -348,6 +354,7 @@ def span_costs(backend: Backend, cluster_ids: Sequence[str],
         per_span[(c, s)].append(m)
     own = {k: total(v) for k, v in per_span.items()}
     graphed = {c for (c, _, _), m in found.items() if m.moved_bytes is not None}
+    metered = {c for (c, _, _), m in found.items() if m.cpu_s is not None}
     by_cluster: dict[str, list[dict]] = defaultdict(list)
     for s in spans:
         by_cluster[s["cluster_id"]].append(s)
@@ -367,6 +374,8 @@ def span_costs(backend: Backend, cluster_ids: Sequence[str],
             m = total(own.get((cluster_id, sid), Measures()) for sid in tree)
             if cluster_id not in graphed:
                 m = m._replace(moved_bytes=None)
+            if cluster_id not in metered:
+                m = m._replace(cpu_s=None, busy_s=None, spilled_bytes=None)
             rows.append((s, m, start, stop))
         wanted = [(s["span_id"], s["enqueued"], stop) for s, _, _, stop in rows
                   if stop is not None and s["enqueued"]

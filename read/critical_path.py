@@ -3,14 +3,13 @@ that determined its wall time, each link split into what it waited on.
 
 Definition. The scope is one cluster's tasks (optionally those of a span tree and/or
 a window) that *finished*: a scheduler transition from ``processing`` to ``memory``
-or ``erred`` carrying the worker's ``startstops``. A task's *end* is the stop of its
-last action (compute, or the disk-write that followed it); its *arrival* is the
-time the scheduler put its result in memory (the transition's ``ts``). The window is
-``[t0, t1]``: the earliest action start and the latest action end in the scope (for
-a span without transfers or spilling this is Dask's ``Span.start`` .. ``Span.stop``).
+or ``erred`` carrying the worker's ``startstops`` with a compute. Its window is
+Dask's: ``t0`` is the earliest compute start (for a span, at least its ``enqueued``:
+``Span.start``), ``t1`` the latest compute stop (``Span.stop``). A task's *arrival*
+is the time the scheduler put its result in memory (the transition's ``ts``).
 
-The walk starts at the task whose action finished last and goes back, at each step
-to the dependency whose result *arrived last* (of those that arrived before the task
+The walk starts at the task whose compute finished last and goes back, at each step to
+the dependency whose result *arrived last* (of those that arrived before the task
 itself did; a dependency recomputed later does not count), as long as that dependency
 is in the scope. The dependencies come from
 
@@ -22,29 +21,36 @@ is in the scope. The dependencies come from
   released it in memory -- Dask runs a task as soon as its last dependency arrives,
   so that transition names exactly the dependency we want (``"stimulus"``). A task
   that left the scheduler's queue, or was released by the client's submission,
-  names no dependency (``"not proven"``): the walk stops there, and says so.
+  names no dependency (``"not proven"``): the walk stops there, and says so. A first
+  link whose last dependency lies outside the scope is ``"outside"``.
 
-A link covers, without gap or overlap, the time from the previous link's end (for
-the first link: ``t0``) to its task's end, split into
+The links cover ``[t0, t1]`` without gap or overlap: a link ends when its task's result
+reached the scheduler (the last link: at ``t1``), and the next begins there. Its
+time is split into
 
 ``client``        the task did not exist yet: the client submitted it later;
 ``dependencies``  its last dependency was not part of the path (outside the span,
                   or the walk stopped) and had not arrived yet;
-``scheduler``     from the moment the previous result left its worker until the
-                  scheduler sent this task to a worker: reporting, the scheduler's
-                  bookkeeping and its queue (``queued`` tasks wait here);
-``transfer``      fetching dependencies from other workers (the task's transfer actions);
-``disk``          reading spilled dependencies before, or writing its result after, compute;
-``thread``        on the worker, waiting for a free thread (and the message's way there);
-``compute``       the task's compute action.
+``scheduler``     from the previous result's arrival until the scheduler sent this
+                  task to a worker: its bookkeeping and its queue (``queued`` tasks
+                  wait here);
+``transfer``      fetching dependencies from other workers (the union of its transfers);
+``disk``          reading spilled dependencies before, and writing its result after, compute;
+``thread``        the rest of its time on the worker: waiting for a free thread, and
+                  the messages to and from the scheduler;
+``compute``       its compute (and any other action the worker reported for it).
 
-The parts of all links add up to ``t1 - t0`` exactly (worker clocks that disagree
-with the scheduler's by more than a link are clipped, never double counted).
+Boundaries are scheduler times, and the worker's parts are durations its own clock
+measured: two workers' clocks (Dask corrects each by an estimate, ``scheduler_delay``)
+never disagree inside a link. The first and last links meet the window's ends, which
+are worker times like Dask's; were a worker's reported work longer than the link, its
+parts shrink in proportion (``thread`` first). The parts of all links add up to
+``t1 - t0`` exactly.
 
 How it runs: one SQL statement computes, in ClickHouse, every finished task's
 predecessor (the argMax of its dependencies' arrivals, a hash join of the graph
-with the arrivals, or the stimulus join) and returns them as two arrays of 64-bit
-key hashes; Python follows the pointers (one step per link) and one more statement
+with the arrivals, or the stimulus join) and returns them as arrays of 64-bit key
+hashes; Python follows the pointers (one step per link) and one more statement
 fetches the transitions of the path's keys only. Anomalies of the recorded graph are
 reported, never raised: dependencies that name a task never recorded (dangling),
 and dependencies that finished after their dependent (a cycle in the recorded graph
@@ -96,10 +102,13 @@ class Link:
     span_id: str
     #: how its predecessor (the previous link, or the dependency outside the path) was found
     found_by: str
-    #: the link covers [start, stop]: from the previous link's end to this task's end
+    #: the link covers [start, stop]: from the previous link's end to this one's
     start: float
     stop: float
     segments: tuple[Segment, ...]
+    #: the task's compute as its worker reported it (where the task stream draws it)
+    compute_start: float
+    compute_stop: float
     #: the transitions the link is read from: (ts, start, finish, stimulus_id)
     evidence: tuple[tuple, ...]
 
@@ -120,6 +129,7 @@ class Link:
                 "span_id": self.span_id, "found_by": self.found_by, "start": self.start,
                 "stop": self.stop, "seconds": self.seconds, "parts": self.parts,
                 "segments": [s._asdict() for s in self.segments],
+                "compute_start": self.compute_start, "compute_stop": self.compute_stop,
                 "evidence": [{"ts": ts, "start": a, "finish": b, "stimulus_id": s}
                              for ts, a, b, s in self.evidence]}
 
@@ -216,7 +226,7 @@ def _scope(cluster_id: str, span_ids: Sequence[str] | None, since: float | None,
            until: float | None) -> tuple[str, dict]:
     """Conditions on transitions selecting the scope's finishing transitions."""
     where = ["cluster_id = {c:String}", "source = 'scheduler'", "start = 'processing'",
-             "finish IN ('memory', 'erred')", "notEmpty(startstops.action)"]
+             "finish IN ('memory', 'erred')", "has(startstops.action, 'compute')"]
     p: dict = {"c": cluster_id}
     if span_ids is not None:
         where.append("span_id IN {ids:Array(String)}")
@@ -241,16 +251,16 @@ def _coverage(backend: Backend, scope: str, p: dict) -> tuple[int, int]:
 
 
 def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) -> str:
-    """One row: the scope's key hashes (sorted), each one's predecessor hash (0: none),
+    """One row: the scope's key hashes, each one's predecessor hash (0: none),
     how it was found (codes of :data:`_FOUND_CODE`), the predecessor's arrival, and
     the window and the last task."""
     t, g = table(backend, "transitions"), table(backend, "graph_tasks")
     ctes = [
         # the scope's tasks: each one's last finish
-        f"fin AS (SELECT cityHash64(key) AS kh, max(ts) AS arrived, "
-        "toFloat64(argMax(arrayMax(startstops.stop), ts)) AS end_s, "
-        "toFloat64(argMax(arrayMin(startstops.start), ts)) AS begin_s "
-        f"FROM {t} WHERE {scope} GROUP BY kh)",
+        f"fin AS (SELECT cityHash64(key) AS kh, max(ts) AS arrived, toFloat64(argMax("
+        "arrayMax(arrayFilter((e, a) -> a = 'compute', startstops.stop, startstops.action)), ts)) "
+        "AS end_s, toFloat64(argMax(arrayMin(arrayFilter((b, a) -> a = 'compute', "
+        f"startstops.start, startstops.action)), ts)) AS begin_s FROM {t} WHERE {scope} GROUP BY kh)",
     ]
     if graph:
         ctes += [
@@ -303,13 +313,13 @@ def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) 
         "SELECT groupArray(kh), groupArray(pred), groupArray(how), groupArray(pred_arrived), "
         "min(begin_s), max(end_s), argMax(kh, end_s) FROM ("
         f"SELECT fin.kh AS kh, {pred} AS pred, {how} AS how, {arrived} AS pred_arrived, "
-        f"fin.begin_s AS begin_s, fin.end_s AS end_s FROM fin{joins} ORDER BY kh) "
+        f"fin.begin_s AS begin_s, fin.end_s AS end_s FROM fin{joins}) "
         "SETTINGS join_use_nulls = 0"
     )
 
 
 class _Pointers(NamedTuple):
-    keys: np.ndarray          # uint64, sorted
+    keys: np.ndarray          # uint64, sorted (the other arrays in the same order)
     preds: np.ndarray         # uint64, 0 = none
     how: np.ndarray           # uint8 codes
     pred_arrived: np.ndarray  # float64
@@ -321,8 +331,12 @@ class _Pointers(NamedTuple):
 def _pointers(backend: Backend, scope: str, p: dict, graph: bool, actions: bool) -> _Pointers:
     _, rows = backend.query(_predecessors_sql(backend, scope, graph, actions), p)
     keys, preds, how, arrived, t0, t1, last = rows[0]
-    return _Pointers(np.asarray(keys, dtype=np.uint64), np.asarray(preds, dtype=np.uint64),
-                     np.asarray(how, dtype=np.uint8), np.asarray(arrived, dtype=np.float64),
+    keys = np.asarray(keys, dtype=np.uint64)
+    # groupArray keeps no order across ClickHouse's threads: sort here, once
+    order = np.argsort(keys, kind="stable")
+    return _Pointers(keys[order], np.asarray(preds, dtype=np.uint64)[order],
+                     np.asarray(how, dtype=np.uint8)[order],
+                     np.asarray(arrived, dtype=np.float64)[order],
                      float(t0 or 0.0), float(t1 or 0.0), int(last or 0))
 
 
@@ -361,8 +375,10 @@ class _Task(NamedTuple):
     evidence: tuple[tuple, ...]
 
     @property
-    def end(self) -> float:
-        return max(stop for _, _, stop in self.actions)
+    def compute(self) -> tuple[float, float]:
+        """Its compute's first start and last stop (the worker's clock)."""
+        computes = [(a, b) for action, a, b in self.actions if action == "compute"]
+        return min(a for a, _ in computes), max(b for _, b in computes)
 
 
 def _tasks(backend: Backend, cluster_id: str, hashes: list[int]) -> dict[int, _Task]:
@@ -378,7 +394,8 @@ def _tasks(backend: Backend, cluster_id: str, hashes: list[int]) -> dict[int, _T
         by_key.setdefault(int(row[0]), []).append(row[1:])
     out = {}
     for kh, story in by_key.items():
-        finishes = [r for r in story if r[2] == "processing" and r[3] in ("memory", "erred") and r[8]]
+        finishes = [r for r in story if r[2] == "processing" and r[3] in ("memory", "erred")
+                    and "compute" in r[8]]
         if not finishes:
             continue
         fin = finishes[-1]
@@ -394,32 +411,33 @@ def _tasks(backend: Backend, cluster_id: str, hashes: list[int]) -> dict[int, _T
     return out
 
 
-def _union(intervals: list[tuple[float, float]], low: float, high: float) -> list[tuple[float, float]]:
-    """The union of ``intervals`` clipped to [low, high], sorted, not overlapping."""
-    out: list[list[float]] = []
+def _union_length(intervals: list[tuple[float, float]]) -> float:
+    """The length of the union of ``intervals``."""
+    total, reach = 0.0, -float("inf")
     for a, b in sorted(intervals):
-        a, b = max(a, low), min(b, high)
-        if b <= a:
-            continue
-        if out and a <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], b)
-        else:
-            out.append([a, b])
-    return [(a, b) for a, b in out]
+        if b > reach:
+            total += b - max(a, reach)
+            reach = b
+    return total
 
 
-def link_segments(task: _Task, start: float, ready: float | None, ready_part: str) -> list[Segment]:
-    """The segments of a link from ``start`` to ``task.end`` (see the module
-    docstring). ``ready``: when the task's last dependency arrived (None: no
+def link_segments(task: _Task, start: float, stop: float, ready: float | None,
+                  ready_part: str, last: bool = False) -> list[Segment]:
+    """The segments of a link from ``start`` to ``stop`` (see the module docstring),
+    contiguous. ``ready``: when the task's last dependency arrived (None: no
     dependency), counted as ``ready_part`` ("scheduler" when that dependency is the
-    previous link, else "dependencies")."""
-    end = task.end
+    previous link, else "dependencies"). ``last``: the link ends at the task's compute
+    stop (the window's end), so what the worker did after it is not in it.
+
+    Until the task reached a worker, the scheduler's times place the segments; from
+    there, the worker's durations in the order it works: transfers, the wait for a
+    thread, reading from disk, compute, writing to disk."""
     segments: list[Segment] = []
     t = start
 
-    def take(part: str, until: float) -> None:
+    def take(part: str, seconds: float) -> None:
         nonlocal t
-        until = min(max(until, t), end)
+        until = min(t + max(seconds, 0.0), stop)
         if until > t:
             if segments and segments[-1].part == part:  # one stretch, not two
                 segments[-1] = segments[-1]._replace(stop=until)
@@ -428,39 +446,41 @@ def link_segments(task: _Task, start: float, ready: float | None, ready_part: st
             t = until
 
     if ready is None:
-        take("client", task.submitted)
+        take("client", task.submitted - t)
     else:
-        take(ready_part, ready)
-    take("scheduler", task.entered)
-    computes = [(a, b) for action, a, b in task.actions if action == "compute"]
-    compute_start = min((a for a, _ in computes), default=end)
-    compute_stop = max((b for _, b in computes), default=end)
-    # on the worker, before compute: transfers, disk reads, and waiting for a thread
-    before = [(a, b, "transfer" if action == "transfer" else "disk")
-              for action, a, b in task.actions if action != "compute" and a < compute_start]
-    busy = {kind: _union([(a, b) for a, b, k in before if k == kind], t, compute_start)
-            for kind in ("transfer", "disk")}
-    marks = sorted([(a, b, kind) for kind, spans in busy.items() for a, b in spans])
-    for a, b, kind in marks:
-        take("thread", a)
-        take(kind, b)
-    take("thread", compute_start)
-    take("compute", compute_stop)
-    take("disk", end)  # a disk-write after compute (or any action after it)
+        take(ready_part, ready - t)
+    take("scheduler", task.entered - t)
+    compute_stop = task.compute[1]
+    actions = [(a, b - c) for a, c, b in task.actions if not last or b <= compute_stop]
+    # (a, duration) pairs; transfers may overlap each other: count their union
+    transfer = _union_length([(c, b) for a, c, b in task.actions if a == "transfer"
+                              and (not last or b <= compute_stop)])
+    before = sum(d for a, d in actions if a == "disk-read")
+    after = sum(d for a, d in actions if a == "disk-write")
+    compute = sum(d for a, d in actions if a not in ("transfer", "disk-read", "disk-write"))
+    budget = stop - t
+    work = transfer + before + compute + after
+    scale = min(1.0, budget / work) if work > 0 else 1.0
+    thread = max(0.0, budget - work * scale)
+    for part, seconds in (("transfer", transfer * scale), ("thread", thread),
+                          ("disk", before * scale), ("compute", compute * scale),
+                          ("disk", after * scale)):
+        take(part, seconds)
+    if t < stop:  # rounding: the link ends where it ends
+        take(segments[-1].part if segments else "thread", stop - t)
     return segments
 
 
 def _links(path: list[int], ptr: _Pointers, tasks: dict[int, _Task]) -> tuple[list[Link], int | None]:
-    """The path's links, first link first, contiguous from ``ptr.t0``; and the key
-    hash of the dependency outside the path that the first link waited on."""
+    """The path's links, first link first, contiguous from ``ptr.t0`` to ``ptr.t1``;
+    and the key hash of the dependency outside the path that the first link waited on."""
+    chain = [(i, tasks[int(ptr.keys[i])]) for i in reversed(path) if int(ptr.keys[i]) in tasks]
     links: list[Link] = []
     previous: _Task | None = None
     waited_on = None
     position = ptr.t0
-    for i in reversed(path):
-        task = tasks.get(int(ptr.keys[i]))
-        if task is None:  # gone between the two statements (retention): skip it
-            continue
+    for n, (i, task) in enumerate(chain):
+        last = n == len(chain) - 1
         found_by = _FOUND_CODE.get(int(ptr.how[i]), "not proven")
         if previous is not None:
             ready, part = previous.arrived, "scheduler"
@@ -469,10 +489,10 @@ def _links(path: list[int], ptr: _Pointers, tasks: dict[int, _Task]) -> tuple[li
             ready, part = float(ptr.pred_arrived[i]), "dependencies"
         else:
             ready, part = None, "client"
-        segments = link_segments(task, position, ready, part)
-        stop = max(position, task.end)
+        stop = max(position, ptr.t1 if last else task.arrived)
+        segments = link_segments(task, position, stop, ready, part, last)
         links.append(Link(task.key, task.prefix, task.worker, task.span_id, found_by,
-                          position, stop, tuple(segments), task.evidence))
+                          position, stop, tuple(segments), *task.compute, task.evidence))
         previous, position = task, stop
     return links, waited_on
 
@@ -558,6 +578,13 @@ def critical_path(backend: Backend, cluster_id: str, span_ids: Sequence[str] | N
                         "actions (startstops): there is no path to show")
     graph, actions = n_graphed > 0, n_graphed < n_tasks
     ptr = _pointers(backend, scope, p, graph, actions)
+    if span_ids is not None:  # like Span.start: not before the span was enqueued
+        _, rows = backend.query(
+            f"SELECT toFloat64(min(enqueued)) FROM {table(backend, 'spans')} "
+            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}", p)
+        enqueued = float(rows[0][0] or 0.0) if rows else 0.0
+        if enqueued > ptr.t0:
+            ptr = ptr._replace(t0=min(enqueued, ptr.t1))
     path = _walk(ptr)
     tasks = _tasks(backend, cluster_id, [int(ptr.keys[i]) for i in path]
                    + [int(ptr.preds[path[-1]])] * bool(ptr.preds[path[-1]]))

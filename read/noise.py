@@ -6,32 +6,36 @@ by
 - :func:`rank_test`: the Mann-Whitney U test, two-sided, with the normal
   approximation and the correction for ties (exact enough from about 8 values a side,
   which is where verdicts start, see :data:`MIN_TASKS`);
-- :func:`ratio_interval`: a percentile bootstrap interval of the ratio of the
-  medians (candidate / baseline), resampling tasks within each run, with a fixed
-  seed so the same data always gives the same interval;
-- :func:`run_noise`: the run-to-run spread of a median over earlier runs (the
-  sample standard deviation of its logarithm), which no within-run resampling can
-  see: a machine that is slower one night moves every task of that run.
+- :func:`ratio_interval`: the change as a ratio (candidate / baseline) -- the
+  Hodges-Lehmann estimate, the median of the ratios of every candidate task to every
+  baseline task -- with its distribution-free confidence interval (Moses: the order
+  statistics of those ratios that the U test's critical value points at), the
+  interval that inverts the rank test. Unlike an interval of the ratio of medians, a
+  few tasks a busy machine delayed move it little: they are a few of the pairs;
+- :func:`run_noise`: the run-to-run spread of a median over earlier runs (a robust
+  standard deviation of its logarithm), which no within-run statistic can see: a
+  machine that is slower one night moves every task of that run.
 
 A change is significant when the rank test rejects at ``alpha`` (Bonferroni-corrected
-by the caller for the number of comparisons) *and* the whole bootstrap interval lies
-beyond the noise band (:func:`band`). All functions are deterministic and need only
-numpy.
+by the caller for the number of comparisons) *and* the whole interval lies beyond the
+noise band (:func:`band`). All functions are deterministic and need only numpy.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from statistics import NormalDist
 from typing import NamedTuple
 
 import numpy as np
 
 #: Fewer tasks than this on either side: no verdict for that prefix and action.
 MIN_TASKS = 5
-#: Bootstrap resamples, and the confidence of the interval.
-RESAMPLES = 1000
+#: The confidence of the interval.
 CONFIDENCE = 0.95
+#: At most this many tasks a side enter the interval (every pair of them is a ratio).
+PAIRS_SIDE = 1000
 #: The smallest change worth calling a change, whatever the noise (a fraction).
 MIN_CHANGE = 0.05
 #: How many run-to-run standard deviations the band spans.
@@ -39,7 +43,7 @@ NOISE_SIGMAS = 3.0
 
 
 class Interval(NamedTuple):
-    """A ratio estimate and its bootstrap interval."""
+    """A ratio estimate and its confidence interval."""
 
     ratio: float
     low: float
@@ -75,33 +79,47 @@ def rank_test(x: Sequence[float], y: Sequence[float]) -> float:
     return float(min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2.0))))
 
 
-def ratio_interval(x: Sequence[float], y: Sequence[float], resamples: int = RESAMPLES,
-                   confidence: float = CONFIDENCE, seed: int = 0) -> Interval:
-    """median(y) / median(x) and its percentile bootstrap interval. Both samples
-    must hold at least one positive median; NaN otherwise."""
-    x = np.asarray(x, dtype=float)
-    y = np.asarray(y, dtype=float)
-    mx, my = float(np.median(x)) if len(x) else 0.0, float(np.median(y)) if len(y) else 0.0
-    if mx <= 0 or my <= 0:
+def ratio_interval(x: Sequence[float], y: Sequence[float],
+                   confidence: float = CONFIDENCE) -> Interval:
+    """The Hodges-Lehmann ratio of ``y`` to ``x`` (the median of ``y_j / x_i`` over all
+    pairs) and its Moses confidence interval: the ``C``-th smallest and largest of
+    those ratios, ``C = n1 n2 / 2 - z sqrt(n1 n2 (n1 + n2 + 1) / 12)``. Positive values
+    only (at most :data:`PAIRS_SIDE` a side, evenly taken); NaN when either side has
+    none."""
+    x = _positive(x)
+    y = _positive(y)
+    if not len(x) or not len(y):
         return Interval(math.nan, math.nan, math.nan)
-    rng = np.random.default_rng(seed)
-    bx = np.median(x[rng.integers(0, len(x), (resamples, len(x)))], axis=1)
-    by = np.median(y[rng.integers(0, len(y), (resamples, len(y)))], axis=1)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratios = by / bx
-    ratios = ratios[np.isfinite(ratios)]
-    tail = (1 - confidence) / 2
-    low, high = np.quantile(ratios, [tail, 1 - tail]) if len(ratios) else (math.nan, math.nan)
-    return Interval(my / mx, float(low), float(high))
+    logs = (np.log(y)[None, :] - np.log(x)[:, None]).ravel()
+    logs.sort()
+    n1, n2, pairs = len(x), len(y), len(logs)
+    z = NormalDist().inv_cdf(1 - (1 - confidence) / 2)
+    c = int(math.floor(pairs / 2 - z * math.sqrt(n1 * n2 * (n1 + n2 + 1) / 12)))
+    c = min(max(c, 0), (pairs - 1) // 2)
+    middle = float(np.median(logs))
+    return Interval(math.exp(middle), math.exp(logs[c]), math.exp(logs[pairs - 1 - c]))
+
+
+def _positive(values: Sequence[float]) -> np.ndarray:
+    v = np.asarray(values, dtype=float)
+    v = np.sort(v[v > 0])
+    if len(v) > PAIRS_SIDE:  # evenly spaced order statistics: the same shape, fewer pairs
+        v = v[np.linspace(0, len(v) - 1, PAIRS_SIDE).round().astype(int)]
+    return v
 
 
 def run_noise(medians: Sequence[float]) -> float | None:
-    """The run-to-run spread of a median: the sample standard deviation of the log
-    of the medians of earlier runs (None with fewer than two positive medians)."""
-    logs = [math.log(m) for m in medians if m and m > 0]
+    """The run-to-run spread of a median, as a standard deviation of its logarithm
+    over earlier runs: from the median absolute deviation (times 1.4826) with three
+    runs or more, so that one run on a machine that was busy that night does not
+    widen the band for all; the sample standard deviation with two. None with fewer
+    than two positive medians."""
+    logs = np.array([math.log(m) for m in medians if m and m > 0])
     if len(logs) < 2:
         return None
-    return float(np.std(logs, ddof=1))
+    if len(logs) == 2:
+        return float(np.std(logs, ddof=1))
+    return float(1.4826 * np.median(np.abs(logs - np.median(logs))))
 
 
 def band(noise: float | None, min_change: float = MIN_CHANGE,

@@ -10,13 +10,14 @@ For every task prefix and action (``compute``, ``transfer``, ``disk``, and
 ``waiting``: on the worker before compute, neither transferring nor reading from
 disk -- a thread was busy) the per-task durations of baseline and candidate are
 compared (:mod:`.noise`): the Mann-Whitney U rank test (two-sided; Bonferroni over
-the comparisons made, at :data:`ALPHA`) and a 95% bootstrap interval of the ratio of
-the medians. The noise band of a prefix and action is three run-to-run standard
+the comparisons made, at :data:`ALPHA`) and the Hodges-Lehmann ratio (the median
+ratio of a candidate task to a baseline task) with its 95% confidence interval. The noise band of a prefix and action is three run-to-run standard
 deviations of its median over the history and the baseline (at least
 :data:`~.noise.MIN_CHANGE`; with no history, just that). A change is *slower*
-(*faster*) when the test rejects and the whole interval lies above (below) the band;
-otherwise it is within noise. At most :data:`SAMPLE` tasks a side are resampled
-(ClickHouse samples them); totals are exact.
+(*faster*) when the test rejects, the whole interval lies above (below) the band, and
+it moves the run's task seconds by :data:`MIN_SHARE` at least; otherwise it is within
+noise. At most :data:`SAMPLE` tasks a side are compared (ClickHouse samples them);
+totals are exact.
 
 The *culprit* is the slower prefix and action whose total seconds grew most, a work
 action (compute, transfer, disk) before waiting (which follows from work elsewhere),
@@ -183,12 +184,13 @@ class Comparison:
     def method(self) -> str:
         return (f"per prefix and action, the per-task durations of both runs: Mann-Whitney U "
                 f"rank test (two-sided, alpha {ALPHA} Bonferroni-corrected over "
-                f"{self.comparisons} comparisons) and a {noise.CONFIDENCE:.0%} bootstrap "
-                f"interval ({noise.RESAMPLES} resamples) of the ratio of medians; a change "
-                f"counts when the test rejects and the interval lies beyond the noise band "
+                f"{self.comparisons} comparisons) and the Hodges-Lehmann ratio with its "
+                f"{noise.CONFIDENCE:.0%} confidence interval; a change counts when the test "
+                f"rejects and the interval lies beyond the noise band "
                 f"({noise.NOISE_SIGMAS:g} run-to-run standard deviations of the median over "
                 f"{len(self.history)} earlier run(s) and the baseline, at least "
-                f"{noise.MIN_CHANGE:.0%})")
+                f"{noise.MIN_CHANGE:.0%}) and it moves the run's task seconds by "
+                f"{MIN_SHARE:.0%} at least")
 
     def sentences(self) -> list[str]:
         """The verdict in words, most important first."""

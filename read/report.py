@@ -380,12 +380,11 @@ def critical_path_panel(stream_figure, data: dict) -> None:
     boxes = []
     for link in path["links"]:
         row = row_of.get(link["key"])
-        computes = [s for s in link["segments"] if s["part"] == "compute"]
-        if row is None or not computes:
+        if row is None:
             continue
         waited = {p: v for p, v in link["parts"].items() if p != "compute" and v > 0}
-        boxes.append({"key": link["key"], "row": row, "left": _ms(computes[0]["start"]),
-                      "right": _ms(computes[-1]["stop"]), "prefix": link["prefix"],
+        boxes.append({"key": link["key"], "row": row, "left": _ms(link["compute_start"]),
+                      "right": _ms(link["compute_stop"]), "prefix": link["prefix"],
                       "link": _fmt_s(link["seconds"]),
                       "waited": ", ".join(f"{p} {_fmt_s(v)}" for p, v in waited.items()) or "nothing"})
     if not boxes:

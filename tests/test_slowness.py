@@ -79,13 +79,14 @@ def planted_chain():
 
 def etl(factor: float):
     """Three prefixes; ``transform`` takes ``factor`` times as long. Its tasks sleep
-    0.2 s: a busy machine adds milliseconds to a sleep (one-sided, from a few tasks
-    at a time), which must stay well under the planted change."""
+    0.4 s: a busy machine adds milliseconds (tens, on a 2-core machine running a dozen
+    jobs) to a sleep, one-sided and to a few tasks at a time; that must stay well
+    under the planted change."""
     extract = [delayed(work)(0.040 * (1 + 0.02 * (i % 4)), dask_key_name=f"extract-{i}")
-               for i in range(20)]
-    transform = [delayed(work)(0.200 * (1 + 0.02 * (i % 4)) * factor, e,
+               for i in range(16)]
+    transform = [delayed(work)(0.400 * (1 + 0.02 * (i % 4)) * factor, e,
                                dask_key_name=f"transform-{i}") for i, e in enumerate(extract)]
-    return [delayed(work)(0.040, *transform[5 * i:5 * i + 5], dask_key_name=f"load-{i}")
+    return [delayed(work)(0.040, *transform[4 * i:4 * i + 4], dask_key_name=f"load-{i}")
             for i in range(4)]
 
 
@@ -199,12 +200,14 @@ def test_the_planted_chain_is_the_critical_path(recorded, name, basis, found_by)
     for a, b in zip(path.links, path.links[1:]):
         assert a.stop == b.start
     assert path.links[0].start == path.t0 and path.links[-1].stop == path.t1
-    # Each link computed at least what it slept (a busy machine only adds to it), but
-    # for the few milliseconds two workers' clocks (Dask's scheduler_delay estimates)
-    # may disagree: a link never starts before the previous one ended.
+    # Each link computed what it slept (a busy machine only adds to it): durations of
+    # one worker's clock between the scheduler's times. The last link ends at the
+    # window's end, a worker's time, so a few milliseconds of that worker's clock
+    # estimate may squeeze it.
     sleeps = [CHAIN_S] * len(CHAIN) + [FINAL_S]
-    for link, slept in zip(path.links, sleeps):
-        assert link.parts["compute"] >= slept - 0.005, (link.key, link.parts)
+    for link, slept in zip(path.links[:-1], sleeps):
+        assert link.parts["compute"] >= slept, (link.key, link.parts)
+    assert path.links[-1].parts["compute"] >= FINAL_S - 0.01, path.links[-1].parts
     assert path.parts["compute"] <= path.wall
 
 
@@ -257,9 +260,12 @@ def test_a_prefix_planted_slower_is_flagged_and_identical_runs_are_not(recorded)
     by_id = _etl_runs(recorded)
     base = [by_id[r["cluster_id"]] for r in recorded["runs"]["reg-base"]]
     slow = [by_id[r["cluster_id"]] for r in recorded["runs"]["reg-slow"]]
-    blamed, on_path, alarms = 0, 0, []
+    blamed, on_path, alarms, seen = 0, 0, [], []
     for a, b in itertools.product(base, slow):  # ten regressed pairs
         c = regressions.compare_runs(backend, a, b, [x for x in base if x is not a])
+        [t] = [x for x in c.changes if (x.prefix, x.action) == ("transform", "compute")]
+        seen.append((c.verdict, round(t.ratio, 3), round(t.low, 3), round(t.high, 3),
+                     f"p={t.p_value:.2g}", f"band={t.band:.2f}"))
         if c.verdict == "regression" and (c.culprit.prefix, c.culprit.action) == ("transform", "compute"):
             blamed += 1
             on_path += bool(c.on_path and c.on_path[0])
@@ -267,7 +273,7 @@ def test_a_prefix_planted_slower_is_flagged_and_identical_runs_are_not(recorded)
         c = regressions.compare_runs(backend, a, b, [x for x in base if x not in (a, b)])
         if c.verdict != "no change beyond noise":
             alarms.append(c.sentences())
-    assert blamed >= 9, blamed
+    assert blamed >= 9, seen
     assert on_path == blamed  # the chain runs through a transform task
     assert len(alarms) <= 1, alarms
 

@@ -137,7 +137,8 @@ def test_a_span_with_no_tasks_gets_a_clear_answer(backend, capsys):
     assert api.run_panel(backend, "critical_path", {"cluster": "empty", "span": "nothing"}) == data
     priced = panels.cost(backend, scope)
     [empty] = priced["spans"]
-    assert (empty["cpu_s"], empty["busy_s"], empty["memory_byte_s"]) == (0.0, 0.0, 0.0)
+    # no fine performance metrics were recorded: their measures are unknown, not zero
+    assert (empty["cpu_s"], empty["busy_s"], empty["memory_byte_s"]) == (None, None, 0.0)
     assert empty["start"] is None and empty["offered_s"] is None
     code, out, err = _run_cli(["critical-path", "--cluster", "empty", "--span", "nothing"],
                               backend, capsys)
@@ -177,10 +178,17 @@ def test_rank_test_and_interval_give_the_textbook_values():
     interval = noise.ratio_interval(x, y)
     assert interval.low < 1.15 < interval.high and interval.high - interval.low < 0.05
     assert noise.ratio_interval(x, y) == interval  # deterministic
+    exact = noise.ratio_interval([1.0, 2.0, 4.0], [1.15, 2.3, 4.6])
+    assert exact.ratio == pytest.approx(1.15)  # the median of every new / old ratio
+    # a few tasks a busy machine delayed move it little
+    delayed = np.concatenate([x[:180], x[180:] * 1.5])
+    assert noise.ratio_interval(delayed, y).low > 1.08
     assert noise.beyond(interval, 0.05) == 1 and noise.beyond(noise.ratio_interval(y, x), 0.05) == -1
     assert math.isnan(noise.ratio_interval([], y).ratio)
     assert noise.band(None) == noise.MIN_CHANGE
     assert noise.band(noise.run_noise([1.0, 1.1, 0.9, 1.05])) > 0.2
+    # one run of five on a busy machine does not widen the band
+    assert noise.band(noise.run_noise([1.0, 1.01, 0.99, 1.0, 1.4])) < 0.06
 
 
 def test_a_links_parts_cover_it_exactly():
@@ -188,19 +196,30 @@ def test_a_links_parts_cover_it_exactly():
         "k", "p", "w", "s", arrived=10.9, entered=2.0, submitted=0.0,
         actions=[("transfer", 2.5, 3.0), ("transfer", 2.8, 3.5), ("disk-read", 4.0, 4.5),
                  ("compute", 5.0, 9.0), ("disk-write", 9.0, 10.0)], evidence=())
-    segments = critical_path.link_segments(task, 1.0, 1.5, "scheduler")
-    assert [s.part for s in segments] == ["scheduler", "thread", "transfer", "thread", "disk",
-                                          "thread", "compute", "disk"]
+    segments = critical_path.link_segments(task, 1.0, 10.9, 1.5, "scheduler")
+    assert [s.part for s in segments] == ["scheduler", "transfer", "thread", "disk", "compute",
+                                          "disk"]
     assert all(a.stop == b.start for a, b in zip(segments, segments[1:]))
-    assert segments[0].start == 1.0 and segments[-1].stop == 10.0
-    parts = {}
-    for s in segments:
-        parts[s.part] = parts.get(s.part, 0) + s.stop - s.start
-    assert parts == pytest.approx({"scheduler": 1.0, "thread": 1.5, "transfer": 1.0, "disk": 1.5,
-                                   "compute": 4.0})
-    # a clock that puts the start after the actions: nothing counted twice
-    assert critical_path.link_segments(task, 9.5, None, "client") == [
-        critical_path.Segment("disk", 9.5, 10.0)]
+    assert segments[0].start == 1.0 and segments[-1].stop == 10.9
+
+    def parts(segments):
+        out = {}
+        for s in segments:
+            out[s.part] = out.get(s.part, 0) + s.stop - s.start
+        return out
+
+    # transfers overlap: their union; the worker's durations; the rest is the wait
+    assert parts(segments) == pytest.approx({"scheduler": 1.0, "transfer": 1.0, "thread": 2.4,
+                                             "disk": 1.5, "compute": 4.0})
+    # the last link ends at the compute's stop: the disk-write after it is not in it
+    assert parts(critical_path.link_segments(task, 1.0, 9.0, None, "client", last=True)) == \
+        pytest.approx({"scheduler": 1.0, "transfer": 1.0, "thread": 1.5, "disk": 0.5,
+                       "compute": 4.0})
+    # a worker whose clock put more work in the link than the scheduler saw: the
+    # parts shrink in proportion, nothing is counted twice
+    squeezed = critical_path.link_segments(task, 1.5, 5.0, None, "client")
+    assert sum(s.stop - s.start for s in squeezed) == pytest.approx(3.5)
+    assert parts(squeezed)["compute"] == pytest.approx(4.0 * 3.0 / 6.5)
 
 
 def test_metric_rows_carry_their_units():
