@@ -854,5 +854,9 @@ def compare(backend: Backend, span: str | None, cluster: str | None = None,
         verdict = regressions.compare(backend, span, cluster, since, until).as_dict()
     except regressions.NotComparable as e:
         verdict = {"error": str(e)}
-    return {"span": span, "cluster": cluster, "runs": columns[1:], "verdict": verdict,
-            "metrics": {row[0]: list(row[1:]) for row in rows}}
+    runs, metrics = columns[1:], {row[0]: list(row[1:]) for row in rows}
+    if "table" in verdict and all(v is None for values in metrics.values() for v in values):
+        # no span snapshots (the processors did not run): the runs as their tasks tell
+        runs, metrics = verdict["runs"], {row[0]: list(row[1:]) for row in verdict["table"]}
+    return {"span": span, "cluster": cluster, "runs": runs, "verdict": verdict,
+            "metrics": metrics}

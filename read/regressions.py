@@ -206,7 +206,7 @@ class Comparison:
             out.append(f"{self.verdict.upper()}: {what}, {new} against {base}")
         c = self.culprit
         if c is not None:
-            changed = sum(x.delta for x in self.changes if x.delta > 0) or 1.0
+            changed = sum(x.delta for x in self.changes if x.delta > 0 and x.action in WORK) or 1.0
             path = ("unknown whether on the critical path" if self.on_path is None
                     else "on the critical path ({} link(s), {} of {} there)".format(
                         self.on_path[0], _s(self.on_path[1]), c.action)
@@ -215,7 +215,7 @@ class Comparison:
                        f"(median {_s(c.median_base)} -> {_s(c.median_new)}, interval "
                        f"{c.low - 1:+.1%} .. {c.high - 1:+.1%}, p={c.p_value:.2g}, band "
                        f"±{c.band:.0%}); {_s(c.delta, signed=True)} task seconds, "
-                       f"{max(0.0, c.delta) / changed:.0%} of the increase; {path}")
+                       f"{max(0.0, c.delta) / changed:.0%} of the work that grew; {path}")
         for x in self.changes:
             if x is not c and x.verdict in ("slower", "faster"):
                 out.append(f"also {x.verdict}: prefix {x.prefix!r}, {x.action}: "

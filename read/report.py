@@ -453,9 +453,19 @@ def render_page(name: str, web: bool = True, figures: dict | None = None, root_u
                            **variables)
 
 
+def _unique(labels: list[str]) -> list[str]:
+    """The labels, a repeated one numbered (a categorical axis needs distinct factors)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
 def compare_figures(data: dict) -> dict:
     """Bokeh figures of :func:`panels.compare`: durations and compute by prefix per run."""
-    runs = data["runs"]
+    runs = _unique(data["runs"])
     metrics = data["metrics"]
     figures = {}
     if not runs:

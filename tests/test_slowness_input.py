@@ -59,10 +59,10 @@ def write_run(client, cluster_id: str, name: str, tasks: list[Task],
         prefix = t.prefix or t.key.rstrip("0123456789-")
         last = max(t.deps, key=lambda d: arrived.get(d, -1), default=None)
         released = f"task-finished-{last}" if last in arrived else "update-graph-1"
-        entered = max([arrived.get(d, 0.0) for d in t.deps] + [0.001]) + 0.0005
+        entered = max([arrived.get(d, 0.0) for d in t.deps] + [t.begin - 0.0015]) + 0.0005
         common = [cluster_id, t.key, "scheduler", prefix, prefix, t.span_id]
         rows += [
-            common + [_t(0), "released", "waiting", "update-graph-1", "", [], [], []],
+            common + [_t(first), "released", "waiting", "update-graph-1", "", [], [], []],
             common + [_t(entered), "waiting", "processing", released, "", [], [], []],
             common + [_t(arrived[t.key]), "processing", "memory", f"task-finished-{t.key}",
                       t.worker, ["compute"], [_t(t.begin)], [_t(t.end)]],
@@ -76,7 +76,7 @@ def write_run(client, cluster_id: str, name: str, tasks: list[Task],
                       [[cluster_id, key, _t(0), deps] for key, deps in graph.items()],
                       column_names=["cluster_id", "key", "ts", "dependencies"])
     spans = {"s-etl": ("etl",)} if spans is None else spans
-    client.insert("blackbox.spans", [[cluster_id, sid, list(n), "", _t(0), _t(0)]
+    client.insert("blackbox.spans", [[cluster_id, sid, list(n), "", _t(first), _t(first)]
                                      for sid, n in spans.items()],
                   column_names=["cluster_id", "span_id", "name", "parent_id", "enqueued", "ts"])
 
