@@ -109,8 +109,21 @@ def test_maven_fetches_the_kafka_the_compose_file_runs(compose):
     assert version.startswith("4.")
     assert compose["services"]["kafka"]["image"] == f"apache/kafka:{version}"
     assert "<artifactId>kafka_2.13</artifactId>" in pom
-    ci = (ROOT / ".ci" / "run").read_text()
-    assert "infra/kafka/pom.xml" in ci and "DASK_BLACKBOX__LOCAL__KAFKA_HOME" in ci
+    installer = (ROOT / "run-tests").read_text()
+    assert "infra/kafka/pom.xml" in installer and "DASK_BLACKBOX__LOCAL__KAFKA_HOME" in installer
+
+
+def test_ci_runs_exactly_readme_command_two():
+    """CI runs README command 2 and nothing else; it installs what pip cannot."""
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+          if line and not line.startswith("#")]
+    assert ci[-1] == "exec ./run-tests"
+    readme = (ROOT / "README.md").read_text()
+    assert "./run-tests" in readme
+    installer = (ROOT / "run-tests").read_text()
+    for needed in ("chromium", "openjdk-17-jre-headless", "maven", "sudo",
+                   "pip install -q -e '.[test]'", "exec python -m pytest"):
+        assert needed in installer, needed
 
 
 def test_services_run_the_commands_the_tests_run(compose):
