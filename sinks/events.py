@@ -92,7 +92,9 @@ _FIELD_NAMES = {kind: tuple(f.name for f in fields) for kind, fields in FIELDS.i
 
 # ------------------------------------------------- kinds with their own shape
 
-_TASK_FIELDS = tuple(contract.fields(contract.GraphTask))  # key, prefix, group, span_id, dependencies
+#: A graph task's fields every entry has (key, prefix, group, span_id, dependencies).
+_TASK_FIELDS = tuple(f for f in contract.fields(contract.GraphTask)
+                     if f in contract.GraphTask.__required_keys__)
 _task_fields = operator.itemgetter(*_TASK_FIELDS)
 _NONE = type(None)
 
@@ -110,14 +112,18 @@ def _texts(values: list) -> list:
 
 def _graph_task_columns(tasks: list) -> list:
     """The tasks of a graph event as columns (key, prefix, group, span_id,
-    dependencies); raises Invalid naming the first bad task."""
+    dependencies, n_dependencies: the true count where the listed ones were capped);
+    raises Invalid naming the first bad task."""
     if _types(tasks) <= {dict}:
         try:
             keys, prefixes, groups, spans, dependencies = (
                 list(c) for c in zip(*map(_task_fields, tasks))) if tasks else ([],) * 5
             lists = dependencies if _types(dependencies) <= {list} else [d or [] for d in dependencies]
             if _types(keys) <= {str} and _types([d for ds in lists for d in ds]) <= {str}:
-                return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists]
+                counts = [t.get("n_dependencies") or len(ds) for t, ds in zip(tasks, lists)]
+                if _types(counts) <= {int}:
+                    return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists,
+                            counts]
         except (KeyError, Irregular, TypeError):
             pass
     rows = []
@@ -129,7 +135,9 @@ def _graph_task_columns(tasks: list) -> list:
                      checks.text(task.get("group"), f"tasks[{i}].group"),
                      checks.text(task.get("span_id"), f"tasks[{i}].span_id"),
                      checks.keys(task.get("dependencies"), f"tasks[{i}].dependencies")))
-    return [list(c) for c in zip(*rows)] if rows else [[] for _ in _TASK_FIELDS]
+        rows[-1] += (checks.count(task.get("n_dependencies") or len(rows[-1][4]),
+                                  f"tasks[{i}].n_dependencies"),)
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(6)]
 
 
 def _graph(env: Envelope, ev: dict, now: float):
@@ -139,7 +147,7 @@ def _graph(env: Envelope, ev: dict, now: float):
     ts = checks.event_time(ev.get("ts"), "ts", now)
     stimulus_id = checks.text(ev.get("stimulus_id"), "stimulus_id")
     tasks = checks.list_(ev.get("tasks"), "tasks")
-    key, prefix, group, span_id, dependencies = _graph_task_columns(tasks)
+    key, prefix, group, span_id, dependencies, n_dependencies = _graph_task_columns(tasks)
     part = checks.count(ev.get("part") or 0, "part")
     checks.count(ev.get("parts") or 1, "parts")
     if part == 0:
@@ -156,7 +164,7 @@ def _graph(env: Envelope, ev: dict, now: float):
     n = len(tasks)
     if n:
         yield "graph_tasks", Block([[env.cluster_id] * n, key, [ts] * n, [stimulus_id] * n,
-                                    prefix, group, span_id, dependencies], n)
+                                    prefix, group, span_id, dependencies, n_dependencies], n)
 
 
 def _span(env: Envelope, ev: dict, now: float):

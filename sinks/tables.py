@@ -41,7 +41,7 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "graph_tasks": (
         "cluster_id", "key", "ts", "stimulus_id", "prefix", "task_group", "span_id",
-        "dependencies",
+        "dependencies", "n_dependencies",
     ),
     "events": ("cluster_id", "topic", "ts", "source", "seq", "idx", "msg"),
     "spans": ("cluster_id", "span_id", "name", "parent_id", "enqueued", "ts"),

@@ -165,3 +165,18 @@ def test_dockerfile_copies_every_layer():
     text = (ROOT / "infra" / "Dockerfile").read_text()
     for package in ("dask_blackbox", "producers", "stream_processors", "sinks"):
         assert f"COPY {package} " in text
+
+
+def test_every_benchmark_is_in_the_suite_and_has_a_quick_size():
+    """bench/ is a suite: every script that prints a figure runs under run_all.py,
+    with --quick; the others are its helper modules."""
+    bench = ROOT / "bench"
+    helpers = {"run_all.py", "report.py", "local_broker.py", "process_cluster.py"}
+    scripts = {p.name for p in bench.glob("*.py")} - helpers
+    run_all = (bench / "run_all.py").read_text()
+    listed = set(re.findall(r'"([a-z_]+\.py)"', run_all[run_all.index("BENCHMARKS"):]))
+    assert scripts == listed
+    for name in scripts:
+        text = (bench / name).read_text()
+        assert "--quick" in text and "report(" in text, name
+    assert (bench / "RESULTS.md").exists()

@@ -13,6 +13,8 @@
 -- * graphs.n_recorded / n_keys: how many of the submission's tasks its graph_tasks
 --   rows list (n_tasks is the true count; fewer past blackbox.producer.graph-max-tasks)
 --   and the true count of the keys the client asked for (keys is capped).
+-- * graph_tasks.n_dependencies: how many dependencies the task has (its
+--   dependencies array lists at most 3,000 of them); 0 for rows loaded before.
 -- * logs.worker / logs.key: the worker a record concerns (a worker's or its nanny's;
 --   '' on the scheduler), and the task a worker thread was running when it logged.
 -- * worker_exits: one row per worker process a nanny saw end (contract WorkerExit).
@@ -28,6 +30,11 @@ ALTER TABLE {database}.graphs{local} {on_cluster}
 --cluster: ALTER TABLE {database}.graphs {on_cluster}
 --cluster:     ADD COLUMN IF NOT EXISTS n_recorded UInt32 AFTER n_tasks,
 --cluster:     ADD COLUMN IF NOT EXISTS n_keys UInt32 AFTER n_recorded;
+
+ALTER TABLE {database}.graph_tasks{local} {on_cluster}
+    ADD COLUMN IF NOT EXISTS n_dependencies UInt32 AFTER dependencies;
+--cluster: ALTER TABLE {database}.graph_tasks {on_cluster}
+--cluster:     ADD COLUMN IF NOT EXISTS n_dependencies UInt32 AFTER dependencies;
 
 ALTER TABLE {database}.logs{local} {on_cluster}
     ADD COLUMN IF NOT EXISTS worker LowCardinality(String) AFTER exc_text,
