@@ -321,7 +321,11 @@ class Sender:
                             return
                         await self._sleep(flush)
                         continue
-                    pending.extend(pack(rows, self.settings.max_value_bytes))
+                    try:
+                        pending.extend(pack(rows, self.settings.max_value_bytes))
+                    except Exception:  # a bug must not stop the sender: counted, given up
+                        self.build_failed(len(rows), rows[0])
+                        continue
                     last_pack = time.monotonic()
                     linger = self.busy_linger if len(rows) >= BUSY_ENVELOPE else flush
                 body = pending[0]
