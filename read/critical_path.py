@@ -13,9 +13,9 @@ the dependency whose result *arrived last* (of those that arrived before the tas
 itself did; a dependency recomputed later does not count), as long as that dependency
 is in the scope. The dependencies come from
 
-- the recorded graph (``graph_tasks``) where the task's submission was recorded
-  (``found_by="graph"``; a task with no dependency that arrived in time is a root:
-  ``"root"``);
+- the recorded graph (``graph_tasks``) where the task's submission was recorded with
+  all its dependencies (``found_by="graph"``; a task with no dependency that arrived
+  in time is a root: ``"root"``);
 - otherwise the actions alone: the scheduler moved a task from waiting to
   processing in the same stimulus (``stimulus_id``) that put the dependency which
   released it in memory -- Dask runs a task as soon as its last dependency arrives,
@@ -204,7 +204,8 @@ class CriticalPath:
                        "task whose completion released it (the scheduler's stimulus ids)")
         elif self.basis == "graph and actions":
             out.append(f"the graph was recorded for {self.n_graphed:,} of {self.n_tasks:,} "
-                       "tasks (graph-max-tasks); the others' dependencies come from the "
+                       "tasks (graph-max-tasks, or a task with more dependencies than a "
+                       "graph row lists); the others' dependencies come from the "
                        "scheduler's stimulus ids")
         if self.links and self.links[0].found_by == "not proven":
             out.append(f"the walk stopped at {self.links[0].key!r}: it left the scheduler's "
@@ -240,12 +241,18 @@ def _scope(cluster_id: str, span_ids: Sequence[str] | None, since: float | None,
     return " AND ".join(where), p
 
 
+#: A graph row whose dependencies were all recorded (a task's list stops at 3,000;
+#: ``n_dependencies`` is the true count, 0 in rows recorded before it was).
+_WHOLE = "length(dependencies) >= n_dependencies"
+
+
 def _coverage(backend: Backend, scope: str, p: dict) -> tuple[int, int]:
-    """(finished tasks in the scope, those with a recorded graph row)."""
+    """(finished tasks in the scope, those whose graph row, with all its
+    dependencies, was recorded)."""
     t, g = table(backend, "transitions"), table(backend, "graph_tasks")
     _, rows = backend.query(
         f"SELECT count(), countIf(kh IN (SELECT cityHash64(key) FROM {g} "
-        "WHERE cluster_id = {c:String})) "
+        f"WHERE cluster_id = {{c:String}} AND {_WHOLE})) "
         f"FROM (SELECT DISTINCT cityHash64(key) AS kh FROM {t} WHERE {scope})", p)
     return int(rows[0][0]), int(rows[0][1])
 
@@ -269,7 +276,7 @@ def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) 
             "WHERE cluster_id = {c:String} AND source = 'scheduler' AND finish = 'memory' "
             "GROUP BY dh)",
             f"graphed AS (SELECT DISTINCT cityHash64(key) AS kh FROM {g} "
-            "WHERE cluster_id = {c:String})",
+            f"WHERE cluster_id = {{c:String}} AND {_WHOLE})",
             # per task, the dependency that arrived last before the task itself did
             "gp AS (SELECT e.kh AS kh, argMax(e.dh, a.arrived) AS pred, "
             "toFloat64(max(a.arrived)) AS pred_arrived FROM ("

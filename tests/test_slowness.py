@@ -53,6 +53,7 @@ from dask_blackbox.cli import main as cli
 from dask_blackbox.read import api, cost, critical_path, panels, regressions, report
 
 from conftest import subprocess_env
+from polling import wait_for
 from sink_support import SinkProcess, wait_consumed
 
 CHAIN = [f"chain-{i}" for i in range(6)]
@@ -109,7 +110,8 @@ def _dask_truth(dask_scheduler) -> dict:
             "idle_or_other": metrics.get(("execute", "N/A", "idle or other spans", "seconds")),
         }
     totals = dask_scheduler.cumulative_worker_metrics
-    return {"spans": spans,
+    finished = sum(1 for t in dask_scheduler.transition_log if t[1:3] == ("processing", "memory"))
+    return {"spans": spans, "finished": finished,
             "cpu": sum(v for k, v in totals.items() if isinstance(k, tuple) and k[0] == "execute"
                        and k[-2] == "thread-cpu"),
             "busy": sum(v for k, v in totals.items() if isinstance(k, tuple) and k[0] == "execute"
@@ -161,10 +163,28 @@ def recorded(broker, tmp_path_factory):
                     out["after_first_slow"] = time.time()
             wait_consumed(sink)
             out["backend"] = sink.backend()
+            # A scheduler's helper process (niced) may still be sending when the
+            # cluster is gone: wait until every run is there as Dask saw it.
+            for runs in out["runs"].values():
+                for run in runs:
+                    wait_for(lambda: _loaded(out["backend"], run), 90,
+                             f"the run of {run['name']} to be loaded")
             out["recorded_s"] = time.monotonic() - started
             yield out
         finally:
             sink.terminate()
+
+
+def _loaded(backend, run: dict) -> bool:
+    """Whether ClickHouse holds the run as Dask saw it: every task finished, and every
+    thread-CPU second the workers reported."""
+    _, rows = backend.query(
+        "SELECT countIf(start = 'processing' AND finish = 'memory' AND source = 'scheduler') "
+        "FROM blackbox.transitions WHERE cluster_id = {c:String}", {"c": run["cluster_id"]})
+    _, cpu = backend.query(
+        "SELECT sum(value) FROM blackbox.worker_digests WHERE cluster_id = {c:String} "
+        "AND context = 'execute' AND activity = 'thread-cpu'", {"c": run["cluster_id"]})
+    return rows[0][0] == run["finished"] and (cpu[0][0] or 0) >= run["cpu"] * 0.999
 
 
 def _span(run: dict, name: tuple) -> tuple[str, dict]:
