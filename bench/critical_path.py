@@ -41,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from report import report  # noqa: E402
 
 from dask_blackbox import clickhouse  # noqa: E402
-from dask_blackbox.read import backends, cost  # noqa: E402
+from dask_blackbox.read import backends, cost, panels  # noqa: E402
 from dask_blackbox.read.critical_path import critical_path  # noqa: E402
 from dask_blackbox.sinks.schema import Target, migrate  # noqa: E402
 
@@ -226,7 +226,8 @@ class Run:
     def extras(self, cluster_id: str) -> dict[str, pa.Table]:
         """The span, the workers' arrivals (with the thread history) and their
         fine performance metrics (one row per worker, second, prefix and activity):
-        what the cost of the span is read from."""
+        what the cost of the span is read from; and an envelope, which names the
+        cluster for the Run page."""
         ts = pa.timestamp("us", tz="UTC")
         t = int(self.t0 * 1e6)
         workers = [f"tcp://w{w}" for w in range(WORKERS)]
@@ -266,7 +267,11 @@ class Run:
                             "span_id": ["span-1"] * m, "prefix": rows["prefix"],
                             "activity": rows["activity"], "unit": ["seconds"] * m,
                             "value": rows["value"]})
-        return {"lifecycle": lifecycle, "spans": spans, "worker_digests": digests}
+        envelopes = pa.table({"cluster_id": [cluster_id], "cluster_name": [cluster_id],
+                              "source": ["scheduler"], "producer_id": ["p"], "seq": pa.array([0], pa.uint64()),
+                              "sent_at": pa.array([t]).cast(ts)})
+        return {"lifecycle": lifecycle, "spans": spans, "worker_digests": digests,
+                "envelopes": envelopes}
 
     def graph_tasks(self, cluster_id: str) -> pa.Table:
         deps: list[list[str]] = [[] for _ in range(self.n)]
@@ -361,6 +366,15 @@ def main() -> None:
                   f"{span_cost.offered_s:.1f} s, idle {span_cost.idle_s:.1f} s; median of "
                   f"{args.repeat}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
             report(f"span cost, {label}-task run (median, wall)", round(wall, 2), "s", None)
+            # A/B: the Run page's data without and with these two panels
+            without, _, _ = median_s(lambda: panels.run_data(backend, cluster_id, slowness=False),
+                                     args.repeat)
+            with_, _, _ = median_s(lambda: panels.run_data(backend, cluster_id, slowness=True),
+                                   args.repeat)
+            print(f"  Run page data without / with the critical path and cost panels: "
+                  f"{without:.2f} / {with_:.2f} s (median of {args.repeat} each)", flush=True)
+            report(f"Run page data with the critical path and cost, {label}-task run (median, wall)",
+                   round(with_, 2), "s", None)
         if args.depth and not args.quick:
             size = 100_000
             run = Run(size, args.seed + 99, time.time() - 3 * 86400, depth=args.depth)
