@@ -658,8 +658,9 @@ def cost(backend: Backend, scope: Scope) -> dict:
               "enqueued": c.enqueued or 0.0, "cost": c} for c in spans_]
     tree = [{**n["cost"].as_dict(), "depth": depth} for depth, n in queries.tree_order(nodes)]
     return {"spans": tree,
-            "prefixes": {p: m._asdict() for p, m in sorted(prefixes_.items(),
-                                                            key=lambda kv: -kv[1].busy_s)},
+            "prefixes": {p: m._asdict() for p, m in sorted(
+                prefixes_.items(), key=lambda kv: (-(kv[1].busy_s or 0.0), -kv[1].memory_byte_s,
+                                                   kv[0]))},
             "totals": costs.total(kept)._asdict()}
 
 

@@ -136,6 +136,7 @@ def test_a_span_with_no_tasks_gets_a_clear_answer(backend, capsys):
                     "finished with recorded actions (startstops): there is no path to show"}
     assert api.run_panel(backend, "critical_path", {"cluster": "empty", "span": "nothing"}) == data
     priced = panels.cost(backend, scope)
+    assert panels.cost(backend, panels.resolve(backend, "empty"))["prefixes"]  # no metrics: no sort key
     [empty] = priced["spans"]
     # no fine performance metrics were recorded: their measures are unknown, not zero
     assert (empty["cpu_s"], empty["busy_s"], empty["memory_byte_s"]) == (None, None, 0.0)
