@@ -275,6 +275,9 @@ def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) 
             f"arr AS (SELECT cityHash64(key) AS dh, max(ts) AS arrived FROM {t} "
             "WHERE cluster_id = {c:String} AND source = 'scheduler' AND finish = 'memory' "
             "GROUP BY dh)",
+            # the scope's arrivals alone (fin without its arrays: cheaper to read twice)
+            f"done AS (SELECT cityHash64(key) AS kh, max(ts) AS arrived FROM {t} "
+            f"WHERE {scope} GROUP BY kh)",
             f"graphed AS (SELECT DISTINCT cityHash64(key) AS kh FROM {g} "
             f"WHERE cluster_id = {{c:String}} AND {_WHOLE})",
             # per task, the dependency that arrived last before the task itself did
@@ -282,22 +285,22 @@ def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) 
             "toFloat64(max(a.arrived)) AS pred_arrived FROM ("
             "SELECT cityHash64(key) AS kh, cityHash64(arrayJoin(dependencies)) AS dh "
             f"FROM {g} WHERE cluster_id = {{c:String}}) AS e "
-            "INNER JOIN fin AS f ON f.kh = e.kh INNER JOIN arr AS a ON a.dh = e.dh "
+            "INNER JOIN done AS f ON f.kh = e.kh INNER JOIN arr AS a ON a.dh = e.dh "
             "WHERE a.arrived < f.arrived GROUP BY e.kh)",
         ]
     if actions:
         ctes += [
             # the stimulus that moved each task from waiting to processing ...
-            f"rel AS (SELECT cityHash64(key) AS kh, argMax(stimulus_id, ts) AS stim FROM {t} "
-            "WHERE cluster_id = {c:String} AND source = 'scheduler' AND start = 'waiting' "
-            "AND finish = 'processing' GROUP BY kh)",
+            f"rel AS (SELECT cityHash64(key) AS kh, argMax(cityHash64(stimulus_id), ts) AS sh "
+            f"FROM {t} WHERE cluster_id = {{c:String}} AND source = 'scheduler' "
+            "AND start = 'waiting' AND finish = 'processing' GROUP BY kh)",
             # ... is the one that put the dependency releasing it in memory
-            f"fs AS (SELECT stimulus_id AS stim, argMax(cityHash64(key), ts) AS pred, "
+            f"fs AS (SELECT cityHash64(stimulus_id) AS sh, argMax(cityHash64(key), ts) AS pred, "
             f"toFloat64(max(ts)) AS pred_arrived FROM {t} "
             "WHERE cluster_id = {c:String} AND source = 'scheduler' AND start = 'processing' "
-            "AND finish = 'memory' AND stimulus_id != '' GROUP BY stim)",
+            "AND finish = 'memory' AND stimulus_id != '' GROUP BY sh)",
             "sp AS (SELECT rel.kh AS kh, fs.pred AS pred, fs.pred_arrived AS pred_arrived "
-            "FROM rel INNER JOIN fs ON fs.stim = rel.stim)",
+            "FROM rel INNER JOIN fs ON fs.sh = rel.sh)",
         ]
     joins, pred, how, arrived = "", "toUInt64(0)", "toUInt8(4)", "toFloat64(0)"
     if graph:
