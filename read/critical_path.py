@@ -182,6 +182,8 @@ class CriticalPath:
     issues: GraphIssues
     #: the key of the dependency outside the path the first link waited on, if any
     waited_on: str | None = None
+    #: the walk stopped where the recorded arrivals stopped going back in time
+    stopped: bool = False
 
     @property
     def wall(self) -> float:
@@ -207,6 +209,10 @@ class CriticalPath:
                        "tasks (graph-max-tasks, or a task with more dependencies than a "
                        "graph row lists); the others' dependencies come from the "
                        "scheduler's stimulus ids")
+        if self.stopped and self.links:
+            out.append(f"the walk stopped at {self.links[0].key!r}: its dependency's result "
+                       "did not arrive before the one it led to (repeated stimulus ids, or "
+                       "a corrupt record)")
         if self.links and self.links[0].found_by == "not proven":
             out.append(f"the walk stopped at {self.links[0].key!r}: it left the scheduler's "
                        "queue (or was released by its submission), and without its recorded "
@@ -350,23 +356,24 @@ def _pointers(backend: Backend, scope: str, p: dict, graph: bool, actions: bool)
                      float(t0 or 0.0), float(t1 or 0.0), int(last or 0))
 
 
-def _walk(ptr: _Pointers) -> list[int]:
-    """Indexes into ``ptr.keys`` from the last task back to the path's first."""
+def _walk(ptr: _Pointers) -> tuple[list[int], bool]:
+    """Indexes into ``ptr.keys`` from the last task back to the path's first, and
+    whether the walk stopped because arrivals stopped going back in time (a recorded
+    stimulus id repeated, say): a path is only ever followed into the past."""
     keys = ptr.keys
     n = len(keys)
     i = int(np.searchsorted(keys, np.uint64(ptr.last)))
-    path, seen = [], set()
+    path = [i]
     while True:
-        if i in seen:  # arrivals strictly decrease along the walk; a loop is corrupt data
-            raise RuntimeError("the predecessor walk met a task twice")
-        seen.add(i)
-        path.append(i)
         pred = ptr.preds[i]
         if not pred:
-            return path
+            return path, False
         j = int(np.searchsorted(keys, pred))
         if j >= n or keys[j] != pred:  # outside the scope
-            return path
+            return path, False
+        if ptr.preds[j] and not ptr.pred_arrived[j] < ptr.pred_arrived[i]:
+            return path + [j], True
+        path.append(j)
         i = j
 
 
@@ -481,9 +488,11 @@ def link_segments(task: _Task, start: float, stop: float, ready: float | None,
     return segments
 
 
-def _links(path: list[int], ptr: _Pointers, tasks: dict[int, _Task]) -> tuple[list[Link], int | None]:
+def _links(path: list[int], ptr: _Pointers, tasks: dict[int, _Task],
+           stopped: bool = False) -> tuple[list[Link], int | None]:
     """The path's links, first link first, contiguous from ``ptr.t0`` to ``ptr.t1``;
-    and the key hash of the dependency outside the path that the first link waited on."""
+    and the key hash of the dependency outside the path that the first link waited on.
+    ``stopped``: the walk stopped at the first link (its predecessor is not followed)."""
     chain = [(i, tasks[int(ptr.keys[i])]) for i in reversed(path) if int(ptr.keys[i]) in tasks]
     links: list[Link] = []
     previous: _Task | None = None
@@ -494,6 +503,8 @@ def _links(path: list[int], ptr: _Pointers, tasks: dict[int, _Task]) -> tuple[li
         found_by = _FOUND_CODE.get(int(ptr.how[i]), "not proven")
         if previous is not None:
             ready, part = previous.arrived, "scheduler"
+        elif stopped:
+            found_by, ready, part = "not proven", None, "client"
         elif ptr.preds[i]:
             found_by, waited_on = "outside", int(ptr.preds[i])
             ready, part = float(ptr.pred_arrived[i]), "dependencies"
@@ -595,12 +606,12 @@ def critical_path(backend: Backend, cluster_id: str, span_ids: Sequence[str] | N
         enqueued = float(rows[0][0] or 0.0) if rows else 0.0
         if enqueued > ptr.t0:
             ptr = ptr._replace(t0=min(enqueued, ptr.t1))
-    path = _walk(ptr)
+    path, stopped = _walk(ptr)
     tasks = _tasks(backend, cluster_id, [int(ptr.keys[i]) for i in path]
                    + [int(ptr.preds[path[-1]])] * bool(ptr.preds[path[-1]]))
-    links, waited_on = _links(path, ptr, tasks)
+    links, waited_on = _links(path, ptr, tasks, stopped)
     outside = tasks.get(waited_on) if waited_on is not None else None
     issues = graph_issues(backend, cluster_id, span_ids) if (check_graph and graph) else GraphIssues()
     basis = "graph" if not actions else "actions" if not graph else "graph and actions"
     return CriticalPath(cluster_id, span, ptr.t0, ptr.t1, tuple(links), n_tasks, n_graphed,
-                        basis, issues, outside.key if outside else None)
+                        basis, issues, outside.key if outside else None, stopped)

@@ -92,6 +92,9 @@ def backend(tmp_path_factory):
     write_run(client, "dangling", "dangling", chain[:2],
               graph={"a-1": [], "b-1": ["a-1", "ghost-7"]})
     write_run(client, "empty", "empty", chain, spans={"s-etl": ("etl",), "s-none": ("nothing",)})
+    # no graph, and each task names the other's completion as what released it
+    write_run(client, "loop", "loop", [Task("p-1", 0.01, 1.0, ("q-1",)), Task("q-1", 1.1, 2.0, ("p-1",))],
+              graph={})
     write_run(client, "x-run", "nightly", [Task(f"x-{i}", i * 0.1, i * 0.1 + 0.09) for i in range(8)])
     write_run(client, "y-run", "nightly",
               [Task(f"y-{i}", 100 + i * 0.1, 100 + i * 0.1 + 0.09) for i in range(8)])
@@ -146,6 +149,16 @@ def test_a_span_with_no_tasks_gets_a_clear_answer(backend, capsys):
     assert code == 1 and not out and err.count("\n") == 1 and "no task of span 'nothing'" in err
     # and the span that did run has its path
     assert panels.critical_path(backend, panels.resolve(backend, "empty", span="etl"))["available"]
+
+
+def test_stimulus_ids_that_lead_in_a_circle_stop_the_walk(backend):
+    path = critical_path.critical_path(backend, "loop")
+    assert path.basis == "actions"
+    assert [(link.key, link.found_by) for link in path.links] == [("p-1", "not proven"),
+                                                                   ("q-1", "stimulus")]
+    assert any(n.startswith("the walk stopped at 'p-1': its dependency's result did not arrive")
+               for n in path.notes)
+    assert sum(path.parts.values()) == pytest.approx(path.wall)
 
 
 def test_runs_with_nothing_in_common_get_a_clear_answer(backend, capsys):
