@@ -119,9 +119,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=20)
         elif name == "compare":
             p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
-    from dask_blackbox.cli import ui
+    from dask_blackbox.cli import export, ui
 
     ui.add_commands(sub, [common])
+    export.add_commands(sub, [common])
     return parser
 
 
@@ -206,9 +207,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from dask_blackbox.kafka import KafkaUnreachable
     from dask_blackbox.cli.supervisor import PipelineError
+    from dask_blackbox.exporters.otlp import ExportFailed
+    from dask_blackbox.read.panels import NotFound
     from dask_blackbox.read.queries import QueryError, UnknownCluster
 
-    if args.command != "sink":
+    if args.command not in ("sink", "exporter"):
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
         # once, as a KafkaUnreachable error.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -242,9 +245,14 @@ def main(argv: list[str] | None = None) -> int:
             from dask_blackbox.cli import ui
 
             return ui.run(args)
+        if args.command in ("export", "trace", "exporter"):
+            from dask_blackbox.cli import export
+
+            return {"export": export.export_otlp, "trace": export.trace_file,
+                    "exporter": export.exporter}[args.command](args)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
-            QueryError, UnknownCluster) as e:
+            QueryError, UnknownCluster, NotFound, ExportFailed) as e:
         print(f"dask-blackbox: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

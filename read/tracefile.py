@@ -1,0 +1,218 @@
+"""A recorded run as a trace file in the Chrome Trace Event Format (the JSON that
+Perfetto, ``chrome://tracing`` and ``about:tracing`` open): ``dask-blackbox trace
+--cluster X [--span S] -o run.json.gz``.
+
+The file is one JSON object, gzipped when the name ends in ``.gz``::
+
+    {"traceEvents": [...], "displayTimeUnit": "ms",
+     "otherData": {"cluster_id", "cluster_name", "span", "epoch_us", "threads"}}
+
+Times (``ts``, ``dur``) are whole microseconds since ``otherData.epoch_us`` (the
+run's first recorded moment, in microseconds since the Unix epoch).
+
+- **One process per worker** (``pid`` 1, 2, ... in address order; its name is the
+  worker's address), **one thread row per worker thread**: when the transitions
+  record the thread that ran a task (a ``thread`` column), compute actions go on
+  that thread's row and the worker's other actions (transfers, disk) on rows of
+  their own; otherwise each worker's actions are packed onto the fewest rows on
+  which none overlap, as many as ran at once (``otherData.threads`` says which:
+  "recorded" or "packed"). Every action Dask reported in ``startstops`` is one
+  complete event (``ph: "X"``): ``name`` the task's prefix (the action for
+  transfers and disk), ``cat`` the action, ``args`` the key, the action, and
+  ``erred`` for a task that erred.
+- **The spans on a process of their own** (``pid`` 0, "dask spans"): each Dask span
+  is a begin/end pair (``ph: "B"`` / ``"E"``) from its start to its stop, nested
+  under its parent; spans that overlap without nesting go on another row.
+- **Deaths and errors as instant events** (``ph: "i"``): a worker's death
+  (:func:`dask_blackbox.deaths.is_death`) on its process (``s: "p"``), an erred
+  task on the spans' process (``s: "p"``) with its key and exception.
+
+Metadata events (``ph: "M"``) name every process and thread. The rows are read from
+ClickHouse with the times already in microseconds, and the file is written with
+orjson and zlib at level 1 (the events are very alike: see bench/trace_file.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import pathlib
+from collections import defaultdict
+from typing import Any
+
+import orjson
+
+from dask_blackbox import deaths
+from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.panels import resolve
+from dask_blackbox.read.runs import has_column
+
+#: The process of the spans' rows.
+SPANS_PID = 0
+
+
+def _pack(intervals, lanes_end: list[int]) -> int:
+    """The lowest lane free at ``start`` (a new one if none), claimed until ``stop``."""
+    start, stop = intervals
+    for i, end in enumerate(lanes_end):
+        if end <= start:
+            lanes_end[i] = stop
+            return i
+    lanes_end.append(stop)
+    return len(lanes_end) - 1
+
+
+def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, int]:
+    """A row for each span (start, stop, id, parent) such that on every row the
+    spans nest: a span goes on the first row where, once the spans that ended by its
+    start are closed, the innermost open one contains it."""
+    stacks: list[list[tuple[int, int]]] = []
+    lane_of = {}
+    for start, stop, span_id, _ in sorted(spans, key=lambda s: (s[0], -s[1], s[2])):
+        for i, stack in enumerate(stacks):
+            while stack and stack[-1][1] <= start:
+                stack.pop()
+            if not stack or stack[-1][1] >= stop:
+                stack.append((start, stop))
+                lane_of[span_id] = i
+                break
+        else:
+            stacks.append([(start, stop)])
+            lane_of[span_id] = len(stacks) - 1
+    return lane_of
+
+
+def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dict:
+    """The trace of ``cluster``'s latest run (or of the span ``span`` and its
+    sub-spans) as a Trace Event Format object; NotFound for an unknown cluster or
+    span."""
+    scope = resolve(backend, cluster, span)
+    p: dict[str, Any] = {"c": scope.cluster_id}
+    in_span = ""
+    if scope.span_ids is not None:
+        p["ids"] = scope.span_ids
+        in_span = " AND span_id IN {ids:Array(String)}"
+    recorded = has_column(backend, "transitions", "thread")
+    thread = "thread" if recorded else "NULL"
+    _, bars = backend.query(
+        f"SELECT worker, {thread}, key, prefix, ss.action, "
+        "toInt64(toUnixTimestamp64Micro(ss.start)), toInt64(toUnixTimestamp64Micro(ss.stop)), "
+        f"finish = 'erred' FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
+        f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span} "
+        "ORDER BY worker, ss.start, ss.stop", p)
+    _, span_rows = backend.query(
+        "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
+        "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
+        "arraySum(mapValues(states)), duration "
+        f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
+    _, erred = backend.query(
+        "SELECT toInt64(toUnixTimestamp64Micro(ts)), key, prefix, worker, exception "
+        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
+        f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
+    _, removals = backend.query(
+        "SELECT toFloat64(ts), toInt64(toUnixTimestamp64Micro(ts)), action, worker, reason, "
+        f"stimulus_id, detail FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+        "AND action IN ('worker_removed', 'scheduler_close') ORDER BY ts", p)
+
+    spans = []
+    for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
+        begin = start if start > 0 else enqueued
+        spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
+    starts = [s[0] for s in spans] + [e[0] for e in erred] + [r[1] for r in removals]
+    if bars:
+        starts.append(min(b[5] for b in bars))
+    epoch = min(starts) if starts else 0
+
+    workers = sorted({b[0] for b in bars} | {r[3] for r in removals if r[3]})
+    pid_of = {w: i + 1 for i, w in enumerate(workers)}
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"name": "dask spans"}},
+        {"name": "process_sort_index", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"sort_index": 0}},
+    ]
+    for w, pid in pid_of.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": w}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"sort_index": pid}})
+
+    # task actions: X events, one row per worker thread
+    thread_names: dict[tuple[int, int], str] = {}
+    lanes: dict[str, list[int]] = defaultdict(list)
+    thread_rows: dict[tuple[str, int], int] = {}
+    slices = []
+    append = slices.append
+    for worker, thread_id, key, prefix, action, start, stop, is_erred in bars:
+        pid = pid_of[worker]
+        if thread_id is not None and action == "compute":
+            tid = thread_rows.get((worker, thread_id))
+            if tid is None:
+                tid = thread_rows[(worker, thread_id)] = 1 + len(
+                    [k for k in thread_rows if k[0] == worker])
+                thread_names[(pid, tid)] = f"thread {thread_id}"
+        else:
+            lane = _pack((start, stop), lanes[worker])
+            tid = 1000 + lane if recorded else 1 + lane
+            if (pid, tid) not in thread_names:
+                thread_names[(pid, tid)] = (f"other actions #{lane}" if recorded
+                                            else f"thread row #{lane}")
+        append({"name": prefix if action == "compute" else action, "cat": action, "ph": "X",
+                "ts": start - epoch, "dur": max(stop - start, 0), "pid": pid, "tid": tid,
+                "args": {"key": key, "action": action, "erred": bool(is_erred)}})
+    for (pid, tid), name in sorted(thread_names.items()):
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
+
+    # spans: B/E pairs on rows where they nest
+    lane_of = _span_lanes([(s[0], s[1], s[2], s[3]) for s in spans])
+    for lane in sorted(set(lane_of.values())):
+        events.append({"name": "thread_name", "ph": "M", "pid": SPANS_PID, "tid": lane + 1,
+                       "args": {"name": f"spans #{lane}"}})
+    span_events = []
+    for begin, stop, span_id, parent, name, tasks, task_s in spans:
+        tid = lane_of[span_id] + 1
+        label = name[-1] if name else span_id
+        span_events.append((begin, 1, -stop, {"name": label, "cat": "span", "ph": "B",
+                            "ts": begin - epoch, "pid": SPANS_PID, "tid": tid,
+                            "args": {"span_id": span_id, "path": "/".join(name),
+                                     "parent_id": parent, "tasks": tasks, "task_seconds": task_s}}))
+        span_events.append((stop, 0, -begin, {"name": label, "cat": "span", "ph": "E",
+                            "ts": stop - epoch, "pid": SPANS_PID, "tid": tid}))
+    # at one time, ends before begins; inner ends (later begin) before outer ones
+    span_events.sort(key=lambda e: e[:3])
+    events.extend(e[3] for e in span_events)
+
+    closes = [r[0] for r in removals if r[2] == "scheduler_close"]
+    for ts, ts_us, action, worker, reason, stimulus_id, detail in removals:
+        if action != "worker_removed" or worker not in pid_of:
+            continue
+        try:
+            info = orjson.loads(detail) if detail else None
+        except orjson.JSONDecodeError:
+            info = None
+        if deaths.is_death(info, ts, closes):
+            events.append({"name": "worker died", "cat": "death", "ph": "i", "s": "p",
+                           "ts": ts_us - epoch, "pid": pid_of[worker], "tid": 0,
+                           "args": {"worker": worker, "reason": reason or stimulus_id,
+                                    **deaths.lost(info)}})
+    for ts_us, key, prefix, worker, exception in erred:
+        events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
+                       "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,
+                       "args": {"key": key, "worker": worker, "exception": exception}})
+    events.extend(slices)
+    return {"traceEvents": events, "displayTimeUnit": "ms",
+            "otherData": {"cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name,
+                          "span": span, "epoch_us": epoch,
+                          "threads": "recorded" if recorded else "packed"}}
+
+
+def write(trace: dict, path: str | pathlib.Path) -> int:
+    """Write ``trace`` to ``path`` (gzipped if it ends in .gz); returns the bytes written."""
+    data = orjson.dumps(trace)
+    path = pathlib.Path(path)
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
+                                                     mtime=0) as f:
+            f.write(data)
+    else:
+        path.write_bytes(data)
+    return path.stat().st_size
