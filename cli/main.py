@@ -52,11 +52,19 @@ def _duration_ago_or_time(text: str) -> datetime.datetime:
     return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
 
 
-def _key_value(text: str) -> tuple[str, str]:
+def _key_value(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as Dask reads DASK_* environment variables (a
+    Python literal such as 10, true or [1, 2] where it is one, else the text)."""
+    import ast
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key.removeprefix("blackbox."), value
+    try:
+        parsed = ast.literal_eval(value)
+    except (SyntaxError, ValueError):
+        parsed = {"true": True, "false": False, "null": None, "none": None}.get(value.lower(), value)
+    return key.removeprefix("blackbox."), parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
