@@ -22,7 +22,9 @@ run's first recorded moment, in microseconds since the Unix epoch).
   ``erred`` for a task that erred.
 - **The spans on a process of their own** (``pid`` 0, "dask spans"): each Dask span
   is a begin/end pair (``ph: "B"`` / ``"E"``) from its start to its stop, nested
-  under its parent; spans that overlap without nesting go on another row.
+  under its parent; spans that overlap without nesting go on another row. A span
+  none of whose tasks finished in memory (Dask's ``Span.start`` unset) is a
+  zero-length complete event at its ``enqueued`` time.
 - **Deaths and errors as instant events** (``ph: "i"``): a worker's death
   (:func:`dask_blackbox.deaths.is_death`) on its process (``s: "p"``), an erred
   task on the spans' process (``s: "p"``) with its key and exception.
@@ -62,24 +64,36 @@ def _pack(intervals, lanes_end: list[int]) -> int:
     return len(lanes_end) - 1
 
 
-def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, int]:
+def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, tuple[int, int]]:
     """A row for each span (start, stop, id, parent) such that on every row the
     spans nest: a span goes on the first row where, once the spans that ended by its
-    start are closed, the innermost open one contains it."""
+    start are closed, the innermost open one contains it. Returns span id -> (row,
+    order), ``order`` the place of the span in the order rows were filled: of spans
+    that begin (or end) at one time on one row, the one placed first is the outer."""
+    parent_of = {span_id: parent for _, _, span_id, parent in spans}
+
+    def depth(span_id: str) -> int:
+        n, seen = 0, set()
+        while (span_id := parent_of.get(span_id)) is not None and span_id not in seen:
+            seen.add(span_id)
+            n += 1
+        return n
+
     stacks: list[list[tuple[int, int]]] = []
-    lane_of = {}
-    for start, stop, span_id, _ in sorted(spans, key=lambda s: (s[0], -s[1], s[2])):
+    placed = {}
+    ordered = sorted(spans, key=lambda s: (s[0], -s[1], depth(s[2]), s[2]))
+    for order, (start, stop, span_id, _) in enumerate(ordered):
         for i, stack in enumerate(stacks):
-            while stack and stack[-1][1] <= start:
+            while stack and stack[-1][1] <= start and stack[-1][0] < start:
                 stack.pop()
             if not stack or stack[-1][1] >= stop:
                 stack.append((start, stop))
-                lane_of[span_id] = i
+                placed[span_id] = (i, order)
                 break
         else:
             stacks.append([(start, stop)])
-            lane_of[span_id] = len(stacks) - 1
-    return lane_of
+            placed[span_id] = (len(stacks) - 1, order)
+    return placed
 
 
 def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dict:
@@ -163,21 +177,27 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dic
                        "args": {"sort_index": tid}})
 
     # spans: B/E pairs on rows where they nest
-    lane_of = _span_lanes([(s[0], s[1], s[2], s[3]) for s in spans])
-    for lane in sorted(set(lane_of.values())):
+    placed = _span_lanes([(s[0], s[1], s[2], s[3]) for s in spans])
+    for lane in sorted({lane for lane, _ in placed.values()}):
         events.append({"name": "thread_name", "ph": "M", "pid": SPANS_PID, "tid": lane + 1,
                        "args": {"name": f"spans #{lane}"}})
     span_events = []
     for begin, stop, span_id, parent, name, tasks, task_s in spans:
-        tid = lane_of[span_id] + 1
+        lane, order = placed[span_id]
+        tid = lane + 1
         label = name[-1] if name else span_id
-        span_events.append((begin, 1, -stop, {"name": label, "cat": "span", "ph": "B",
-                            "ts": begin - epoch, "pid": SPANS_PID, "tid": tid,
-                            "args": {"span_id": span_id, "path": "/".join(name),
-                                     "parent_id": parent, "tasks": tasks, "task_seconds": task_s}}))
-        span_events.append((stop, 0, -begin, {"name": label, "cat": "span", "ph": "E",
+        args = {"span_id": span_id, "path": "/".join(name), "parent_id": parent,
+                "tasks": tasks, "task_seconds": task_s}
+        if stop == begin:  # no task finished: an instant-long slice, not a B/E pair
+            span_events.append((begin, 0.5, order, {"name": label, "cat": "span", "ph": "X",
+                                "ts": begin - epoch, "dur": 0, "pid": SPANS_PID, "tid": tid,
+                                "args": args}))
+            continue
+        span_events.append((begin, 1, order, {"name": label, "cat": "span", "ph": "B",
+                            "ts": begin - epoch, "pid": SPANS_PID, "tid": tid, "args": args}))
+        span_events.append((stop, 0, -order, {"name": label, "cat": "span", "ph": "E",
                             "ts": stop - epoch, "pid": SPANS_PID, "tid": tid}))
-    # at one time, ends before begins; inner ends (later begin) before outer ones
+    # at one time, ends before begins; inner spans begin after and end before outer ones
     span_events.sort(key=lambda e: e[:3])
     events.extend(e[3] for e in span_events)
 
