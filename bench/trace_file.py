@@ -103,7 +103,7 @@ def main() -> None:
             sizes.append(tracefile.write(trace, out))
             walls.append(time.monotonic() - w)
             cpus.append(time.process_time() - c)
-            events = len(trace["traceEvents"])
+            events = len(trace.events) + len(trace.slices)
             del trace
         with gzip.open(out, "rb") as f:
             raw = f.read()

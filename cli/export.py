@@ -86,9 +86,8 @@ def trace_file(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"dask-blackbox: error: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 1
-    n = sum(1 for e in trace["traceEvents"] if e["ph"] == "X")
-    print(f"wrote {args.output} ({size:,} bytes): {n} task actions of "
-          f"{trace['otherData']['cluster_name']}; open it in https://ui.perfetto.dev")
+    print(f"wrote {args.output} ({size:,} bytes): {len(trace.slices)} task actions of "
+          f"{trace.other['cluster_name']}; open it in https://ui.perfetto.dev")
     return 0
 
 

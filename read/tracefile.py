@@ -37,9 +37,9 @@ orjson and zlib at level 1 (the events are very alike: see bench/trace_file.py).
 from __future__ import annotations
 
 import gzip
+import heapq
 import pathlib
-from collections import defaultdict
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 
@@ -51,17 +51,31 @@ from dask_blackbox.read.runs import has_column
 
 #: The process of the spans' rows.
 SPANS_PID = 0
+#: Task actions read in one query, at most (pages of whole workers; a worker with
+#: more is read alone, and then blackbox.query.max-result-rows must allow it).
+PAGE_ROWS = 400_000
 
 
-def _pack(intervals, lanes_end: list[int]) -> int:
-    """The lowest lane free at ``start`` (a new one if none), claimed until ``stop``."""
-    start, stop = intervals
-    for i, end in enumerate(lanes_end):
-        if end <= start:
-            lanes_end[i] = stop
-            return i
-    lanes_end.append(stop)
-    return len(lanes_end) - 1
+class _Lanes:
+    """Packs one worker's actions, in order of start, onto the fewest rows on which
+    none overlap: each goes on the lowest row free at its start."""
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[int, int]] = []  # (end, row), a heap
+        self.free: list[int] = []              # rows free now, a heap
+        self.rows = 0
+
+    def place(self, start: int, stop: int) -> int:
+        busy, free = self.busy, self.free
+        while busy and busy[0][0] <= start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            row = heapq.heappop(free)
+        else:
+            row = self.rows
+            self.rows += 1
+        heapq.heappush(busy, (stop, row))
+        return row
 
 
 def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, tuple[int, int]]:
@@ -96,10 +110,18 @@ def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, tupl
     return placed
 
 
-def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dict:
+class TraceFile(NamedTuple):
+    """A trace: ``events`` (metadata, spans, instants) as dicts, ``slices`` (the
+    task actions' complete events) as JSON text, and ``other`` (``otherData``)."""
+
+    events: list[dict]
+    slices: list[str]
+    other: dict
+
+
+def trace_events(backend: Backend, cluster: str, span: str | None = None) -> TraceFile:
     """The trace of ``cluster``'s latest run (or of the span ``span`` and its
-    sub-spans) as a Trace Event Format object; NotFound for an unknown cluster or
-    span."""
+    sub-spans); NotFound for an unknown cluster or span."""
     scope = resolve(backend, cluster, span)
     p: dict[str, Any] = {"c": scope.cluster_id}
     in_span = ""
@@ -108,12 +130,20 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dic
         in_span = " AND span_id IN {ids:Array(String)}"
     recorded = has_column(backend, "transitions", "thread")
     thread = "thread" if recorded else "NULL"
-    _, bars = backend.query(
-        f"SELECT worker, {thread}, key, prefix, ss.action, "
-        "toInt64(toUnixTimestamp64Micro(ss.start)), toInt64(toUnixTimestamp64Micro(ss.stop)), "
-        f"finish = 'erred' FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
-        f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span} "
-        "ORDER BY worker, ss.start, ss.stop", p)
+    where = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
+             f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span}")
+    # a page of workers at a time: one answer may hold at most blackbox.query.max-result-rows
+    _, per_worker = backend.query(
+        f"SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) {where} "
+        "GROUP BY worker ORDER BY worker", p)
+    pages: list[list[str]] = [[]]
+    rows_in_page = 0
+    for worker, n, _ in per_worker:
+        if pages[-1] and rows_in_page + n > PAGE_ROWS:
+            pages.append([])
+            rows_in_page = 0
+        pages[-1].append(worker)
+        rows_in_page += n
     _, span_rows = backend.query(
         "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
         "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
@@ -132,12 +162,11 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dic
     for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
         begin = start if start > 0 else enqueued
         spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
-    starts = [s[0] for s in spans] + [e[0] for e in erred] + [r[1] for r in removals]
-    if bars:
-        starts.append(min(b[5] for b in bars))
+    starts = ([s[0] for s in spans] + [e[0] for e in erred] + [r[1] for r in removals]
+              + [first for _, _, first in per_worker])
     epoch = min(starts) if starts else 0
 
-    workers = sorted({b[0] for b in bars} | {r[3] for r in removals if r[3]})
+    workers = sorted({w for w, _, _ in per_worker} | {r[3] for r in removals if r[3]})
     pid_of = {w: i + 1 for i, w in enumerate(workers)}
     events: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"name": "dask spans"}},
@@ -148,29 +177,45 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dic
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"sort_index": pid}})
 
-    # task actions: X events, one row per worker thread
+    # task actions: X events, one row per worker thread. ClickHouse writes each
+    # event's JSON but for its row (pid, tid), which is known only here.
     thread_names: dict[tuple[int, int], str] = {}
-    lanes: dict[str, list[int]] = defaultdict(list)
     thread_rows: dict[tuple[str, int], int] = {}
-    slices = []
+    slices: list[str] = []
     append = slices.append
-    for worker, thread_id, key, prefix, action, start, stop, is_erred in bars:
-        pid = pid_of[worker]
-        if thread_id is not None and action == "compute":
-            tid = thread_rows.get((worker, thread_id))
-            if tid is None:
-                tid = thread_rows[(worker, thread_id)] = 1 + len(
-                    [k for k in thread_rows if k[0] == worker])
-                thread_names[(pid, tid)] = f"thread {thread_id}"
-        else:
-            lane = _pack((start, stop), lanes[worker])
-            tid = 1000 + lane if recorded else 1 + lane
-            if (pid, tid) not in thread_names:
-                thread_names[(pid, tid)] = (f"other actions #{lane}" if recorded
-                                            else f"thread row #{lane}")
-        append({"name": prefix if action == "compute" else action, "cat": action, "ph": "X",
-                "ts": start - epoch, "dur": max(stop - start, 0), "pid": pid, "tid": tid,
-                "args": {"key": key, "action": action, "erred": bool(is_erred)}})
+    p["epoch"] = epoch
+    for page in pages:
+        if not page:
+            continue
+        _, rows = backend.query(
+            f"SELECT worker, {thread}, ss.action = 'compute', "
+            "toInt64(toUnixTimestamp64Micro(ss.start)) - {epoch:Int64} AS s, "
+            "toInt64(toUnixTimestamp64Micro(ss.stop)) - {epoch:Int64} AS e, "
+            "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
+            "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
+            "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
+            "',\"action\":', toJSONString(ss.action), ',\"erred\":', "
+            "if(finish = 'erred', 'true', 'false'), '}') "
+            f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
+            {**p, "page": page})
+        lanes: _Lanes | None = None
+        current = None
+        for worker, thread_id, is_compute, start, stop, text in rows:
+            if worker != current:
+                current, lanes, pid = worker, _Lanes(), pid_of[worker]
+            if thread_id is not None and is_compute:
+                tid = thread_rows.get((worker, thread_id))
+                if tid is None:
+                    tid = thread_rows[(worker, thread_id)] = 1 + sum(
+                        1 for k in thread_rows if k[0] == worker)
+                    thread_names[(pid, tid)] = f"thread {thread_id}"
+            else:
+                lane = lanes.place(start, stop)
+                tid = 1000 + lane if recorded else 1 + lane
+                if (pid, tid) not in thread_names:
+                    thread_names[(pid, tid)] = (f"other actions #{lane}" if recorded
+                                                else f"thread row #{lane}")
+            append(f'{text},"pid":{pid},"tid":{tid}}}')
     for (pid, tid), name in sorted(thread_names.items()):
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -218,21 +263,26 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> dic
         events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
                        "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,
                        "args": {"key": key, "worker": worker, "exception": exception}})
-    events.extend(slices)
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name,
-                          "span": span, "epoch_us": epoch,
-                          "threads": "recorded" if recorded else "packed"}}
+    return TraceFile(events, slices, {
+        "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
+        "epoch_us": epoch, "threads": "recorded" if recorded else "packed"})
 
 
-def write(trace: dict, path: str | pathlib.Path) -> int:
+def write(trace: TraceFile, path: str | pathlib.Path) -> int:
     """Write ``trace`` to ``path`` (gzipped if it ends in .gz); returns the bytes written."""
-    data = orjson.dumps(trace)
+    head = orjson.dumps({"displayTimeUnit": "ms", "otherData": trace.other})
+    parts = [b'{"traceEvents":[', b",".join(orjson.dumps(e) for e in trace.events)]
+    if trace.slices:
+        parts += [b"," if trace.events else b"", ",".join(trace.slices).encode()]
+    parts += [b"],", head[1:]]
     path = pathlib.Path(path)
     if path.suffix == ".gz":
         with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
                                                      mtime=0) as f:
-            f.write(data)
+            for part in parts:
+                f.write(part)
     else:
-        path.write_bytes(data)
+        with open(path, "wb") as f:
+            for part in parts:
+                f.write(part)
     return path.stat().st_size
