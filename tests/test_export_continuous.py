@@ -133,3 +133,51 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
         assert second.terminate() == 0
     finally:
         second.kill()
+
+
+_CLIENT = '''
+from distributed import Client, LocalCluster, span
+
+from dask_blackbox import producers
+
+
+def inc(x):
+    return x + 1
+
+
+if __name__ == "__main__":
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        producers.attach(client, cluster_name="up-otel", **{"producer.flush-interval": "20ms"})
+        with span("up-span"):
+            assert sum(client.gather(client.map(inc, range(8)))) == 36
+'''
+
+
+def test_up_runs_the_exporter_when_an_endpoint_is_set(otel_collector, tmp_path):
+    import os
+
+    from up_process import Up
+
+    collector = otel_collector()
+    data_dir = tmp_path / "data"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("DASK_BLACKBOX__")}
+    up = Up(data_dir, "--set", f"exporter.endpoint={collector.grpc_endpoint}",
+            "--set", "exporter.protocol=grpc", "--set", "exporter.settle=1s", env=env)
+    try:
+        up.wait_for("exporter   OpenTelemetry traces to")
+        up.wait_for("healthy in")
+        script = tmp_path / "client.py"
+        script.write_text(_CLIENT)
+        out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                             timeout=300, env={**env, "DASK_BLACKBOX__DATA_DIR": str(data_dir)})
+        assert out.returncode == 0, out.stderr
+        spans = wait_for(lambda: [s for s in collector.spans() if s["name"] == "run up-otel"]
+                         and collector.spans(), 120, "the run's trace")
+        names = Counter(s["name"] for s in spans)
+        assert names["up-span"] == 1 and names["compute inc"] == 8
+        up.terminate()
+        assert up.proc.returncode == 0, "".join(up.output)
+        assert "exporter ready" in (data_dir / "logs" / "exporter.log").read_text()
+    finally:
+        up.stop()

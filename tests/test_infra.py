@@ -180,7 +180,8 @@ def test_every_environment_name_is_a_real_setting(compose):
 
 def test_dockerfile_copies_every_layer():
     text = (ROOT / "infra" / "Dockerfile").read_text()
-    for package in ("dask_blackbox", "producers", "stream_processors", "sinks"):
+    for package in ("dask_blackbox", "producers", "stream_processors", "sinks", "exporters",
+                    "read", "cli"):
         assert f"COPY {package} " in text
 
 
