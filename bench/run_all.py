@@ -28,6 +28,7 @@ BENCHMARKS = [
     "scheduler_overhead.py",
     "processor_throughput.py",
     "query_latency.py",
+    "trace_file.py",
     "freshness.py",
     "soak.py",
 ]
