@@ -41,7 +41,7 @@ import orjson
 from dask_blackbox import config, deaths
 
 from . import traces
-from .model import Item, SpanEvent, decode, encode
+from .model import Item, SpanData, SpanEvent, decode, encode
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS offsets (topic TEXT, partition INTEGER, next_offset INTEGER,

@@ -116,13 +116,13 @@ class Exporter:
             raise kafka.KafkaUnreachable(
                 f"cannot reach Kafka at {','.join(self.s.kafka.bootstrap_servers)} "
                 f"(blackbox.kafka.bootstrap-servers): {e}") from None
-        partitions = []
-        for name in self.topics:
-            found = self.consumer.partitions_for_topic(name)
-            if not found:
-                await self.consumer._client.force_metadata_update()  # noqa: SLF001
-                found = self.consumer.partitions_for_topic(name) or set()
-            partitions += [TopicPartition(name, p) for p in sorted(found)]
+        admin = await kafka.connect_admin(settings=self.s.kafka)
+        try:
+            described = await admin.describe_topics(list(self.topics))
+        finally:
+            await admin.close()
+        partitions = [TopicPartition(t["topic"], p["partition"]) for t in described
+                      if t["error_code"] == 0 for p in t["partitions"]]
         if not partitions:
             raise kafka.KafkaUnreachable(f"the topics {', '.join(self.topics)} do not exist "
                                          "(dask-blackbox topics creates them)")

@@ -21,7 +21,8 @@ The trace of a run (one Dask cluster):
   (``all_durations``), ``dask.span.done``, ``dask.span.active_cpu_seconds``; an
   erred task is an ``exception`` event on its span (OpenTelemetry's exception
   conventions: ``exception.type``, ``exception.message``, ``exception.stacktrace``,
-  plus ``dask.task.key`` and ``dask.task.cause``);
+  plus ``dask.task.key`` and ``dask.task.cause``); at most :data:`MAX_EVENTS` events
+  a span, ``dask.events.dropped`` counting the rest;
 - **one span per task action** (each ``startstops`` entry Dask reported: compute,
   transfer, disk-read, disk-write), child of the task's Dask span (the run span for
   a task without one), named ``<action> <prefix>``, with ``dask.task.key``,
@@ -50,6 +51,10 @@ from .model import LogData, Resource, SpanData, SpanEvent
 
 #: The root span's name is this and the cluster's name.
 RUN_SPAN = "run"
+#: Events kept per span (OpenTelemetry's default span event count limit), the
+#: earliest; ``dask.events.dropped`` counts the rest. An export request stays small
+#: however many tasks of a span erred.
+MAX_EVENTS = 128
 #: Severity numbers of OpenTelemetry's log data model, by Python level name.
 SEVERITY = {"DEBUG": 5, "INFO": 9, "WARNING": 13, "WARN": 13, "ERROR": 17, "CRITICAL": 21,
             "FATAL": 21}
@@ -140,6 +145,17 @@ def death_event(lc: Mapping[str, Any]) -> SpanEvent:
     })
 
 
+def _limit(events: list[SpanEvent], attributes: dict[str, Any]) -> list[SpanEvent]:
+    """The first :data:`MAX_EVENTS` events (by time; the last kept if it is the
+    capping notice), counting the others in ``dask.events.dropped``."""
+    if len(events) <= MAX_EVENTS:
+        return events
+    attributes["dask.events.dropped"] = len(events) - MAX_EVENTS
+    notice = [e for e in events if e.name == "dask.task_spans.capped"]
+    kept = [e for e in events if e.name != "dask.task_spans.capped"][:MAX_EVENTS - len(notice)]
+    return kept + notice
+
+
 def span_times(state: Mapping[str, Any]) -> tuple[float, float]:
     """A Dask span's (start, stop) in seconds: ``enqueued`` until a task finished."""
     start = state.get("start") or 0.0
@@ -169,6 +185,7 @@ def dask_span(cluster_id: str, state: Mapping[str, Any],
                            for k, v in (state.get("all_durations") or {}).items()})
     events = sorted(events, key=lambda e: e.time_ns)
     erred = [e for e in events if e.name == "exception"]
+    events = _limit(events, attributes)
     return SpanData(trace_hex(cluster_id), ids.dask_span_id(cluster_id, state["span_id"]),
                     _parent(cluster_id, state.get("parent_id")),
                     name[-1] if name else state["span_id"], ns(start), ns(stop), attributes,
@@ -228,6 +245,7 @@ def run_span(cluster_id: str, cluster_name: str | None, start_ns: int, end_ns: i
             "message": f"{summarised} task actions beyond blackbox.exporter.max-task-spans="
                        f"{limit} are summarised per prefix and action"}))
     died = [e for e in events if e.name == "dask.worker.death"]
+    events = _limit(events, attributes)
     return SpanData(trace_hex(cluster_id), ids.run_span_id(cluster_id), None,
                     f"{RUN_SPAN} {cluster_name or cluster_id}", start_ns, max(end_ns, start_ns),
                     attributes, events, f"{len(died)} worker(s) died" if died else None)

@@ -136,3 +136,16 @@ def test_quiet_spans_late_snapshots_resends_and_restarts(tmp_path):
     journal.done(done[:5])
     assert journal.backlog() == len(done) - 5
     journal.close()
+
+
+def test_a_span_keeps_its_first_events_and_counts_the_rest():
+    """However many tasks of a span erred, its span stays a small request."""
+    erred = [transition(f"div-{i}", "erred", T0 + i, "s-fail", exception="E('x' * 16384)",
+                        traceback="t" * 16384) for i in range(300)]
+    [state] = [s for s in records()[1] if s["span_id"] == "s-fail"]
+    spans = traces.build_run(CLUSTER, "journal", [state], erred, [], 10)
+    [failing] = [s for s in spans if s.name == "failing"]
+    assert len(failing.events) == traces.MAX_EVENTS
+    assert failing.attributes["dask.events.dropped"] == 300 - traces.MAX_EVENTS
+    assert failing.events[0].attributes["dask.task.key"] == "div-0"  # the earliest kept
+    assert failing.error == "300 task(s) erred"
