@@ -14,6 +14,7 @@ caller's choice.
 from __future__ import annotations
 
 import logging
+import socket
 from collections.abc import Sequence
 from urllib.parse import urlparse
 
@@ -22,6 +23,8 @@ from .settings import OtlpSettings
 
 #: The instrumentation scope of every span: this package.
 SCOPE = "dask_blackbox.exporters"
+#: How the SDK's HTTP exporters report any failure; the reasons are elsewhere.
+_GENERIC = ("Failed to export spans batch due to timeout", "Failed to export logs batch due to timeout")
 
 
 class ExportFailed(ConnectionError):
@@ -151,10 +154,25 @@ class OtlpSender:
             sdk.removeHandler(reasons)
             sdk.propagate = propagate
         if getattr(result, "name", str(result)) != "SUCCESS":
-            why = reasons.messages[-1] if reasons.messages else (
-                f"not acknowledged within blackbox.exporter.timeout={self.settings.timeout:g}s")
+            why = [m for m in reasons.messages if not m.startswith(_GENERIC)
+                   and not m.startswith("Transient error")]
+            reason = self._diagnose() or (why[-1] if why else (
+                f"not acknowledged within blackbox.exporter.timeout={self.settings.timeout:g}s"))
             raise ExportFailed(f"the OTLP receiver at {self.where} did not take {len(batch)} "
-                               f"{what}: {why}")
+                               f"{what}: {reason}")
+
+    def _diagnose(self) -> str | None:
+        """Why a request may have failed when the SDK does not say: nothing listens
+        there, or nothing answers."""
+        parsed = urlparse(self.settings.endpoint)
+        port = parsed.port or (443 if parsed.scheme == "https" else 80)
+        try:
+            socket.create_connection((parsed.hostname, port), timeout=2.0).close()
+        except ConnectionRefusedError:
+            return f"nothing listens at {parsed.hostname}:{port} (connection refused)"
+        except OSError as e:
+            return f"cannot connect to {parsed.hostname}:{port}: {e.strerror or e}"
+        return None
 
     def close(self) -> None:
         for exporter in (self.spans, self.logs):

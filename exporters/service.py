@@ -129,7 +129,15 @@ class Exporter:
         self.consumer.assign(partitions)
         done = self.journal.offsets()
         beginnings = await self.consumer.beginning_offsets(partitions)
-        ends = await self.consumer.end_offsets(partitions)
+        # one past each partition's last record (Tansu reports less: kafka.record_ends)
+        probe = AIOKafkaConsumer(**self.s.kafka.client_kwargs(), group_id=None,
+                                 enable_auto_commit=False)
+        await probe.start()
+        try:
+            ends = await kafka.record_ends(probe, await probe.end_offsets(partitions), beginnings)
+        finally:
+            await asyncio.sleep(0)
+            await probe.stop()
         for tp in partitions:
             offset = done.get((tp.topic, tp.partition))
             if offset is None or offset < beginnings[tp]:

@@ -207,6 +207,7 @@ def test_unreachable_refusing_and_bad_endpoints(recorded_run, otel_collector):
     assert out.returncode == 1
     [line] = out.stderr.strip().splitlines()
     assert line.startswith(f"dask-blackbox: error: the OTLP receiver at http://127.0.0.1:{port}")
+    assert line.endswith(f"nothing listens at 127.0.0.1:{port} (connection refused)")
     assert time.monotonic() - began < 30
     collector = otel_collector()
     out = export(recorded_run, "--endpoint", collector.http_endpoint + "/not-otlp", "--no-logs")
