@@ -125,9 +125,17 @@ class Journal:
         return self.db.execute("SELECT count() FROM outbox").fetchone()[0]
 
     def pending(self, limit: int) -> list[tuple[int, Item]]:
-        """The oldest ``limit`` items of the outbox, with their sequence numbers."""
-        return [(seq, decode(item)) for seq, item in self.db.execute(
-            "SELECT seq, item FROM outbox ORDER BY seq LIMIT ?", (limit,))]
+        """The oldest items of the outbox (at most ``limit``, all of one signal:
+        spans or log records, so one request carries them), with their sequence
+        numbers."""
+        out, kind = [], None
+        for seq, item_kind, item in self.db.execute(
+                "SELECT seq, kind, item FROM outbox ORDER BY seq LIMIT ?", (limit,)):
+            if kind is not None and item_kind != kind:
+                break
+            kind = item_kind
+            out.append((seq, decode(item)))
+        return out
 
     # ---------------------------------------------------------------- writes
 
@@ -207,28 +215,11 @@ class Journal:
         cap = traces.TaskCap(self.max_task_spans, task_spans)
         scheduler = env["source"] == "scheduler"
         for ev in contract.expand_events(env["events"]):
-            kind = ev.get("kind")
-            if kind == contract.TRANSITION and scheduler:
-                spans = traces.task_spans(cluster_id, ev)
-                for span in spans:
-                    self._seen(cluster_id, span.start_ns, span.end_ns)
-                    if cap.admit(span):
-                        self._put("span", Item(resource, span=span))
-                        counts["task_spans"] += 1
-                if ev.get("finish") == "erred":
-                    self._event(cluster_id, ev.get("span_id") or "", "exception",
-                                traces.error_event(ev))
-            elif kind == contract.LIFECYCLE:
-                self._seen(cluster_id, traces.ns(ev["ts"]))
-                if ev.get("action") == "worker_removed":
-                    self._event(cluster_id, "", "removal", {k: ev.get(k) for k in (
-                        "ts", "worker", "reason", "stimulus_id", "detail")})
-                elif ev.get("action") == "scheduler_close":
-                    self.db.execute("UPDATE clusters SET closed_at = ? WHERE cluster_id = ?",
-                                    (ev["ts"], cluster_id))
-            elif kind == contract.LOG and self.logs:
-                self._put("log", Item(resource, log=traces.log_data(cluster_id, ev, env["source"])))
-                counts["logs"] += 1
+            try:
+                self._apply_event(ev, cluster_id, resource, cap, scheduler and not ended,
+                                  env["source"], counts)
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                counts["skipped"] += 1  # an event the contract does not allow
         for (prefix, action), (n, seconds, first, last_ns) in cap.summaries.items():
             self.db.execute(
                 "INSERT INTO summaries VALUES (?, ?, ?, ?, ?, ?, ?) "
@@ -240,13 +231,47 @@ class Journal:
         self.db.execute("UPDATE clusters SET task_spans = ? WHERE cluster_id = ?",
                         (cap.admitted, cluster_id))
 
+    def _apply_event(self, ev: Mapping, cluster_id: str, resource, cap: traces.TaskCap,
+                     live: bool, source: str, counts: dict) -> None:
+        """One event of an envelope; ``live``: from the scheduler of a cluster whose
+        run has not ended (a late event of an ended run sends its task spans, which
+        stand on their own, and nothing that would wait for the run's end)."""
+        from dask_blackbox import contract
+
+        kind = ev.get("kind")
+        if kind == contract.TRANSITION and source == "scheduler":
+            for span in traces.task_spans(cluster_id, ev):
+                self._seen(cluster_id, span.start_ns, span.end_ns)
+                if cap.admit(span):
+                    self._put("span", Item(resource, span=span))
+                    counts["task_spans"] += 1
+            if ev.get("finish") == "erred":
+                if live:
+                    self._event(cluster_id, ev.get("span_id") or "", "exception",
+                                traces.error_event(ev))
+                else:
+                    counts["late"] += 1
+        elif kind == contract.LIFECYCLE:
+            self._seen(cluster_id, traces.ns(ev["ts"]))
+            if ev.get("action") == "worker_removed" and live:
+                self._event(cluster_id, "", "removal", {k: ev.get(k) for k in (
+                    "ts", "worker", "reason", "stimulus_id", "detail")})
+            elif ev.get("action") == "scheduler_close":
+                self.db.execute("UPDATE clusters SET closed_at = ? WHERE cluster_id = ?",
+                                (ev["ts"], cluster_id))
+        elif kind == contract.LOG and self.logs:
+            self._put("log", Item(resource, log=traces.log_data(cluster_id, ev, source)))
+            counts["logs"] += 1
+
     def _event(self, cluster_id: str, span_id: str, kind: str, event) -> None:
         blob = _events.encode(event) if isinstance(event, SpanEvent) else orjson.dumps(event)
         self.db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (cluster_id, span_id, kind, blob))
 
     def _apply_span_state(self, state: Mapping, now: float, counts: dict) -> None:
         cluster_id, span_id, version = state["cluster_id"], state["span_id"], int(state["version"])
-        self._cluster(cluster_id, state.get("cluster_name"), now)
+        if self._cluster(cluster_id, state.get("cluster_name"), now)[2]:
+            counts["late"] += 1  # its run ended and was exported
+            return
         row = self.db.execute("SELECT version, exported FROM spans WHERE cluster_id = ? "
                               "AND span_id = ?", (cluster_id, span_id)).fetchone()
         if row is not None and (row[1] or version <= row[0]):
@@ -335,6 +360,8 @@ class Journal:
         self.db.execute("DELETE FROM events WHERE cluster_id = ?", (cluster_id,))
         first_ns, last_ns = self.db.execute("SELECT first_ns, last_ns FROM clusters WHERE "
                                             "cluster_id = ?", (cluster_id,)).fetchone()
+        if first_ns is None:  # nothing with a time but logs: the run is its close
+            first_ns = last_ns = traces.ns(closed if closed is not None else time.time())
         self._put("span", Item(resource, span=traces.run_span(
             cluster_id, name, first_ns or 0, last_ns or 0, events, self.max_task_spans,
             task_spans, sum(s[0] for s in summaries.values()))))
