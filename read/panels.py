@@ -221,9 +221,11 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     (one per worker thread, "worker #thread"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
 
-    Rows: Dask draws a task on the thread that ran it; plugins are not told the
-    thread, so each worker's tasks are packed onto the fewest rows where their
-    compute intervals do not overlap -- as many rows as the worker ran tasks at once.
+    Rows: one per worker thread that ran a task (the ``thread`` Dask passed with
+    processing->memory/erred, what its own task stream draws a row for), a worker's
+    threads in the order they first ran something, workers by when their first task
+    started. Tasks recorded without a thread (older recordings) are packed onto the
+    fewest rows of their worker where their compute intervals do not overlap.
 
     ``finished``: the transitions into memory or erred in the scope, if known (each
     carries at least one bar); above ``max_bars`` the stream is binned without
@@ -243,7 +245,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     if n_bars is not None and n_bars <= max_bars:
         _, rows = backend.query(
             "SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
-            f"ss.source, finish = 'erred', toFloat64(ts) {base} ORDER BY worker, ts, key", p)
+            f"ss.source, finish = 'erred', toFloat64(ts), thread {base} ORDER BY worker, ts, key", p)
         out.update(mode="bars", **_lay_out(rows))
         return out
     # Binned: per worker and bucket, busy seconds per prefix (or action), then the
@@ -281,30 +283,40 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
 def _lay_out(rows: list[tuple]) -> dict:
     """Assign each task to a thread row of its worker (see :func:`task_stream`)."""
     per_task: dict[tuple, list] = {}
-    for worker, key, prefix, action, start, stop, source, erred, ts in rows:
-        per_task.setdefault((worker, key, ts), []).append((action, start, stop, source, prefix, erred))
+    for worker, key, prefix, action, start, stop, source, erred, ts, thread in rows:
+        per_task.setdefault((worker, key, ts, thread), []).append(
+            (action, start, stop, source, prefix, erred))
     by_worker: dict[str, list] = defaultdict(list)
-    for (worker, key, ts), actions in per_task.items():
+    for (worker, key, ts, thread), actions in per_task.items():
         compute = [a for a in actions if a[0] == "compute"] or actions
         start = min(a[1] for a in compute)
         stop = max(a[2] for a in compute)
-        by_worker[worker].append((start, stop, key, actions))
+        by_worker[worker].append((start, stop, key, thread, actions))
     row_names, bars = [], []
-    for worker in sorted(by_worker):
+    for worker in sorted(by_worker, key=lambda w: (min(t[0] for t in by_worker[w]), w)):
         tasks = sorted(by_worker[worker], key=lambda t: (t[0], t[1]))
-        lanes_end: list[float] = []
         first = len(row_names)
-        for start, stop, key, actions in tasks:
-            lane = _free_lane(lanes_end, start)
-            if lane is None:
-                lane = len(lanes_end)
-                lanes_end.append(stop)
+        threads: dict[int, int] = {}  # thread -> its row, in order of first task
+        for _, _, _, thread, _ in tasks:
+            if thread is not None and thread not in threads:
+                threads[thread] = len(threads)
+        lanes_end: list[float] = []  # rows of tasks without a thread, after the threads'
+        for start, stop, key, thread, actions in tasks:
+            if thread is not None:
+                row = threads[thread]
             else:
-                lanes_end[lane] = stop
+                lane = _free_lane(lanes_end, start)
+                if lane is None:
+                    lane = len(lanes_end)
+                    lanes_end.append(stop)
+                else:
+                    lanes_end[lane] = stop
+                row = len(threads) + lane
             for action, a_start, a_stop, source, prefix, erred in actions:
-                bars.append({"worker": worker, "row": first + lane, "key": key, "prefix": prefix,
+                bars.append({"worker": worker, "row": first + row, "key": key, "prefix": prefix,
                              "action": action, "start": a_start, "stop": a_stop,
-                             "source": source or "", "erred": bool(erred)})
+                             "source": source or "", "erred": bool(erred), "thread": thread})
+        row_names += [f"{worker} thread {i + 1}" for i in range(len(threads))]
         row_names += [f"{worker} #{i}" for i in range(len(lanes_end))]
     return {"rows": row_names, "bars": bars}
 
