@@ -257,6 +257,10 @@ def log_data(cluster_id: str, log: Mapping[str, Any], source: str | None = None)
     attributes: dict[str, Any] = {"dask.process": str(log.get("process") or "")}
     if source:
         attributes["dask.source"] = source
+    if log.get("worker"):
+        attributes["dask.worker.address"] = log["worker"]
+    if log.get("key"):
+        attributes["dask.task.key"] = log["key"]
     if log.get("exc_text"):
         attributes["exception.stacktrace"] = log["exc_text"]
     return LogData(trace_hex(cluster_id), ids.run_span_id(cluster_id), ns(log["ts"]), level,

@@ -119,11 +119,12 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
             where = " AND ts >= toDateTime64({t0:Float64}, 6, 'UTC') AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')"
             p.update(t0=scope.t0, t1=scope.t1)
         _, rows = backend.query(
-            "SELECT toFloat64(ts), logger, level, message, process, exc_text, source "
+            "SELECT toFloat64(ts), logger, level, message, process, exc_text, worker, key, source "
             f"FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}}{where} "
             "ORDER BY ts, seq, idx", p)
         log_records = [{"kind": "log", "ts": ts, "logger": logger, "level": level,
                         "message": message, "process": process or None,
-                        "exc_text": exc or None, "source": source}
-                       for ts, logger, level, message, process, exc, source in rows]
+                        "exc_text": exc or None, "worker": worker or None, "key": key or None,
+                        "source": source}
+                       for ts, logger, level, message, process, exc, worker, key, source in rows]
     return Run(scope.cluster_id, scope.cluster_name, spans, transitions, lifecycle, log_records)
