@@ -80,7 +80,7 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
     first = ExporterProcess(run["env"], data_dir, tmp_path / "exporter-1.log",
                             debug_pause_at="after-export:3", **settings)
     try:
-        wait_for(lambda: first.value("dask_blackbox_export_failures_total") >= 2, 60,
+        wait_for(lambda: first.value("dask_blackbox_export_failures_total") >= 2, 120,
                  "failed attempts while the receiver is down")
         backlog = first.value("dask_blackbox_export_backlog")
         assert 40 <= backlog < 40 + 500  # bounded: at most one message beyond backlog-max
@@ -94,7 +94,7 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
 
         collector.start()
         marker = data_dir / "exporter" / "paused-at-after-export"
-        wait_for(marker.exists, 60, "three acknowledged requests")
+        wait_for(marker.exists, 120, "three acknowledged requests")
         first.kill()
         before = collector.spans()
         assert before and len(before) + len(collector.logs()) >= 3  # three requests taken
@@ -110,9 +110,9 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
     second = ExporterProcess(run["env"], data_dir, tmp_path / "exporter-2.log", **settings)
     try:
         root_id = f"{[s for s in expected.values() if s.parent_id is None][0].span_id:016x}"
-        wait_for(lambda: any(s["spanId"] == root_id for s in collector.spans()), 90,
+        wait_for(lambda: any(s["spanId"] == root_id for s in collector.spans()), 180,
                  "the run span (the cluster's end)")
-        wait_for(lambda: second.value("dask_blackbox_export_backlog") == 0, 30, "an empty backlog")
+        wait_for(lambda: second.value("dask_blackbox_export_backlog") == 0, 60, "an empty backlog")
         spans = collector.wait_spans(len(expected))
         counts = Counter(s["spanId"] for s in spans)
         assert [i for i, n in counts.items() if n > 1] == []  # nothing twice
