@@ -11,15 +11,18 @@ Times (``ts``, ``dur``) are whole microseconds since ``otherData.epoch_us`` (the
 run's first recorded moment, in microseconds since the Unix epoch).
 
 - **One process per worker** (``pid`` 1, 2, ... in address order; its name is the
-  worker's address), **one thread row per worker thread**: when the transitions
-  record the thread that ran a task (a ``thread`` column), compute actions go on
-  that thread's row and the worker's other actions (transfers, disk) on rows of
-  their own; otherwise each worker's actions are packed onto the fewest rows on
-  which none overlap, as many as ran at once (``otherData.threads`` says which:
-  "recorded" or "packed"). Every action Dask reported in ``startstops`` is one
+  worker's address), **one thread row per worker thread**: a compute goes on the
+  row of the thread that ran it ("thread <ident>": the ``thread`` column, Dask's
+  ``TaskFinishedMsg.thread``), and the worker's other actions (transfers, disk; and
+  computes whose thread was not recorded) are packed onto the fewest rows of their
+  own on which none overlap ("other actions #k", or "row #k" when no thread was
+  recorded at all; ``otherData.threads`` says which: "recorded" or "packed"). Every action Dask reported in ``startstops`` is one
   complete event (``ph: "X"``): ``name`` the task's prefix (the action for
-  transfers and disk), ``cat`` the action, ``args`` the key, the action, and
-  ``erred`` for a task that erred.
+  transfers and disk), ``cat`` the action, ``args`` the key, the action,
+  ``erred`` for a task that erred, and a compute's ``thread``. (Dask shifts a
+  compute's times by the worker's estimated clock offset, an estimate that moves: a
+  compute that then seems to begin before the previous one on its thread ended goes
+  on an "other actions" row, its times unchanged.)
 - **The spans on a process of their own** (``pid`` 0, "dask spans"): each Dask span
   is a begin/end pair (``ph: "B"`` / ``"E"``) from its start to its stop, nested
   under its parent; spans that overlap without nesting go on another row. A span
@@ -54,6 +57,9 @@ SPANS_PID = 0
 #: Task actions read in one query, at most (pages of whole workers; a worker with
 #: more is read alone, and then blackbox.query.max-result-rows must allow it).
 PAGE_ROWS = 400_000
+#: Rows of actions without a recorded thread are numbered from here (a worker's
+#: thread rows from 1).
+PACKED_TID = 1000
 
 
 class _Lanes:
@@ -130,6 +136,9 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         in_span = " AND span_id IN {ids:Array(String)}"
     recorded = has_column(backend, "transitions", "thread")
     thread = "thread" if recorded else "NULL"
+    # the thread in a compute's args, where recorded
+    thread_arg = ("if(isNull(thread) OR ss.action != 'compute', '', "
+                  "concat(',\"thread\":', toString(thread))), " if recorded else "")
     where = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
              f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span}")
     # a page of workers at a time: one answer may hold at most blackbox.query.max-result-rows
@@ -195,15 +204,20 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
             "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
             "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
             "',\"action\":', toJSONString(ss.action), ',\"erred\":', "
-            "if(finish = 'erred', 'true', 'false'), '}') "
+            f"if(finish = 'erred', 'true', 'false'), {thread_arg}'}}') "
             f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
             {**p, "page": page})
         lanes: _Lanes | None = None
         current = None
         for worker, thread_id, is_compute, start, stop, text in rows:
             if worker != current:
-                current, lanes, pid = worker, _Lanes(), pid_of[worker]
-            if thread_id is not None and is_compute:
+                current, lanes, pid, ends = worker, _Lanes(), pid_of[worker], {}
+            # Dask adds the worker's estimated clock offset to its computes' times, and
+            # the estimate moves: a compute may seem to begin before the one before it
+            # on its thread ended. It then goes on another row (a slice of a row never
+            # overlaps another), its times as recorded.
+            if thread_id is not None and is_compute and start >= ends.get(thread_id, start):
+                ends[thread_id] = stop
                 tid = thread_rows.get((worker, thread_id))
                 if tid is None:
                     tid = thread_rows[(worker, thread_id)] = 1 + sum(
@@ -211,10 +225,9 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
                     thread_names[(pid, tid)] = f"thread {thread_id}"
             else:
                 lane = lanes.place(start, stop)
-                tid = 1000 + lane if recorded else 1 + lane
+                tid = PACKED_TID + lane
                 if (pid, tid) not in thread_names:
-                    thread_names[(pid, tid)] = (f"other actions #{lane}" if recorded
-                                                else f"thread row #{lane}")
+                    thread_names[(pid, tid)] = f"{'other actions' if thread_rows else 'row'} #{lane}"
             append(f'{text},"pid":{pid},"tid":{tid}}}')
     for (pid, tid), name in sorted(thread_names.items()):
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
@@ -265,7 +278,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
                        "args": {"key": key, "worker": worker, "exception": exception}})
     return TraceFile(events, slices, {
         "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
-        "epoch_us": epoch, "threads": "recorded" if recorded else "packed"})
+        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed"})
 
 
 def write(trace: TraceFile, path: str | pathlib.Path) -> int:

@@ -67,7 +67,7 @@ def validate(trace: dict) -> None:
         used.add(row)
         if e["ph"] == "X":
             assert isinstance(e.get("dur"), (int, float)) and e["dur"] >= 0, where
-            rows[row].append((e["ts"], e["ts"] + e["dur"]))
+            rows[row].append((e["ts"], e["ts"] + e["dur"], e.get("args")))
         elif e["ph"] == "i":
             assert e.get("s") in ("g", "p", "t"), where
         else:  # B / E: in time order on their row, E closing the innermost B
@@ -81,9 +81,9 @@ def validate(trace: dict) -> None:
                 assert begun["name"] == e["name"] and begun["ts"] <= e["ts"], where
     assert not any(stacks.values()), "begins without an end"
     for row, intervals in rows.items():  # complete events on one row never overlap
-        intervals.sort()
-        for (_, end), (start, _) in zip(intervals, intervals[1:]):
-            assert start >= end, f"overlapping slices on {row}"
+        intervals.sort(key=lambda i: i[:2])
+        for (_, end, a), (start, _, b) in zip(intervals, intervals[1:]):
+            assert start >= end, f"overlapping slices on {row}: {a} ends at {end}, {b} starts at {start}"
     assert {pid for pid, _ in used} <= named_processes
     assert {r for r in used if r[1] != 0} <= named_threads
 
@@ -107,7 +107,24 @@ def test_trace_file_is_valid_and_is_the_run(recorded_run, tmp_path):
                       e["ts"] + e["dur"] + epoch) for e in events
                      if e["ph"] == "X" and e["cat"] != "span")
     assert slices == bars
-    # one process per worker, and as many rows on each as it ran actions at once
+    # one process per worker; its computes on the rows of its two threads
+    assert other["threads"] == "recorded"
+    threads = {}
+    for e in events:
+        if e["ph"] == "M" and e["name"] == "thread_name" and e["pid"]:
+            threads[(e["pid"], e["tid"])] = e["args"]["name"]
+    last_end: dict[tuple, int] = {}
+    for e in sorted((e for e in events if e["ph"] == "X" and e["cat"] == "compute"),
+                    key=lambda e: (e["pid"], e["ts"], e["ts"] + e["dur"])):
+        thread = (e["pid"], e["args"]["thread"])
+        row = threads[(e["pid"], e["tid"])]
+        if row.startswith("thread "):  # the row of the thread that ran it
+            assert row == f"thread {e['args']['thread']}", e
+            last_end[thread] = e["ts"] + e["dur"]
+        else:  # elsewhere only when Dask's times overlap the thread's previous compute
+            assert row.startswith("other actions") and e["ts"] < last_end[thread], e
+    per_worker = Counter(pid for (pid, _), name in threads.items() if name.startswith("thread "))
+    assert max(per_worker.values()) == 2 and set(per_worker.values()) <= {1, 2}
     workers = {name for pid, name in process.items() if pid}
     assert len(workers) == len(process) - 1 and {b[0] for b in bars} <= workers
     assert max(len([t for p, t in {(e["pid"], e["tid"]) for e in events
