@@ -28,7 +28,7 @@ The trace of a run (one Dask cluster):
   a task without one), named ``<action> <prefix>``, with ``dask.task.key``,
   ``dask.task.prefix``, ``dask.task.group``, ``dask.task.action``,
   ``dask.task.state`` (memory or erred), ``dask.worker.address``, ``thread.id`` (the
-  worker thread, when recorded), ``dask.transfer.source``, ``dask.task.nbytes``,
+  worker thread that ran a compute, when recorded), ``dask.transfer.source``, ``dask.task.nbytes``,
   ``dask.task.typename``; an erred task's actions have status ERROR. At most
   ``max-task-spans`` of them per trace (:class:`TaskCap`); the rest become one
   summary span per prefix and action (``<action> <prefix> (summary)``: how many,
@@ -109,8 +109,8 @@ def task_spans(cluster_id: str, tr: Mapping[str, Any]) -> list[SpanData]:
             "dask.task.group": tr.get("group") or "", "dask.task.action": action,
             "dask.task.state": finish, "dask.worker.address": tr.get("worker") or "",
         }
-        if tr.get("thread") is not None:
-            attributes["thread.id"] = int(tr["thread"])
+        if tr.get("thread") is not None and action == "compute":
+            attributes["thread.id"] = int(tr["thread"])  # the thread that ran it
         if ss.get("source"):
             attributes["dask.transfer.source"] = ss["source"]
         if tr.get("nbytes") is not None:

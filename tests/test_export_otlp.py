@@ -123,6 +123,13 @@ def test_task_spans_are_the_task_streams_bars(recorded_run, http_export):
                    us(s["endTimeUnixNano"])) for s in tasks)
     assert got == bars
     assert {a for _, _, a, _, _ in bars} >= {"compute", "transfer"}
+    # a compute on the thread that ran it, as Dask's task stream draws it
+    threads = Counter((b["worker"], b["key"], round(b["start"] * 1e6), b["thread"])
+                      for b in stream["bars"] if b["action"] == "compute")
+    assert None not in {t for *_, t in threads}
+    assert Counter((s["attributes"]["dask.worker.address"], s["attributes"]["dask.task.key"],
+                    us(s["startTimeUnixNano"]), s["attributes"].get("thread.id"))
+                   for s in tasks if s["attributes"]["dask.task.action"] == "compute") == threads
     # each task span hangs under its task's Dask span
     by_id = {s["spanId"]: s for s in dask_spans + roots}
     for s in tasks:
