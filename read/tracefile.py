@@ -18,8 +18,8 @@ run's first recorded moment, in microseconds since the Unix epoch).
   own on which none overlap ("other actions #k", or "row #k" when no thread was
   recorded at all; ``otherData.threads`` says which: "recorded" or "packed"). Every action Dask reported in ``startstops`` is one
   complete event (``ph: "X"``): ``name`` the task's prefix (the action for
-  transfers and disk), ``cat`` the action, ``args`` the key, the action,
-  ``erred`` for a task that erred, and a compute's ``thread``. (Dask shifts a
+  transfers and disk), ``cat`` the action, ``args`` the key, ``erred: true`` for
+  a task that erred, and a compute's ``thread``. (Dask shifts a
   compute's times by the worker's estimated clock offset, an estimate that moves: a
   compute that then seems to begin before the previous one on its thread ended goes
   on an "other actions" row, its times unchanged.)
@@ -56,7 +56,7 @@ from dask_blackbox.read.runs import has_column
 SPANS_PID = 0
 #: Task actions read in one query, at most (pages of whole workers; a worker with
 #: more is read alone, and then blackbox.query.max-result-rows must allow it).
-PAGE_ROWS = 400_000
+PAGE_ROWS = 900_000
 #: Rows of actions without a recorded thread are numbered from here (a worker's
 #: thread rows from 1).
 PACKED_TID = 1000
@@ -203,8 +203,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
             "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
             "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
             "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
-            "',\"action\":', toJSONString(ss.action), ',\"erred\":', "
-            f"if(finish = 'erred', 'true', 'false'), {thread_arg}'}}') "
+            f"if(finish = 'erred', ',\"erred\":true', ''), {thread_arg}'}}') "
             f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
             {**p, "page": page})
         lanes: _Lanes | None = None
