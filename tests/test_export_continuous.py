@@ -19,7 +19,6 @@ import time
 import urllib.request
 from collections import Counter
 
-import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from dask_blackbox import runfiles
@@ -155,8 +154,6 @@ if __name__ == "__main__":
 
 
 def test_up_runs_the_exporter_when_an_endpoint_is_set(otel_collector, tmp_path):
-    import os
-
     from up_process import Up
 
     collector = otel_collector()

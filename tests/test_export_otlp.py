@@ -59,7 +59,7 @@ def http_export(recorded_run, tmp_path_factory):
     try:
         out = export(recorded_run, "--endpoint", collector.http_endpoint)
         assert out.returncode == 0, out.stderr
-        spans = collector.wait_spans(10)
+        collector.wait_spans(10)
         time.sleep(0.3)
         yield {"stdout": out.stdout, "spans": collector.spans(), "logs": collector.logs()}
     finally:
