@@ -42,7 +42,7 @@ niceness, and like the relay and status threads runs under ``SCHED_BATCH`` (Linu
 on a busy machine Dask's processes come first, and waking up none of the recorder's
 threads preempts one of Dask's. It freezes what it made while starting and collects
 rarely (:data:`HELPER_GC_THRESHOLDS`): nearly all it allocates is acyclic and
-short-lived. It imports neither Dask nor the pipeline's other packages.
+short-lived. It imports neither Dask's distributed nor the pipeline's other packages.
 """
 
 from __future__ import annotations
@@ -75,8 +75,7 @@ from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, name_os_thread, new_producer_id,
-    yield_on_wakeup,
+    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -255,7 +254,6 @@ class Relay:
     # ------------------------------------------------------------------ thread
 
     def _main(self) -> None:
-        name_os_thread("blackbox-relay")
         yield_on_wakeup()
         try:
             if self._relay():
