@@ -29,6 +29,7 @@ BENCHMARKS = [
     "processor_ttl.py",
     "query_latency.py",
     "critical_path.py",
+    "trace_file.py",
     "freshness.py",
     "ui_latency.py",
     "read_guard.py",

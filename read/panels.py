@@ -34,6 +34,7 @@ import json
 from collections import defaultdict
 from typing import Any
 
+from dask_blackbox import deaths
 from dask_blackbox.read import cost as costs
 from dask_blackbox.read import critical_path as paths
 from dask_blackbox.read import queries, regressions
@@ -55,7 +56,7 @@ MEMORY_WORKERS = 32
 #: forgotten tasks are gone.
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
 #: An idle worker lost this long before the scheduler closed was part of the shutdown.
-SHUTDOWN_S = 10.0
+SHUTDOWN_S = deaths.SHUTDOWN_S
 #: The Run page computes the critical path and the cost of a scope of at most this
 #: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
 SLOWNESS_MAX_TASKS = 20_000
@@ -417,10 +418,7 @@ def markers(backend: Backend, scope: Scope) -> dict:
     """What to mark on every time axis: worker deaths, cluster restarts, and workers
     that joined after the start.
 
-    A death is a removal Dask did not expect (its remove-worker event says
-    ``expected: false``) that cost something -- tasks it was running, or results or
-    scattered data only it held -- or, if it cost nothing, that was not part of the
-    cluster shutting down (no scheduler close within :data:`SHUTDOWN_S` after it).
+    A death is what :func:`dask_blackbox.deaths.is_death` says it is.
     """
     _, rows = backend.query(
         "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
@@ -428,7 +426,7 @@ def markers(backend: Backend, scope: Scope) -> dict:
         "AND action IN ('worker_removed', 'restart', 'worker_added', 'scheduler_close') ORDER BY ts",
         {"c": scope.cluster_id})
     closes = [r[0] for r in rows if r[1] == "scheduler_close"]
-    deaths, restarts, arrivals = [], [], []
+    died, restarts, arrivals = [], [], []
     first = rows[0][0] if rows else 0.0
     for ts, action, worker, reason, stimulus_id, detail in rows:
         if action == "restart":
@@ -441,15 +439,10 @@ def markers(backend: Backend, scope: Scope) -> dict:
                 info = json.loads(detail) if detail else {}
             except ValueError:
                 info = {}
-            info = info if isinstance(info, dict) else {}
-            if info.get("expected") is not False:
-                continue
-            lost = {k: info.get(k) or 0 for k in
-                    ("processing_tasks", "lost_computed_tasks", "lost_scattered_tasks")}
-            shutting_down = any(0 <= close - ts <= SHUTDOWN_S for close in closes)
-            if any(lost.values()) or not shutting_down:
-                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id, **lost})
-    return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
+            if deaths.is_death(info, ts, closes):
+                died.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id,
+                             **deaths.lost(info)})
+    return {"deaths": died, "restarts": restarts, "arrivals": arrivals}
 
 
 def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
