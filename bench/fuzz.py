@@ -49,6 +49,8 @@ from typing import Protocol
 
 import orjson
 
+from report import report as bench_report
+
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "tests" / "data" / "sink_corpus.json"
 
@@ -278,7 +280,10 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--corpus", type=pathlib.Path, default=CORPUS)
     parser.add_argument("--crashes", type=pathlib.Path, default=pathlib.Path("fuzz-crashes.jsonl"))
+    parser.add_argument("--quick", action="store_true", help="20,000 messages a target")
     args = parser.parse_args()
+    if args.quick:
+        args.messages = 20_000
     if args.target not in TARGETS:
         parser.error(f"--target {args.target}: not implemented yet; add it to bench/fuzz.py TARGETS")
     corpus = json.loads(args.corpus.read_text())
@@ -325,6 +330,11 @@ def main() -> int:
         report(args.messages)
     if hasattr(target, "details"):
         print(target.details(), flush=True)
+    elapsed = time.perf_counter() - start
+    bench_report(f"fuzzing the {args.target}: crashes in {args.messages:,} mutated messages",
+                 crashes + unaccounted, "crashes", 0)
+    bench_report(f"fuzzing the {args.target}: messages a second", round(args.messages / elapsed),
+                 "msg/s", None, better="higher")
     return 1 if crashes or unaccounted else 0
 
 

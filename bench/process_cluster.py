@@ -1,5 +1,5 @@
 """A Dask cluster whose scheduler runs in a process of its own, for benchmarks that
-measure the scheduler process alone (its CPU per thread, py-spy on its pid).
+measure the scheduler process alone.
 
 ``dask scheduler`` and ``dask worker --nworkers N --nthreads 1`` are started as
 subprocesses on free loopback ports; Dask config for them travels as ``DASK_*``
@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import subprocess
 import sys
 import time
@@ -97,74 +96,9 @@ def _logs(port: int) -> tuple:
             open(os.path.join(where, f"{port}-workers.log"), "ab"))
 
 
-def thread_cpu(pid: int) -> dict[int, tuple[str, float]]:
-    """``{tid: (comm, utime + stime seconds)}`` of every live thread of ``pid``."""
-    out = {}
-    base = f"/proc/{pid}/task"
-    for tid in os.listdir(base):
-        try:
-            with open(f"{base}/{tid}/stat") as f:
-                stat = f.read()
-            with open(f"{base}/{tid}/comm") as f:
-                comm = f.read().strip()
-        except OSError:  # the thread ended meanwhile
-            continue
-        fields = stat[stat.rindex(")") + 2:].split()
-        out[int(tid)] = (comm, (int(fields[11]) + int(fields[12])) / CLK_TCK)
-    return out
-
-
 def process_cpu(pid: int) -> float:
     """utime + stime seconds of the whole process ``pid`` (ended threads included)."""
     with open(f"/proc/{pid}/stat") as f:
         stat = f.read()
     fields = stat[stat.rindex(")") + 2:].split()
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def context_switches(pid: int) -> tuple[int, int]:
-    """``(voluntary, involuntary)`` context switches of the main thread of ``pid`` so
-    far: an involuntary one is a preemption."""
-    with open(f"/proc/{pid}/task/{pid}/status") as f:
-        fields = dict(line.split(":", 1) for line in f if "ctxt_switches" in line)
-    return int(fields["voluntary_ctxt_switches"]), int(fields["nonvoluntary_ctxt_switches"])
-
-
-def _python_thread_names(dask_scheduler=None) -> dict[int, str]:
-    import threading
-    return {t.native_id: t.name for t in threading.enumerate() if t.native_id is not None}
-
-
-def thread_names(client) -> dict[int, str]:
-    """``{tid: Python thread name}`` of the scheduler process's Python threads."""
-    return client.run_on_scheduler(_python_thread_names)
-
-
-def thread_label(tid: int, comm: str, names: dict[int, str]) -> str:
-    """A stable label for a thread across runs: its Python name with pool numbers
-    cut (``ThreadPoolExecutor-0_1`` -> ``ThreadPoolExecutor``), else its comm."""
-    name = names.get(tid, comm)
-    if name.startswith("dask-blackbox-"):
-        return name
-    if name == "MainThread":
-        return "MainThread (event loop)"
-    return re.sub(r"[-_]?\d+$", "", name) or name
-
-
-def cpu_by_thread(before: dict, after: dict, names: dict[int, str]) -> dict[str, float]:
-    """CPU seconds per thread label used between two :func:`thread_cpu` snapshots."""
-    out: dict[str, float] = {}
-    for tid, (comm, cpu) in after.items():
-        used = cpu - before.get(tid, (comm, 0.0))[1]
-        if used > 0:
-            label = thread_label(tid, comm, names)
-            out[label] = out.get(label, 0.0) + used
-    return out
-
-
-def wait_until(predicate, timeout: float = 60.0, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("condition not reached")
-        time.sleep(interval)

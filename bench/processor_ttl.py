@@ -127,7 +127,10 @@ def main() -> None:
     parser.add_argument("--clusters", type=int, default=50)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--ttl", type=float, default=10.0)
+    parser.add_argument("--quick", action="store_true", help="10 clusters, 1 wave")
     args = parser.parse_args()
+    if args.quick:
+        args.clusters, args.rounds = 10, 1
     wait_s = args.ttl + 8  # the TTL, plus a few snapshot ticks
     tansu = TansuBroker().start()
     port = tansu.port

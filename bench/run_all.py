@@ -22,13 +22,18 @@ import time
 from report import PREFIX, meets
 
 HERE = pathlib.Path(__file__).parent
+#: Every script here that prints a figure.
 BENCHMARKS = [
-    "transition_hotpath.py",
-    "gc_pressure.py",
     "scheduler_overhead.py",
     "processor_throughput.py",
+    "processor_ttl.py",
     "query_latency.py",
+    "critical_path.py",
+    "trace_file.py",
     "freshness.py",
+    "ui_latency.py",
+    "read_guard.py",
+    "fuzz.py",
     "soak.py",
 ]
 

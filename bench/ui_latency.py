@@ -99,7 +99,10 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5, help="runs per median")
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--keep", help="keep the chDB directory here")
+    parser.add_argument("--quick", action="store_true", help="one 20k-task cluster, 2 runs")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.repeat = args.tasks or [20_000], 2
     sizes = args.tasks or [100_000, 1_000_000]
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bb-ui-bench-"))
     client = clickhouse.open_client(f"chdb://{root / 'chdb'}")

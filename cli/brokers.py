@@ -36,12 +36,29 @@ import subprocess
 import time
 import uuid
 
+from dask_blackbox import config
+
 #: The command that fetches the Kafka jars (README, .ci/run, error messages).
 MAVEN_COMMAND = ("mvn -q -f infra/kafka/pom.xml dependency:copy-dependencies "
                  "-DoutputDirectory=DIR")
 _GET_KAFKA = (f"download Apache Kafka 4.x from https://kafka.apache.org/downloads and "
               f"unpack it, or run `{MAVEN_COMMAND}` in a dask-blackbox checkout, then set "
-              "blackbox.local.kafka-home (DASK_BLACKBOX__LOCAL__KAFKA_HOME) to that directory")
+              "blackbox.local.kafka-home (DASK_BLACKBOX__LOCAL__KAFKA_HOME) to that directory "
+              "(./run-tests in a checkout caches the jars where they are found without it)")
+#: Where ./run-tests (README command 2) caches Kafka's jars, one folder per version.
+JARS_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "dask-blackbox"
+
+
+def kafka_home() -> str | None:
+    """``blackbox.local.kafka-home``, or else the newest ``kafka-<version>`` folder
+    ./run-tests cached (None if there is none)."""
+    configured = config.get("local.kafka-home")
+    if configured:
+        return configured
+    cached = sorted(JARS_CACHE.glob("kafka-[0-9]*/kafka_2.13-*.jar"))
+    return str(cached[-1].parent) if cached else None
+
+
 #: Jars without which kafka.Kafka cannot start.
 REQUIRED_JARS = ("kafka_2.13", "kafka-server", "kafka-storage", "kafka-metadata",
                  "kafka-raft", "kafka-clients", "scala-library")
@@ -470,7 +487,6 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
                 ) -> LocalBroker:
     """The broker ``blackbox.local.*`` describes, not started. ``data_dir``: the
     pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``)."""
-    from dask_blackbox import config
 
     kind = str(kind or config.get("local.broker") or "tansu").lower()
     if kind not in KINDS:
@@ -483,7 +499,6 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
                 f"blackbox.local.broker-port: {value!r} must be a port number (0: a free port)")
     if kind == "tansu":
         return TansuBroker(port)
-    return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port,
-                       home=config.get("local.kafka-home"),
+    return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port, home=kafka_home(),
                        heap=config.get_bytes("local.kafka-heap"),
                        java=config.get("local.java"))

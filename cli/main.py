@@ -30,9 +30,11 @@ _QUERY_COMMANDS = {
     "story": "the transitions of a task key, like Scheduler.story",
     "spans": "span trees with durations, task counts, bytes and compute by action",
     "prefixes": "top task prefixes by compute time",
+    "metrics": "fine performance metrics, users' context_meter.digest_metric included",
     "clusters": "every cluster seen: first and last seen, workers, tasks, errors",
     "failures": "post-mortem of erred tasks and dead workers",
-    "compare": "the same span name across runs and clusters, side by side",
+    "compare": "the latest run of a span (or cluster name) against the one before: "
+               "regressions beyond the noise, then the numbers",
 }
 
 
@@ -59,11 +61,19 @@ def _duration_ago_or_time(text: str) -> datetime.datetime:
     return t
 
 
-def _key_value(text: str) -> tuple[str, str]:
+def _key_value(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as Dask reads DASK_* environment variables (a
+    Python literal such as 10, true or [1, 2] where it is one, else the text)."""
+    import ast
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key.removeprefix("blackbox."), value
+    try:
+        parsed = ast.literal_eval(value)
+    except (SyntaxError, ValueError):
+        parsed = {"true": True, "false": False, "null": None, "none": None}.get(value.lower(), value)
+    return key.removeprefix("blackbox."), parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -124,11 +134,22 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "prefixes":
             p.add_argument("--span", help="only within spans of this name (e.g. 'data load')")
             p.add_argument("--limit", type=int, default=20)
+        elif name == "metrics":
+            p.add_argument("--context", help="one context: execute, gather-dep, get-data, ...")
+            p.add_argument("--limit", type=int, default=50)
         elif name == "compare":
-            p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
-    from dask_blackbox.cli import ui
+            p.add_argument("span_name", nargs="?",
+                           help="a span tag, or a path of tags like 'etl/load'; without it, "
+                                "the whole runs of the --cluster name")
+        if name in ("spans", "prefixes"):
+            p.add_argument("--cost", action=argparse.BooleanOptionalAction, default=None,
+                           help="add what each one cost: thread CPU and thread-seconds, idle, "
+                                "bytes moved and spilled, memory held (default: with --cluster)")
+    from dask_blackbox.cli import export, slowness, ui
 
     ui.add_commands(sub, [common])
+    export.add_commands(sub, [common])
+    slowness.add_commands(sub, [common, fmt, filters])
     return parser
 
 
@@ -153,13 +174,24 @@ def _run_query_command(args: argparse.Namespace) -> int:
             result = queries.story(backend, args.key, source=None if args.source == "all"
                                    else args.source, **filters)
         elif args.command == "spans":
-            result = queries.spans(backend, tree=args.tree, **filters)
+            result = queries.spans(backend, tree=args.tree, cost=args.cost, **filters)
         elif args.command == "prefixes":
-            result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
-        elif args.command == "compare":
-            result = queries.compare(backend, args.span_name, **filters)
+            result = queries.prefixes(backend, span=args.span, limit=args.limit, cost=args.cost,
+                                      **filters)
+        elif args.command == "metrics":
+            result = queries.metrics(backend, context=args.context, limit=args.limit, **filters)
         else:
             result = getattr(queries, args.command)(backend, **filters)
+    if args.format == "table" and args.command in ("spans", "prefixes"):
+        # too wide for one table: what they cost below, by the same names
+        from dask_blackbox.cli.formatting import split_columns
+
+        keys = ("cluster", "name", "depth", "span_id", "parent_id", "prefix")
+        moved = queries.SPAN_COST_COLUMNS if args.command == "spans" else queries.PREFIX_COST_COLUMNS
+        result = split_columns(result, keys, moved, args.command,
+                               f"what each {'span tree' if args.command == 'spans' else 'prefix'} cost")
+        if len(result) == 1:
+            result = result[args.command]
     print_result(result, args.format)
     return 0
 
@@ -224,9 +256,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from dask_blackbox.kafka import KafkaUnreachable
     from dask_blackbox.cli.supervisor import PipelineError
+    from dask_blackbox.exporters.otlp import ExportFailed
+    from dask_blackbox.read.panels import NotFound
     from dask_blackbox.read.queries import QueryError, UnknownCluster
 
-    if args.command != "sink":
+    if args.command not in ("sink", "exporter"):
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
         # once, as a KafkaUnreachable error.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -260,9 +294,24 @@ def main(argv: list[str] | None = None) -> int:
             from dask_blackbox.cli import ui
 
             return ui.run(args)
+        if args.command in ("export", "trace", "exporter"):
+            from dask_blackbox.cli import export
+
+            return {"export": export.export_otlp, "trace": export.trace_file,
+                    "exporter": export.exporter}[args.command](args)
+        if args.command in ("critical-path", "compare"):
+            from dask_blackbox.cli import slowness
+            from dask_blackbox.read import backends
+
+            backend = backends.connect()
+            try:
+                command = slowness.critical_path if args.command == "critical-path" else slowness.compare
+                return command(args, backend)
+            finally:
+                backend.close()
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
-            QueryError, UnknownCluster) as e:
+            QueryError, UnknownCluster, NotFound, ExportFailed) as e:
         print(f"dask-blackbox: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

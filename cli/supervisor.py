@@ -73,6 +73,9 @@ from dask_blackbox.cli.brokers import BrokerError, free_port
 #: [worker options]`` and ``dask-blackbox <SINK_ARGS>``.
 PROCESSOR_ARGS = ("-A", "dask_blackbox.stream_processors.app")
 SINK_ARGS = ("sink",)
+#: The continuous OpenTelemetry exporter, run when blackbox.exporter.endpoint is set.
+EXPORTER_ARGS = ("exporter",)
+_EXPORTER_READY = re.compile(r"^exporter ready")
 
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
 _PR_SET_PDEATHSIG = 1
@@ -331,6 +334,13 @@ class LocalPipeline:
                 self._wait(w, timeout, lambda w=w: _faust_ready(w))
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
+            if config.get("exporter.endpoint", None):
+                exporter = self._start(Recipe(
+                    "exporter", lambda: [sys.executable, "-m", "dask_blackbox.cli", *EXPORTER_ARGS],
+                    ready=_exporter_ready))
+                self._wait(exporter, timeout, lambda: _exporter_ready(exporter))
+                progress(f"exporter   OpenTelemetry traces to "
+                         f"{config.redact(config.get('exporter.endpoint'))}")
             self._starting = False
         except BaseException:
             self.stop(drain_timeout=0)
@@ -580,7 +590,7 @@ class LocalPipeline:
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
             drained = wait_drained(drain_timeout, settle=0.5) and drained
-        for name in ("sink", "broker"):
+        for name in ("exporter", "sink", "broker"):
             for child in self.children:
                 if child.name == name:
                     # Kafka's clean shutdown closes its logs (no recovery next start).
@@ -623,3 +633,8 @@ def _sink_loading(child: Child) -> bool:
 def _faust_ready(child: Child) -> bool:
     """The faust worker ``child`` printed its Ready line in this run."""
     return child.seen(_FAUST_READY)
+
+
+def _exporter_ready(child: Child) -> bool:
+    """The exporter ``child`` printed its ready line in this run."""
+    return child.seen(_EXPORTER_READY)

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from itertools import repeat
-from typing import Any, Final, TypedDict, get_type_hints
+from typing import Annotated, Any, Final, TypedDict, get_type_hints
 
 SCHEMA_VERSION: Final = 2
 #: Envelope versions this build reads: 1 (no packed events) and 2.
@@ -58,7 +58,7 @@ ENVELOPE_FIELDS: Final = (
 )
 
 #: Who sent an envelope.
-SOURCES: Final = frozenset({"scheduler", "worker", "client"})
+SOURCES: Final = frozenset({"scheduler", "worker", "nanny", "client"})
 
 #: Largest encoded envelope a producer sends and a processor accepts. Kafka's default
 #: message.max.bytes is 1 MiB; staying under it keeps every broker default valid.
@@ -98,12 +98,8 @@ def topic_name(prefix: str, topic: str) -> str:
 #: ``{"action", "start", "stop"}`` (plus ``"source"`` for transfers) exactly as Dask
 #: passed it; ``exception``/``traceback`` are text.
 TRANSITION: Final = "transition"
-#: A graph submission (``SchedulerPlugin.update_graph``). ``tasks`` lists up to
-#: ``blackbox.producer.graph-max-tasks`` entries ``{"key", "prefix", "group",
-#: "span_id", "dependencies"}``; ``n_tasks`` is the true count. ``keys`` (the keys
-#: the client wants) is capped the same way; optional ``n_keys`` is their true count.
-#: ``annotations`` maps each annotation name (span, retries, resources, ...) to its
-#: distinct values ``[{"value", "n_tasks"}, ...]``, most frequent first.
+#: A graph submission (``SchedulerPlugin.update_graph``), in one or more parts (see
+#: :class:`Graph`).
 GRAPH: Final = "graph"
 #: A span as it appears in ``scheduler.extensions["spans"]``.
 SPAN: Final = "span"
@@ -119,6 +115,8 @@ WORKER_METRICS: Final = "worker_metrics"
 WORKER_DIGESTS: Final = "worker_digests"
 #: A logging record.
 LOG: Final = "log"
+#: A worker process ended, as its nanny saw it.
+WORKER_EXIT: Final = "worker_exit"
 #: Envelopes a producer dropped because its buffer was full, published once the broker
 #: is reachable again: ``{"dropped_events", "dropped_bytes", "since", "until"}``.
 DROPS: Final = "drops"
@@ -141,8 +139,19 @@ class Event(TypedDict):
     ts: float
 
 
+#: Marks a :class:`Transition` field that Dask passes in the transition's keyword
+#: arguments (``SchedulerPlugin.transition(..., **kwargs)``) under the same name: the
+#: scheduler producer copies every such field out of them as it is
+#: (:data:`TRANSITION_KWARGS`). A new one is this declaration plus its SQL column.
+DASK_KWARG: Final = "dask-kwarg"
+
+
 class Transition(Event):
-    """TRANSITION: one call of ``SchedulerPlugin.transition`` (or the worker's)."""
+    """TRANSITION: one call of ``SchedulerPlugin.transition`` (or the worker's).
+
+    ``thread`` is the ident of the worker thread that ran the task (Dask's
+    ``TaskFinishedMsg.thread``, what its task stream draws a row for), with
+    processing->memory and processing->erred."""
 
     key: str
     prefix: str | None
@@ -151,10 +160,11 @@ class Transition(Event):
     start: str
     finish: str
     stimulus_id: str | None
-    worker: str | None
-    nbytes: int | None
-    typename: str | None
-    startstops: list[StartStop] | None
+    worker: Annotated[str | None, DASK_KWARG]
+    nbytes: Annotated[int | None, DASK_KWARG]
+    typename: Annotated[str | None, DASK_KWARG]
+    startstops: Annotated[list[StartStop] | None, DASK_KWARG]
+    thread: Annotated[int | None, DASK_KWARG]
     exception: str | None
     traceback: str | None
     cause: str | None
@@ -185,9 +195,24 @@ class _GraphBase(Event):
 
 
 class Graph(_GraphBase, total=False):
-    """GRAPH: a graph submission; ``n_keys`` is optional."""
+    """GRAPH: one part of a graph submission.
+
+    A submission's tasks, up to ``blackbox.producer.graph-max-tasks`` of them, travel
+    in ``parts`` GRAPH events (``part`` 0, 1, ...; one event when both are absent),
+    each under an envelope's size, with the same ``ts``, ``client`` and
+    ``stimulus_id``; ``tasks`` lists each part's entries ``{"key", "prefix", "group",
+    "span_id", "dependencies"}``. The submission's own fields are part 0's (the other
+    parts repeat ``n_tasks`` and leave ``keys`` and ``annotations`` empty):
+    ``n_tasks`` is the true count of tasks, ``n_recorded`` how many of them all the
+    parts list (fewer than ``n_tasks`` past the setting), ``keys`` (the keys the client
+    wants) is capped the same way and ``n_keys`` is their true count; ``annotations``
+    maps each annotation name (span, retries, resources, ...) to its distinct values
+    ``[{"value", "n_tasks"}, ...]``, most frequent first."""
 
     n_keys: int
+    part: int
+    parts: int
+    n_recorded: int
 
 
 class Span(Event):
@@ -265,13 +290,43 @@ class WorkerDigests(Event):
 
 
 class Log(Event):
-    """LOG: one logging record."""
+    """LOG: one logging record. ``worker`` is the address of the worker the logging
+    process serves (a worker's, or its nanny's; None on the scheduler and a client),
+    ``key`` the task a worker thread was running when it logged (None elsewhere)."""
 
     logger: str
     level: str
     message: str
     process: str | int | None
     exc_text: str | None
+    worker: str | None
+    key: str | None
+
+
+class WorkerExit(Event):
+    """WORKER_EXIT: a worker process its nanny ran has ended. ``exitcode`` is the
+    process's exit status, or minus the signal that killed it (``signal`` names it);
+    ``memory``/``memory_peak`` are its last and highest RSS the nanny sampled, against
+    ``memory_limit`` and the fraction ``memory_terminate``
+    (``distributed.worker.memory.terminate``) at which the nanny kills it;
+    ``host_memory``/``host_memory_available`` the host's at the last sample;
+    ``nanny_status`` the nanny's (``closing``: an expected end); ``starts`` how many
+    worker processes this nanny had started, this one included; ``started`` when the
+    nanny first saw this one."""
+
+    worker: str | None
+    pid: int | None
+    exitcode: int | None
+    signal: str | None
+    memory: int | None
+    memory_peak: int | None
+    memory_limit: int | None
+    memory_terminate: float | None
+    host_memory: int | None
+    host_memory_available: int | None
+    nanny_status: str | None
+    starts: int | None
+    started: float | None
 
 
 class Drops(Event):
@@ -294,6 +349,7 @@ EVENTS: Final[Mapping[str, type]] = {
     WORKER_METRICS: WorkerMetrics,
     WORKER_DIGESTS: WorkerDigests,
     LOG: Log,
+    WORKER_EXIT: WorkerExit,
     DROPS: Drops,
 }
 
@@ -313,6 +369,11 @@ EVENT_FIELDS: Final[Mapping[str, tuple[str, ...]]] = {
     kind: tuple(f for f in fields(decl) if f not in ("kind", "ts"))
     for kind, decl in EVENTS.items()
 }
+
+#: The :class:`Transition` fields marked :data:`DASK_KWARG`, in declaration order.
+TRANSITION_KWARGS: Final = tuple(
+    name for name, hint in get_type_hints(Transition, include_extras=True).items()
+    if DASK_KWARG in getattr(hint, "__metadata__", ()))
 
 # ------------------------------------------------------------------ packed events
 
@@ -345,6 +406,7 @@ class TransitionRun(_TransitionRunBase, total=False):
     nbytes: list[int | None]
     typename: list[str | None]
     startstops: list[list[StartStop] | None]
+    thread: list[int | None]
     exception: list[str | None]
     traceback: list[str | None]
     cause: list[str | None]
@@ -357,9 +419,9 @@ PACKED: Final[Mapping[str, tuple[type, str]]] = {
 
 #: A run's columns that it always has, each as long as the run.
 RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
-#: A run's columns that it may leave out: TRANSITION fields, None for every event.
-RUN_OPTIONAL_COLUMNS: Final = ("worker", "nbytes", "typename", "startstops", "exception",
-                               "traceback", "cause")
+#: A run's columns that it may leave out: the TRANSITION fields after ``stimulus_id``
+#: (what a transition may carry besides Dask's ``transition_log`` record), in order.
+RUN_OPTIONAL_COLUMNS: Final = fields(Transition)[fields(Transition).index("stimulus_id") + 1:]
 
 
 class InvalidEvent(ValueError):

@@ -7,9 +7,11 @@ token), and removes it when it stops:
 - ``up.json``, by the local supervisor (``dask-blackbox up``):
   ``{"pid", "kafka", "topic_prefix", "clickhouse", "started_at"}``;
 - ``sink.json``, by the sink while it runs:
-  ``{"pid", "query_url", "dsn", "started_at", "token", "loading"}`` (``loading``:
-  the sink has its partitions and loads; false while it joins its group and
-  repairs what a crash left, when it already serves queries).
+  ``{"pid", "query_url", "dsn", "started_at", "token", "metrics_url", "loading"}``
+  (``loading``: the sink has its partitions and loads; false while it joins its group
+  and repairs what a crash left, when it already serves queries);
+- ``exporter.json``, by the continuous OpenTelemetry exporter while it runs:
+  ``{"pid", "endpoint", "journal", "started_at", "metrics_url"}``.
 
 The data directory and what a pipeline keeps under it (logs, the chDB store, the
 brokers' and processors' data) are private to their owner: :func:`private_dir`
@@ -29,6 +31,7 @@ from typing import Any
 
 UP = "up.json"
 SINK = "sink.json"
+EXPORTER = "exporter.json"
 
 
 def path(directory: pathlib.Path, name: str) -> pathlib.Path:

@@ -2,14 +2,22 @@
 
 Three ways to attach, following Dask's conventions:
 
-- ``dask scheduler --preload dask_blackbox.producers.scheduler`` and
-  ``dask worker --preload dask_blackbox.producers.worker`` (each process's ``blackbox.*`` config);
-- ``client.register_plugin(BlackboxSchedulerPlugin(...))`` /
-  ``client.register_plugin(BlackboxWorkerPlugin(...))``;
+- ``dask scheduler --preload dask_blackbox.producers.scheduler``,
+  ``dask worker --preload dask_blackbox.producers.worker --preload-nanny
+  dask_blackbox.producers.nanny`` (each process's ``blackbox.*`` config);
+- ``client.register_plugin(BlackboxSchedulerPlugin(...))`` (and the worker's and
+  the nanny's);
+
+The route of a record: a hook offers an *item* to the process's buffer
+(:mod:`.buffer`, the only home of the room rule and the drops); a drain makes its
+*row* (:mod:`.rows`) and a sender packs rows into envelopes, a run of transitions as
+one *run*, and delivers them (:mod:`.sender`), in a thread of the Dask process or in a
+helper process the relay hands rows to (:mod:`.relay`); :mod:`.transport` composes
+the buffer and its drain.
 - :func:`attach` (one call, everything, settings from the client's config).
 
-This package imports only distributed, aiokafka, orjson (cramjam for compression)
-and ``dask_blackbox``'s contract, config and runfiles modules: a Dask node needs
+This package imports only distributed, aiokafka, orjson, msgspec (cramjam for
+compression) and ``dask_blackbox``'s contract, config and runfiles modules: a Dask node needs
 nothing else (``tests/test_packaging.py`` runs it in a venv holding just those).
 
 The names below are imported when first used, so that importing a module of this
@@ -23,14 +31,14 @@ import importlib
 from typing import Any
 
 __all__ = [
-    "PLUGIN_NAME", "BlackboxSchedulerPlugin", "BlackboxWorkerPlugin",
+    "PLUGIN_NAME", "BlackboxSchedulerPlugin", "BlackboxWorkerPlugin", "BlackboxNannyPlugin",
     "ProducerSettings", "attach", "detach",
 ]
 
 _HOMES = {
     "PLUGIN_NAME": "scheduler", "BlackboxSchedulerPlugin": "scheduler",
-    "BlackboxWorkerPlugin": "worker", "ProducerSettings": "settings",
-    "attach": "attaching", "detach": "attaching",
+    "BlackboxWorkerPlugin": "worker", "BlackboxNannyPlugin": "nanny",
+    "ProducerSettings": "settings", "attach": "attaching", "detach": "attaching",
 }
 
 

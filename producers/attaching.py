@@ -7,14 +7,15 @@ from typing import Any
 
 from distributed.protocol.pickle import dumps
 
+from dask_blackbox.producers.nanny import BlackboxNannyPlugin
 from dask_blackbox.producers.scheduler import PLUGIN_NAME, BlackboxSchedulerPlugin
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.worker import BlackboxWorkerPlugin
 
 
 def attach(client, cluster_name: str | None = None, **overrides: Any) -> dict:
-    """Attach the scheduler plugin, the worker plugin and log shipping to the cluster
-    of ``client``, and return ``{"cluster_id", "cluster_name", "producer_id"}`` of
+    """Attach the scheduler plugin, the worker plugin, the nanny plugin (on clusters
+    with nannies) and log shipping to the cluster of ``client``, and return ``{"cluster_id", "cluster_name", "producer_id"}`` of
     the scheduler producer.
 
     ``overrides`` are ``blackbox.*`` settings relative to ``blackbox.``, dotted
@@ -53,13 +54,11 @@ async def _attach(client, settings: ProducerSettings) -> dict:
     identity = await _run_on_scheduler(client, _scheduler_identity)
     if identity is None or identity["cluster_id"] is None:
         raise RuntimeError(f"the scheduler has no started {PLUGIN_NAME!r} plugin")
+    known = {"cluster_id": identity["cluster_id"], "cluster_name": identity["cluster_name"]}
     await client.scheduler.register_worker_plugin(
-        plugin=dumps(BlackboxWorkerPlugin(
-            settings, cluster_id=identity["cluster_id"], cluster_name=identity["cluster_name"],
-        )),
-        name=PLUGIN_NAME,
-        idempotent=True,
-    )
+        plugin=dumps(BlackboxWorkerPlugin(settings, **known)), name=PLUGIN_NAME, idempotent=True)
+    await client.scheduler.register_nanny_plugin(
+        plugin=dumps(BlackboxNannyPlugin(settings, **known)), name=PLUGIN_NAME, idempotent=True)
     return identity
 
 
@@ -85,9 +84,11 @@ def _scheduler_identity(dask_scheduler) -> dict | None:
 
 
 async def _detach_on_scheduler(dask_scheduler) -> None:
-    # Preloaded worker plugins are not in worker_plugins: broadcast the removal.
+    # Preloaded plugins are not in worker_plugins / nanny_plugins: broadcast removals.
     dask_scheduler.worker_plugins.pop(PLUGIN_NAME, None)
+    dask_scheduler.nanny_plugins.pop(PLUGIN_NAME, None)
     await dask_scheduler.broadcast(msg={"op": "plugin-remove", "name": PLUGIN_NAME})
+    await dask_scheduler.broadcast(msg={"op": "plugin_remove", "name": PLUGIN_NAME}, nanny=True)
     plugin = dask_scheduler.plugins.get(PLUGIN_NAME)
     if isinstance(plugin, BlackboxSchedulerPlugin):
         dask_scheduler.remove_plugin(PLUGIN_NAME)

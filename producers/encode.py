@@ -292,17 +292,17 @@ def encode_event(event: dict, max_bytes: int) -> bytes:
     try:
         return orjson.dumps(clean, option=_OPTIONS)
     except TypeError:  # text that is not UTF-8 (lone surrogates, as os.fsdecode makes)
-        return orjson.dumps(_utf8(clean), option=_OPTIONS)
+        return orjson.dumps(utf8(clean), option=_OPTIONS)
 
 
-def _utf8(value: Any) -> Any:
+def utf8(value: Any) -> Any:
     """A sanitized value with every text made UTF-8 (a lone surrogate written as its
     ``\\udXXX`` escape)."""
     t = type(value)
     if t is str:
         return value.encode("utf-8", "backslashreplace").decode()
     if t is dict:
-        return {_utf8(k): _utf8(v) for k, v in value.items()}
+        return {utf8(k): utf8(v) for k, v in value.items()}
     if t is list or t is tuple:
-        return [_utf8(v) for v in value]
+        return [utf8(v) for v in value]
     return value

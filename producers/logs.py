@@ -1,115 +1,160 @@
-"""Shipping the records of the ``distributed`` loggers (contract kind ``LOG``).
+"""Shipping log records (contract kind ``LOG``).
 
-One :class:`BlackboxLogHandler` per process sits on the ``distributed`` logger. Every
-producer of the process registers its transport with :func:`install`; each record
-goes to one of them only (the scheduler's if the process has a scheduler, else the
-first worker's), so an in-process cluster does not ship a record once per worker.
+Which records: ``blackbox.producer.loggers`` names loggers with a level (by default
+``distributed`` at INFO and ``root`` at WARNING: every other logger, users' own
+included). A record is shipped when the most specific configured logger its name
+falls under says its level is reached (and, as always in :mod:`logging`, when its
+logger emits it at all: levels are not changed here). One :class:`LogHandler` sits
+on each configured logger (``distributed`` does not propagate to the root when Dask
+configures its logging); a record is shipped by the handler of that most specific
+logger only, so never twice.
 
-The handler never recurses: records from the sender threads, from aiokafka and from
-this package are ignored, and a record emitted while the handler is already
-handling one on the same thread (e.g. a logging call made by a ``__str__``) is
-skipped.
+Where: every producer of the process registers its transport (:func:`install`);
+each record goes to one of them, the scheduler's if the process has a scheduler, else
+the first worker's, else the nanny's, so an in-process cluster ships a record once.
+A record says which worker it concerns (``worker``): the worker whose task thread
+logged it, else the worker (or nanny's worker) of that transport; and ``key``, the
+task the thread was running.
+
+The handler never recurses: records of the recorder's own threads and of aiokafka
+and this package are ignored, and a record emitted while the handler handles one on
+the same thread (a logging call in a ``__str__``) is skipped.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
+from typing import NamedTuple
 
-from dask_blackbox.contract import LOG, Log
+from dask_blackbox.contract import LOG, Log, encode_key
 from dask_blackbox.producers.encode import cap_text
-from dask_blackbox.producers.transport import SENDER_THREAD_PREFIX, Transport, ready
+from dask_blackbox.producers.rows import Ready
+from dask_blackbox.producers.sender import THREAD_PREFIX
+from dask_blackbox.producers.transport import Transport
 
-#: The logger whose records (and its children's) are shipped.
-SHIPPED_LOGGER = "distributed"
-
-#: Records of these loggers are never shipped (they may come from the transport).
+#: Records of these loggers are never shipped (they may come from the recorder).
 _IGNORED_PREFIXES = ("aiokafka", "kafka", "dask_blackbox")
+#: Who ships first: a scheduler's transport, then workers', then nannies'.
+_ORDER = {"scheduler": 0, "worker": 1, "nanny": 2}
 
-_LOCK = threading.Lock()  # guards installing/removing, never taken by emit
+_LOCK = threading.Lock()  # guards installing and removing, never taken by emit
 
 
-class BlackboxLogHandler(logging.Handler):
-    """Buffers records on the first registered transport whose level they reach."""
+class Target(NamedTuple):
+    """A transport records are shipped through, and the worker it speaks for (its
+    address, or a function giving it: a nanny's worker changes address on restart)."""
 
-    def __init__(self) -> None:
+    order: int
+    serial: int
+    transport: Transport
+    worker: str | Callable[[], str | None] | None
+
+
+class LogHandler(logging.Handler):
+    """Ships the records of one configured logger (``name``) through the first
+    target (module docstring)."""
+
+    def __init__(self, name: str, level: int, loggers: tuple[tuple[str, int], ...]):
         super().__init__(logging.NOTSET)
-        # (is_worker, registration order, transport); replaced, never mutated, so
-        # emit reads a consistent list without the lock.
-        self.targets: tuple[tuple[bool, int, Transport], ...] = ()
-        self._counter = 0
+        self.logger_name = name
+        self.shipped_level = level
+        self.loggers = loggers
+        # replaced, never mutated: emit reads a consistent tuple without the lock
+        self.targets: tuple[Target, ...] = ()
         self._local = threading.local()
 
-    def add(self, transport: Transport) -> None:
-        self._counter += 1
-        entry = (transport.source != "scheduler", self._counter, transport)
-        self.targets = tuple(sorted((*self.targets, entry), key=lambda e: e[:2]))
-
-    def remove(self, transport: Transport) -> None:
-        self.targets = tuple(e for e in self.targets if e[2] is not transport)
+    def owns(self, name: str) -> bool:
+        """Whether this handler's logger is the most specific configured one for a
+        record of logger ``name``."""
+        for configured, _ in self.loggers:
+            if configured == "root" or name == configured or name.startswith(configured + "."):
+                return configured == self.logger_name
+        return False
 
     def emit(self, record: logging.LogRecord) -> None:
         targets = self.targets
-        if not targets or getattr(self._local, "busy", False):
+        if (not targets or record.levelno < self.shipped_level
+                or getattr(self._local, "busy", False)
+                or record.name.startswith(_IGNORED_PREFIXES)
+                or not self.owns(record.name)
+                or threading.current_thread().name.startswith(THREAD_PREFIX)):
             return
-        if record.name.startswith(_IGNORED_PREFIXES):
-            return
-        if threading.current_thread().name.startswith(SENDER_THREAD_PREFIX):
-            return
-        transport = targets[0][2]
-        if record.levelno < transport.settings.log_level:
-            return
+        target = targets[0]
         self._local.busy = True
         try:
-            max_chars = transport.settings.max_value_bytes
+            cap = target.transport.settings.max_value_bytes
             try:
-                message = cap_text(record.getMessage(), max_chars)
+                message = cap_text(record.getMessage(), cap)
             except Exception as e:  # bad format arguments: ship what we can
-                message = cap_text(f"{record.msg!r} (unformattable: {type(e).__name__})", max_chars)
+                message = cap_text(f"{record.msg!r} (unformattable: {type(e).__name__})", cap)
             exc_text = None
             if record.exc_info:
                 try:
-                    exc_text = cap_text(logging.Formatter().formatException(record.exc_info), max_chars)
+                    exc_text = cap_text(logging.Formatter().formatException(record.exc_info), cap)
                 except Exception:
                     exc_text = None
             elif record.exc_text:
-                exc_text = cap_text(record.exc_text, max_chars)
+                exc_text = cap_text(record.exc_text, cap)
+            worker, key = _task_of_thread()
+            if worker is None:
+                worker = target.worker() if callable(target.worker) else target.worker
             event: Log = {
-                "kind": LOG,
-                "ts": record.created,
-                "logger": record.name,
-                "level": record.levelname,
-                "message": message,
-                "process": record.process,
-                "exc_text": exc_text,
+                "kind": LOG, "ts": record.created, "logger": record.name,
+                "level": record.levelname, "message": message, "process": record.process,
+                "exc_text": exc_text, "worker": worker, "key": key,
             }
-            transport.offer((ready, 200 + len(message) + len(exc_text or ""), event))
+            target.transport.offer(Ready(event, 200 + len(message) + len(exc_text or "")))
         except Exception:
             pass  # logging must never fail the caller; nothing to report it to safely
         finally:
             self._local.busy = False
 
 
-_handler: BlackboxLogHandler | None = None
+def _task_of_thread() -> tuple[str | None, str | None]:
+    """The worker address and task key of the task this thread runs, if any."""
+    try:
+        from distributed.utils import thread_state
+    except ImportError:
+        return None, None
+    key = getattr(thread_state, "key", None)
+    if key is None:
+        return None, None
+    state = getattr(thread_state, "execution_state", None) or {}
+    worker = state.get("worker")
+    return getattr(worker, "address", None), encode_key(key)
 
 
-def install(transport: Transport) -> None:
-    """Ship ``distributed`` records through ``transport`` (see module docstring)."""
-    global _handler
+_handlers: dict[str, LogHandler] = {}
+_targets: tuple[Target, ...] = ()
+_serial = 0
+
+
+def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
+    """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
+    ``worker`` the address of the worker it speaks for)."""
+    global _targets, _serial
     with _LOCK:
-        if _handler is None:
-            _handler = BlackboxLogHandler()
-            logging.getLogger(SHIPPED_LOGGER).addHandler(_handler)
-        _handler.add(transport)
+        _serial += 1
+        target = Target(_ORDER.get(transport.source, 3), _serial, transport, worker)
+        _targets = tuple(sorted((*_targets, target), key=lambda t: (t.order, t.serial)))
+        loggers = transport.settings.loggers
+        for name, level in loggers:
+            if name not in _handlers:
+                handler = _handlers[name] = LogHandler(name, level, loggers)
+                logging.getLogger(None if name == "root" else name).addHandler(handler)
+        for handler in _handlers.values():
+            handler.targets = _targets
 
 
 def uninstall(transport: Transport) -> None:
-    """Stop shipping through ``transport``; remove the handler when none is left."""
-    global _handler
+    """Stop shipping through ``transport``; remove the handlers when none is left."""
+    global _targets
     with _LOCK:
-        if _handler is None:
-            return
-        _handler.remove(transport)
-        if not _handler.targets:
-            logging.getLogger(SHIPPED_LOGGER).removeHandler(_handler)
-            _handler = None
+        _targets = tuple(t for t in _targets if t.transport is not transport)
+        for name, handler in list(_handlers.items()):
+            handler.targets = _targets
+            if not _targets:
+                logging.getLogger(None if name == "root" else name).removeHandler(handler)
+                del _handlers[name]

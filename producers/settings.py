@@ -34,6 +34,37 @@ SENDERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
+class Recorded:
+    """What ``blackbox.producer.record`` says to record (each a bool)."""
+
+    transitions: bool = True
+    worker_transitions: bool = False
+    graphs: bool = True
+    events: bool = True
+    metrics: bool = True
+    fine_metrics: bool = True
+    logs: bool = True
+
+    @classmethod
+    def from_config(cls) -> Recorded:
+        section = config.get("producer.record")
+        if not isinstance(section, Mapping):
+            raise ConfigError(f"blackbox.producer.record: {section!r} must be a mapping of "
+                              "kinds to true or false")
+        values = {}
+        for key, value in section.items():
+            name = str(key).replace("-", "_")
+            if name not in cls.__dataclass_fields__:
+                raise ConfigError(f"blackbox.producer.record.{key} is not a kind of record "
+                                  f"(one of {', '.join(f.replace('_', '-') for f in cls.__dataclass_fields__)})")
+            if not isinstance(value, bool):
+                raise ConfigError(f"blackbox.producer.record.{key}: {value!r} must be true "
+                                  "or false")
+            values[name] = value
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class ProducerSettings:
     """Validated ``blackbox.*`` values a producer needs, as plain picklable data.
 
@@ -51,17 +82,18 @@ class ProducerSettings:
     metrics_interval: float
     graph_max_tasks: int
     max_value_bytes: int
-    worker_transitions: bool
-    log_level: int
+    #: what is recorded (``blackbox.producer.record``)
+    record: Recorded
+    #: ``(logger name, level)`` of the loggers shipped, the most specific first
+    #: ("root" last: every other logger)
+    loggers: tuple[tuple[str, int], ...]
     close_timeout: float
     reconnect_backoff_max: float
     #: where events are encoded and delivered: "process", "thread" or "auto"
-    #: (see :mod:`producers.relay`)
+    #: (see :mod:`producers.transport`)
     sender: str = "auto"
     #: niceness a relay's helper process adds to the Dask process's (0-19)
     helper_niceness: int = 19
-    #: the scheduler's transition hook in C where it was built (producers/_hotpath.c)
-    compiled_hook: bool = True
 
     @classmethod
     def resolve(
@@ -97,17 +129,6 @@ class ProducerSettings:
             raise ConfigError(
                 f"blackbox.producer.sender: {sender!r} must be one of {', '.join(SENDERS)}"
             )
-        worker_transitions = config.get("producer.worker-transitions")
-        if not isinstance(worker_transitions, bool):
-            raise ConfigError(
-                f"blackbox.producer.worker-transitions: {worker_transitions!r} must be "
-                "true or false"
-            )
-        compiled_hook = config.get("producer.compiled-hook")
-        if not isinstance(compiled_hook, bool):
-            raise ConfigError(
-                f"blackbox.producer.compiled-hook: {compiled_hook!r} must be true or false"
-            )
         return cls(
             cluster_name=str(name) if name else None,
             kafka=kafka,
@@ -118,8 +139,8 @@ class ProducerSettings:
             metrics_interval=config.get_seconds("producer.metrics-interval", minimum=0.001),
             graph_max_tasks=config.get_int("producer.graph-max-tasks", minimum=0),
             max_value_bytes=max_value_bytes,
-            worker_transitions=worker_transitions,
-            log_level=_log_level(config.get("producer.log-level")),
+            record=Recorded.from_config(),
+            loggers=_loggers(config.get("producer.loggers")),
             close_timeout=config.get_seconds("producer.close-timeout"),
             reconnect_backoff_max=config.get_seconds(
                 "producer.reconnect-backoff-max", minimum=0.05
@@ -127,7 +148,6 @@ class ProducerSettings:
             sender=sender,
             helper_niceness=config.get_int(
                 "producer.helper-niceness", minimum=0, maximum=19),
-            compiled_hook=compiled_hook,
         )
 
 
@@ -144,21 +164,38 @@ def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+#: Settings whose value is a mapping of names of the user's choosing.
+_OPEN_MAPPINGS = frozenset({"blackbox.producer.loggers"})
+
+
 def _check_known(key: str) -> None:
     """A ConfigError unless ``key`` (``blackbox.x.y``) is a shipped setting."""
     node: Any = config.DEFAULTS
+    path = []
     for part in key.split("."):
+        if ".".join(path) in _OPEN_MAPPINGS:
+            return
         canonical = part.replace("_", "-")
         if not isinstance(node, dict) or canonical not in node:
             raise ConfigError(f"{key} is not a dask-blackbox setting")
         node = node[canonical]
+        path.append(canonical)
 
 
-def _log_level(value: Any) -> int:
-    level = logging.getLevelName(value.upper()) if isinstance(value, str) else value
-    if isinstance(level, bool) or not isinstance(level, int):
-        raise ConfigError(
-            f"blackbox.producer.log-level: {value!r} is not a logging level "
-            "(DEBUG, INFO, WARNING, ERROR, CRITICAL or a number)"
-        )
-    return level
+def _loggers(section: Any) -> tuple[tuple[str, int], ...]:
+    """``blackbox.producer.loggers`` as ``(name, level)``, the most specific first."""
+    if not isinstance(section, Mapping):
+        raise ConfigError(f"blackbox.producer.loggers: {section!r} must be a mapping of "
+                          "logger names to levels")
+    out = []
+    for name, value in section.items():
+        if value is None or value is False:
+            continue
+        level = logging.getLevelName(value.upper()) if isinstance(value, str) else value
+        if isinstance(level, bool) or not isinstance(level, int):
+            raise ConfigError(f"blackbox.producer.loggers.{name}: {value!r} is not a logging "
+                              "level (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number)")
+        out.append((str(name), level))
+    # longest name first, "root" last: the first that matches a record's logger wins
+    out.sort(key=lambda e: (e[0] == "root", -e[0].count("."), -len(e[0])))
+    return tuple(out)

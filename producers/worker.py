@@ -8,14 +8,17 @@ Every ``metrics-interval`` it publishes:
 - ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts,
   CPU, executing / ready / in-flight task counts, event-loop interval, and GIL
   contention when the worker's system monitor measures it;
-- ``WORKER_DIGESTS``: the increase of ``Worker.digests_total`` since the previous
-  sample, for the keys that carry a span id (contexts
-  ``distributed.spans.CONTEXTS_WITH_SPAN_ID``, the keys
-  ``SpansWorkerExtension`` apportions to spans), as
-  :data:`~dask_blackbox.contract.DIGEST_ROW` rows. What was published is remembered
-  per Worker object, so a replaced plugin never publishes the same increase twice.
+- ``WORKER_DIGESTS``: the increase of every ``Worker.digests_total`` entry since the
+  previous sample (Dask's fine performance metrics: the span-keyed contexts of
+  ``distributed.spans.CONTEXTS_WITH_SPAN_ID``, a task's own
+  ``context_meter.digest_metric(label, value, unit)`` calls among them, and the others:
+  ``gather-dep``, ``get-data``, ``memory-monitor``, latency, tick duration, ...), as
+  :data:`~dask_blackbox.contract.DIGEST_ROW` rows (:func:`digest_row`). What was
+  published is remembered per Worker object, so a replaced plugin never publishes
+  the same increase twice.
 
-With ``blackbox.producer.worker-transitions`` it also publishes the worker's own task
+``blackbox.producer.record`` leaves kinds out (``metrics``, ``fine-metrics``,
+``logs``); with ``worker-transitions`` it also publishes the worker's own task
 transitions (``TRANSITION`` with ``source="worker"``; the worker does not pass a
 stimulus id to plugins, so ``stimulus_id`` is null).
 
@@ -41,11 +44,10 @@ from dask_blackbox.contract import (
     WORKER_DIGESTS, WORKER_METRICS, WorkerDigests, WorkerMetrics, encode_key,
 )
 from dask_blackbox.producers import logs
-from dask_blackbox.producers.events import TransitionBuilder
+from dask_blackbox.producers.rows import Ready, TransitionItem
 from dask_blackbox.producers.scheduler import PLUGIN_NAME
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.relay import open_transport
-from dask_blackbox.producers.transport import Transport, ready
+from dask_blackbox.producers.transport import Transport
 
 if TYPE_CHECKING:
     from distributed import Worker
@@ -55,7 +57,6 @@ logger = logging.getLogger(__name__)
 #: ``Worker.digests_total`` values already published, per Worker object.
 _PUBLISHED_DIGESTS: weakref.WeakKeyDictionary[Worker, dict] = weakref.WeakKeyDictionary()
 
-_IDENTITY_RETRY_MAX = 5.0
 
 
 class BlackboxWorkerPlugin(WorkerPlugin):
@@ -91,22 +92,22 @@ class BlackboxWorkerPlugin(WorkerPlugin):
 
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
-        builder = TransitionBuilder(self.settings.max_value_bytes, worker=worker.address)
-        # The transport knows its transitions' builder: a relay hands them over as
-        # rows (producer.sender: process), not as built events.
-        self.transport = transport = open_transport(
+        record = self.settings.record
+        self.transport = transport = Transport(
             self.settings, "worker", cluster_id=self.cluster_id,
             cluster_name=self.cluster_name or self.settings.cluster_name,
-            transition_builder=builder,
-        )
+            worker=worker.address)
         self._offer = transport.offer
-        self._build_transition = builder.build
         self._tasks_get = worker.state.tasks.get
         if self.cluster_id is None:
-            self._identity_task = asyncio.create_task(self._learn_identity())
-        logs.install(transport)
-        self._metrics = PeriodicCallback(self._sample, self.settings.metrics_interval * 1000)
-        self._metrics.start()
+            self._identity_task = asyncio.create_task(transport.learn_identity(
+                worker.scheduler, self.cluster_name or self.settings.cluster_name))
+        if record.logs:
+            logs.install(transport, worker=worker.address)
+        if record.metrics or record.fine_metrics:
+            self._metrics = PeriodicCallback(self._sample,
+                                             self.settings.metrics_interval * 1000)
+            self._metrics.start()
 
     async def teardown(self, worker: Worker) -> None:
         """Last sample, then a flush bounded by ``close-timeout``."""
@@ -117,36 +118,25 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             self._metrics.stop()
         if self._identity_task is not None:
             self._identity_task.cancel()
-        self._sample()
+        if self._metrics is not None:
+            self._sample()
         logs.uninstall(transport)
         await transport.close()
-
-    async def _learn_identity(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                info = await self.worker.scheduler.identity()
-                break
-            except Exception as e:  # the scheduler may not be up yet
-                logger.debug("dask-blackbox: scheduler identity not available yet: %s", e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _IDENTITY_RETRY_MAX)
-        self.transport.set_identity(
-            info["id"], self.cluster_name or self.settings.cluster_name or info["address"]
-        )
 
     # ----------------------------------------------------------------- sampling
 
     def _sample(self) -> None:
+        record = self.settings.record
         try:
-            self._offer((ready, 400, self._metrics_event()))
-            rows = self._digest_rows()
+            if record.metrics:
+                self._offer(Ready(self._metrics_event(), 400))
+            rows = self._digest_rows() if record.fine_metrics else None
             if rows:
                 digests: WorkerDigests = {
                     "kind": WORKER_DIGESTS, "ts": time.time(),
                     "worker": self.worker.address, "digests": rows,
                 }
-                self._offer((ready, 100 + 80 * len(rows), digests))
+                self._offer(Ready(digests, 100 + 80 * len(rows)))
         except Exception:  # metrics must never break the worker
             logger.exception("dask-blackbox could not sample worker metrics")
 
@@ -178,41 +168,43 @@ class BlackboxWorkerPlugin(WorkerPlugin):
         return event
 
     def _digest_rows(self) -> list[list]:
-        """Increases of the span-keyed ``Worker.digests_total`` entries since last
-        published: ``[context, span_id, prefix, activity, unit, value]``."""
+        """Increases of the ``Worker.digests_total`` entries since last published, as
+        :func:`digest_row` rows."""
         published = _PUBLISHED_DIGESTS.setdefault(self.worker, {})
         rows = []
         for key, total in list(self.worker.digests_total.items()):
-            if not (isinstance(key, tuple) and key and key[0] in CONTEXTS_WITH_SPAN_ID):
-                continue
             delta = total - published.get(key, 0)
             if not delta:
                 continue
             published[key] = total
-            rows.append(_digest_row(key, delta))
+            rows.append(digest_row(key, delta))
         return rows
 
     # --------------------------------------------------------------- transitions
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
-        if not self.settings.worker_transitions or self.transport is None:
+        if not self.settings.record.worker_transitions or self.transport is None:
             return
-        self._offer((self._build_transition, 300, key, start, finish, None, None,
-                     self._tasks_get(key), time.time()))
+        ts = self._tasks_get(key)
+        names = None if ts is None else (ts.prefix, None, ts.span_id)
+        self._offer(TransitionItem(key, start, finish, None, time.time(), None, names))
 
 
-def _digest_row(key: tuple, value: float) -> list:
-    """``(context, span_id, prefix, activity, unit)`` keys map one to one; a key of
-    another length keeps context, span id, activity (second to last) and unit (last)
-    and joins what lies between into ``prefix``."""
-    context, span_id, *rest = key
-    if len(rest) == 3:
-        prefix, activity, unit = rest
-    else:
-        prefix = ".".join(map(encode_key, rest[:-2])) or None
-        activity = rest[-2] if len(rest) >= 2 else None
-        unit = rest[-1] if rest else None
-    return [context, span_id, _text(prefix), _text(activity), _text(unit), value]
+def digest_row(key: Hashable, value: float) -> list:
+    """A ``Worker.digests_total`` entry as ``[context, span_id, prefix, activity,
+    unit, value]``: a key of a span-keyed context (``(context, span_id, prefix,
+    activity, unit)``) maps one to one; another tuple key keeps its context (first),
+    activity (second to last) and unit (last) and joins what lies between into
+    ``prefix``; a key that is not a tuple (``"latency"``, ``"tick-duration"``,
+    ``"transfer-bandwidth"``) is a context of its own, without a unit."""
+    if not isinstance(key, tuple) or not key:
+        return [_text(key), None, None, None, None, value]
+    context, *rest = key
+    span_id = rest.pop(0) if context in CONTEXTS_WITH_SPAN_ID and rest else None
+    activity = rest[-2] if len(rest) >= 2 else (rest[0] if rest else None)
+    unit = rest[-1] if len(rest) >= 2 else None
+    prefix = ".".join(map(encode_key, rest[:-2])) or None
+    return [_text(context), _text(span_id), _text(prefix), _text(activity), _text(unit), value]
 
 
 def _text(value: Any) -> str | None:

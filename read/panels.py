@@ -34,7 +34,10 @@ import json
 from collections import defaultdict
 from typing import Any
 
-from dask_blackbox.read import queries
+from dask_blackbox import deaths
+from dask_blackbox.read import cost as costs
+from dask_blackbox.read import critical_path as paths
+from dask_blackbox.read import queries, regressions
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import Filter
 from dask_blackbox.read.filters import epoch as _epoch
@@ -54,7 +57,10 @@ MEMORY_WORKERS = 32
 #: forgotten tasks are gone.
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
 #: An idle worker lost this long before the scheduler closed was part of the shutdown.
-SHUTDOWN_S = 10.0
+SHUTDOWN_S = deaths.SHUTDOWN_S
+#: The Run page computes the critical path and the cost of a scope of at most this
+#: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
+SLOWNESS_MAX_TASKS = 20_000
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
@@ -221,9 +227,11 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     (one per worker thread, "worker #thread"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
 
-    Rows: Dask draws a task on the thread that ran it; plugins are not told the
-    thread, so each worker's tasks are packed onto the fewest rows where their
-    compute intervals do not overlap -- as many rows as the worker ran tasks at once.
+    Rows: one per worker thread that ran a task (the ``thread`` Dask passed with
+    processing->memory/erred, what its own task stream draws a row for), a worker's
+    threads in the order they first ran something, workers by when their first task
+    started. Tasks recorded without a thread (older recordings) are packed onto the
+    fewest rows of their worker where their compute intervals do not overlap.
 
     ``finished``: the transitions into memory or erred in the scope, if known (each
     carries at least one bar); above ``max_bars`` the stream is binned without
@@ -243,7 +251,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     if n_bars is not None and n_bars <= max_bars:
         _, rows = backend.query(
             "SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
-            f"ss.source, finish = 'erred', toFloat64(ts) {base} ORDER BY worker, ts, key", p)
+            f"ss.source, finish = 'erred', toFloat64(ts), thread {base} ORDER BY worker, ts, key", p)
         out.update(mode="bars", **_lay_out(rows))
         return out
     # Binned: per worker and bucket, busy seconds per prefix (or action), then the
@@ -281,30 +289,40 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
 def _lay_out(rows: list[tuple]) -> dict:
     """Assign each task to a thread row of its worker (see :func:`task_stream`)."""
     per_task: dict[tuple, list] = {}
-    for worker, key, prefix, action, start, stop, source, erred, ts in rows:
-        per_task.setdefault((worker, key, ts), []).append((action, start, stop, source, prefix, erred))
+    for worker, key, prefix, action, start, stop, source, erred, ts, thread in rows:
+        per_task.setdefault((worker, key, ts, thread), []).append(
+            (action, start, stop, source, prefix, erred))
     by_worker: dict[str, list] = defaultdict(list)
-    for (worker, key, ts), actions in per_task.items():
+    for (worker, key, ts, thread), actions in per_task.items():
         compute = [a for a in actions if a[0] == "compute"] or actions
         start = min(a[1] for a in compute)
         stop = max(a[2] for a in compute)
-        by_worker[worker].append((start, stop, key, actions))
+        by_worker[worker].append((start, stop, key, thread, actions))
     row_names, bars = [], []
-    for worker in sorted(by_worker):
+    for worker in sorted(by_worker, key=lambda w: (min(t[0] for t in by_worker[w]), w)):
         tasks = sorted(by_worker[worker], key=lambda t: (t[0], t[1]))
-        lanes_end: list[float] = []
         first = len(row_names)
-        for start, stop, key, actions in tasks:
-            lane = _free_lane(lanes_end, start)
-            if lane is None:
-                lane = len(lanes_end)
-                lanes_end.append(stop)
+        threads: dict[int, int] = {}  # thread -> its row, in order of first task
+        for _, _, _, thread, _ in tasks:
+            if thread is not None and thread not in threads:
+                threads[thread] = len(threads)
+        lanes_end: list[float] = []  # rows of tasks without a thread, after the threads'
+        for start, stop, key, thread, actions in tasks:
+            if thread is not None:
+                row = threads[thread]
             else:
-                lanes_end[lane] = stop
+                lane = _free_lane(lanes_end, start)
+                if lane is None:
+                    lane = len(lanes_end)
+                    lanes_end.append(stop)
+                else:
+                    lanes_end[lane] = stop
+                row = len(threads) + lane
             for action, a_start, a_stop, source, prefix, erred in actions:
-                bars.append({"worker": worker, "row": first + lane, "key": key, "prefix": prefix,
+                bars.append({"worker": worker, "row": first + row, "key": key, "prefix": prefix,
                              "action": action, "start": a_start, "stop": a_stop,
-                             "source": source or "", "erred": bool(erred)})
+                             "source": source or "", "erred": bool(erred), "thread": thread})
+        row_names += [f"{worker} thread {i + 1}" for i in range(len(threads))]
         row_names += [f"{worker} #{i}" for i in range(len(lanes_end))]
     return {"rows": row_names, "bars": bars}
 
@@ -402,10 +420,7 @@ def markers(backend: Backend, scope: Scope) -> dict:
     """What to mark on every time axis: worker deaths, cluster restarts, and workers
     that joined after the start.
 
-    A death is a removal Dask did not expect (its remove-worker event says
-    ``expected: false``) that cost something -- tasks it was running, or results or
-    scattered data only it held -- or, if it cost nothing, that was not part of the
-    cluster shutting down (no scheduler close within :data:`SHUTDOWN_S` after it).
+    A death is what :func:`dask_blackbox.deaths.is_death` says it is.
     """
     _, rows = backend.query(
         "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
@@ -413,7 +428,7 @@ def markers(backend: Backend, scope: Scope) -> dict:
         "AND action IN ('worker_removed', 'restart', 'worker_added', 'scheduler_close') ORDER BY ts",
         {"c": scope.cluster_id})
     closes = [r[0] for r in rows if r[1] == "scheduler_close"]
-    deaths, restarts, arrivals = [], [], []
+    died, restarts, arrivals = [], [], []
     first = rows[0][0] if rows else 0.0
     for ts, action, worker, reason, stimulus_id, detail in rows:
         if action == "restart":
@@ -426,15 +441,10 @@ def markers(backend: Backend, scope: Scope) -> dict:
                 info = json.loads(detail) if detail else {}
             except ValueError:
                 info = {}
-            info = info if isinstance(info, dict) else {}
-            if info.get("expected") is not False:
-                continue
-            lost = {k: info.get(k) or 0 for k in
-                    ("processing_tasks", "lost_computed_tasks", "lost_scattered_tasks")}
-            shutting_down = any(0 <= close - ts <= SHUTDOWN_S for close in closes)
-            if any(lost.values()) or not shutting_down:
-                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id, **lost})
-    return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
+            if deaths.is_death(info, ts, closes):
+                died.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id,
+                             **deaths.lost(info)})
+    return {"deaths": died, "restarts": restarts, "arrivals": arrivals}
 
 
 def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
@@ -485,7 +495,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
 def spans(backend: Backend, scope: Scope) -> dict:
     """The span tree (depth-first) with Dask's numbers: ``task_s`` is Span.duration
     (seconds of every task action in the tree), ``elapsed_s`` stop - start."""
-    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id)
+    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id, cost=False)
     out = []
     for row in rows:
         r = dict(zip(columns, row))
@@ -613,22 +623,70 @@ def span_names(backend: Backend, scope: Scope) -> list[str]:
     return [r[0] for r in rows]
 
 
+def critical_path(backend: Backend, scope: Scope) -> dict:
+    """The critical path of the run or span (:mod:`.critical_path`): ``links`` (first
+    first) with each link's ``parts`` (seconds waiting on the client, dependencies,
+    the scheduler, transfers, disk, a thread, and computing), the window ``t0``..``t1``
+    they add up to, ``basis`` (graph, actions, or both) and ``notes``. When no task of
+    the scope finished with recorded actions: ``available`` false and the ``reason``."""
+    try:
+        path = paths.critical_path(backend, scope.cluster_id, scope.span_ids, scope.since,
+                                   scope.until, span=scope.span)
+    except paths.NoActions as e:
+        return {"available": False, "reason": str(e)}
+    return {"available": True, **path.as_dict()}
+
+
+def cost(backend: Backend, scope: Scope) -> dict:
+    """What the run (or span) cost (:mod:`.cost`): ``spans`` (each span tree of the
+    scope: thread CPU seconds, thread-seconds occupied and offered, idle and who was
+    idle, bytes moved and spilled, memory byte-seconds), ``prefixes`` (the additive
+    measures per prefix) and ``totals`` (the scope's sum; for the whole run, the
+    cluster's)."""
+    found = costs.measures(backend, [scope.cluster_id])
+    in_scope = set(scope.span_ids) if scope.span_ids is not None else None
+    spans_ = [c for c in costs.span_costs(backend, [scope.cluster_id], found, windows_for=in_scope)
+              if in_scope is None or c.span_id in in_scope]
+    prefixes_ = costs.by_prefix(found, in_scope)
+    kept = [m for (_, s, _), m in found.items() if in_scope is None or s in in_scope]
+    # parents before children, siblings by time, each with its depth
+    nodes = [{"cluster_id": c.cluster_id, "span_id": c.span_id, "parent_id": c.parent_id,
+              "enqueued": c.enqueued or 0.0, "cost": c} for c in spans_]
+    tree = [{**n["cost"].as_dict(), "depth": depth} for depth, n in queries.tree_order(nodes)]
+    return {"spans": tree,
+            "prefixes": {p: m._asdict() for p, m in sorted(
+                prefixes_.items(), key=lambda kv: (-(kv[1].busy_s or 0.0), -kv[1].memory_byte_s,
+                                                   kv[0]))},
+            "totals": costs.total(kept)._asdict()}
+
+
 #: The Run page's panels, by the name the JSON API serves them under.
 RUN_PANELS = {
     "summary": summary, "task_stream": task_stream, "progress": progress,
     "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
     "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
+    "critical_path": critical_path, "cost": cost,
 }
 
 
 def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, level: str | None = None, worker: str | None = None,
-             text: str | None = None, max_bars: int = MAX_BARS) -> dict:
-    """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
+             text: str | None = None, max_bars: int = MAX_BARS,
+             slowness: bool | None = None) -> dict:
+    """Every panel of the Run page (what :mod:`.report` and the web page draw).
+    ``slowness``: compute the critical path and the cost (default: when the scope
+    holds at most :data:`SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say
+    ``{"deferred": n_tasks}``)."""
     scope = resolve(backend, cluster, span, since, until)
     marks = markers(backend, scope)
     prog = progress(backend, scope)
+    n_tasks = sum(c["tasks"] for c in prog["counts"].values())
+    if slowness is None:
+        slowness = n_tasks <= SLOWNESS_MAX_TASKS
+    deferred = {"deferred": n_tasks}
     return {
+        "critical_path": critical_path(backend, scope) if slowness else deferred,
+        "cost": cost(backend, scope) if slowness else deferred,
         "scope": scope,
         "summary": summary(backend, scope, prog),
         "task_stream": task_stream(backend, scope, max_bars, finished=sum(
@@ -814,19 +872,35 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
             "dependents": [r[0] for r in dependents]}
 
 
-def compare(backend: Backend, span: str, cluster: str | None = None, since: TimeBound = None,
-            until: TimeBound = None) -> dict:
-    """:func:`queries.compare`: the span ``span`` in every run and cluster, side by
-    side. ``runs`` are the column labels; ``metrics`` maps a metric to one value per
-    run."""
-    if not span:
-        raise NotFound("no span name given: pass span=NAME")
+def compare(backend: Backend, span: str | None, cluster: str | None = None,
+            since: TimeBound = None, until: TimeBound = None) -> dict:
+    """The latest run against the one before it (:func:`regressions.compare`):
+    ``verdict`` (the comparison's dict, its ``sentences`` first; or ``{"error":
+    reason}`` when the runs cannot be compared), and for a span, :func:`queries.compare`
+    side by side: ``runs`` are the column labels; ``metrics`` maps a metric to one
+    value per run. Without ``span``, the whole runs of the clusters named ``cluster``."""
+    if not span and not cluster:
+        raise NotFound("no span name given: pass span=NAME (or cluster=NAME to compare "
+                       "its whole runs)")
     try:
-        columns, rows = queries.compare(backend, span, cluster=cluster, since=since, until=until)
+        if span:
+            columns, rows = queries.compare(backend, span, cluster=cluster, since=since,
+                                            until=until)
+        else:
+            queries.cluster_ids(backend, cluster)
+            columns, rows = ["metric"], []
     except UnknownCluster as e:
         raise NotFound(str(e)) from None
-    if not rows:
+    if span and not rows:
         where = f" in cluster {cluster}" if cluster else ""
         raise UnknownSpan(f"no span named {span!r} was recorded{where}")
-    return {"span": span, "runs": columns[1:],
-            "metrics": {row[0]: list(row[1:]) for row in rows}}
+    try:
+        verdict = regressions.compare(backend, span, cluster, since, until).as_dict()
+    except regressions.NotComparable as e:
+        verdict = {"error": str(e)}
+    runs, metrics = columns[1:], {row[0]: list(row[1:]) for row in rows}
+    if "table" in verdict and all(v is None for values in metrics.values() for v in values):
+        # no span snapshots (the processors did not run): the runs as their tasks tell
+        runs, metrics = verdict["runs"], {row[0]: list(row[1:]) for row in verdict["table"]}
+    return {"span": span, "cluster": cluster, "runs": runs, "verdict": verdict,
+            "metrics": metrics}

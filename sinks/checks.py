@@ -39,6 +39,10 @@ def time_(value, field, now=None):
     return value
 
 
+def time_or_none(value, field, now=None):
+    return None if value is None else time_(value, field)
+
+
 def event_time(value, field, now):
     """When an event happened: a time, and a plausible one."""
     time_(value, field)

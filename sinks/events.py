@@ -25,7 +25,7 @@ import msgspec
 from dask_blackbox import contract
 from dask_blackbox.sinks import checks, typed
 from dask_blackbox.sinks.checks import Invalid
-from dask_blackbox.sinks.tables import Block, Envelope
+from dask_blackbox.sinks.tables import LATER_KWARGS, Block, Envelope
 from dask_blackbox.sinks.typed import Field, Irregular, field
 
 #: Event kinds with one row per event: the table and, per column (or group of
@@ -39,6 +39,8 @@ EVENT_LAYOUTS: dict[str, tuple[str, tuple]] = {
         field("worker", "text"), field("nbytes", "int?"), field("typename", "text"),
         field("startstops", "startstops"), field("exception", "text"),
         field("traceback", "text"), field("cause", "text"),
+        *(field(name, typed.KIND_OF_TYPE[contract.field_types(contract.Transition)[name]])
+          for name in LATER_KWARGS),
     )),
     contract.EVENT: ("events", (
         "$cluster_id", field("topic", "text"), field("ts", "event_time"), "$source", "$seq",
@@ -68,6 +70,15 @@ EVENT_LAYOUTS: dict[str, tuple[str, tuple]] = {
         "$cluster_id", "$producer_id", "$source", field("process", "text|number"),
         field("ts", "event_time"), "$seq", "$idx", field("logger", "text"),
         field("level", "text"), field("message", "text"), field("exc_text", "text"),
+        field("worker", "text"), field("key", "text"),
+    )),
+    contract.WORKER_EXIT: ("worker_exits", (
+        "$cluster_id", field("worker", "text"), field("pid", "count?"),
+        field("ts", "event_time"), field("exitcode", "int?"), field("signal", "text"),
+        field("memory", "int?"), field("memory_peak", "int?"), field("memory_limit", "int?"),
+        field("memory_terminate", "float?"), field("host_memory", "int?"),
+        field("host_memory_available", "int?"), field("nanny_status", "text"),
+        field("starts", "count?"), field("started", "time?"), "$producer_id",
     )),
 }
 
@@ -81,7 +92,9 @@ _FIELD_NAMES = {kind: tuple(f.name for f in fields) for kind, fields in FIELDS.i
 
 # ------------------------------------------------- kinds with their own shape
 
-_TASK_FIELDS = tuple(contract.fields(contract.GraphTask))  # key, prefix, group, span_id, dependencies
+#: A graph task's fields every entry has (key, prefix, group, span_id, dependencies).
+_TASK_FIELDS = tuple(f for f in contract.fields(contract.GraphTask)
+                     if f in contract.GraphTask.__required_keys__)
 _task_fields = operator.itemgetter(*_TASK_FIELDS)
 _NONE = type(None)
 
@@ -99,14 +112,18 @@ def _texts(values: list) -> list:
 
 def _graph_task_columns(tasks: list) -> list:
     """The tasks of a graph event as columns (key, prefix, group, span_id,
-    dependencies); raises Invalid naming the first bad task."""
+    dependencies, n_dependencies: the true count where the listed ones were capped);
+    raises Invalid naming the first bad task."""
     if _types(tasks) <= {dict}:
         try:
             keys, prefixes, groups, spans, dependencies = (
                 list(c) for c in zip(*map(_task_fields, tasks))) if tasks else ([],) * 5
             lists = dependencies if _types(dependencies) <= {list} else [d or [] for d in dependencies]
             if _types(keys) <= {str} and _types([d for ds in lists for d in ds]) <= {str}:
-                return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists]
+                counts = [t.get("n_dependencies") or len(ds) for t, ds in zip(tasks, lists)]
+                if _types(counts) <= {int}:
+                    return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists,
+                            counts]
         except (KeyError, Irregular, TypeError):
             pass
     rows = []
@@ -118,26 +135,36 @@ def _graph_task_columns(tasks: list) -> list:
                      checks.text(task.get("group"), f"tasks[{i}].group"),
                      checks.text(task.get("span_id"), f"tasks[{i}].span_id"),
                      checks.keys(task.get("dependencies"), f"tasks[{i}].dependencies")))
-    return [list(c) for c in zip(*rows)] if rows else [[] for _ in _TASK_FIELDS]
+        rows[-1] += (checks.count(task.get("n_dependencies") or len(rows[-1][4]),
+                                  f"tasks[{i}].n_dependencies"),)
+    return [list(c) for c in zip(*rows)] if rows else [[] for _ in range(6)]
 
 
 def _graph(env: Envelope, ev: dict, now: float):
-    """A graph event: one ``graphs`` row, and a block of ``graph_tasks`` columns (none
-    when the producer sent no tasks: graph-max-tasks 0, or a first task too big)."""
+    """A graph event (one part of a submission): its part 0 (or the only one) is the
+    ``graphs`` row; every part adds a block of ``graph_tasks`` columns (none when it
+    lists no tasks: graph-max-tasks 0)."""
     ts = checks.event_time(ev.get("ts"), "ts", now)
     stimulus_id = checks.text(ev.get("stimulus_id"), "stimulus_id")
     tasks = checks.list_(ev.get("tasks"), "tasks")
-    key, prefix, group, span_id, dependencies = _graph_task_columns(tasks)
-    n_tasks = ev.get("n_tasks")
-    yield "graphs", (
-        env.cluster_id, ts, checks.text(ev.get("client"), "client"), stimulus_id,
-        checks.count(len(tasks) if n_tasks is None else n_tasks, "n_tasks"),
-        checks.keys(ev.get("keys"), "keys"), checks.json_text(ev.get("annotations")),
-    )
+    key, prefix, group, span_id, dependencies, n_dependencies = _graph_task_columns(tasks)
+    part = checks.count(ev.get("part") or 0, "part")
+    checks.count(ev.get("parts") or 1, "parts")
+    if part == 0:
+        keys = checks.keys(ev.get("keys"), "keys")
+        n_tasks = checks.count(len(tasks) if ev.get("n_tasks") is None else ev["n_tasks"],
+                               "n_tasks")
+        n_recorded, n_keys = ev.get("n_recorded"), ev.get("n_keys")
+        yield "graphs", (
+            env.cluster_id, ts, checks.text(ev.get("client"), "client"), stimulus_id, n_tasks,
+            checks.count(len(tasks) if n_recorded is None else n_recorded, "n_recorded"),
+            checks.count(len(keys) if n_keys is None else n_keys, "n_keys"),
+            keys, checks.json_text(ev.get("annotations")),
+        )
     n = len(tasks)
     if n:
         yield "graph_tasks", Block([[env.cluster_id] * n, key, [ts] * n, [stimulus_id] * n,
-                                    prefix, group, span_id, dependencies], n)
+                                    prefix, group, span_id, dependencies, n_dependencies], n)
 
 
 def _span(env: Envelope, ev: dict, now: float):
@@ -192,7 +219,8 @@ class Converter:
 #: Event kinds converted event by event, by a converter of their own.
 EVENT_CONVERTERS: dict[str, Converter] = {
     contract.GRAPH: Converter(("ts", "client", "stimulus_id", "n_tasks", "keys", "tasks",
-                               "annotations"), _graph),
+                               "annotations", "n_keys", "part", "parts", "n_recorded"),
+                              _graph),
     contract.SPAN: Converter(("ts", "span_id", "name", "parent_id", "enqueued"), _span),
     contract.WORKER_DIGESTS: Converter(("ts", "worker", "digests"), _worker_digests),
     contract.DROPS: Converter(("ts", "dropped_events", "dropped_bytes", "since", "until"),
@@ -201,11 +229,7 @@ EVENT_CONVERTERS: dict[str, Converter] = {
 
 #: Contract fields the sink does not store, per event kind, with the reason.
 #: (``kind`` is never stored as such: it picks the table.)
-NOT_STORED: dict[str, dict[str, str]] = {
-    contract.GRAPH: {
-        "n_keys": "the true count of the client's keys; the capped keys are stored",
-    },
-}
+NOT_STORED: dict[str, dict[str, str]] = {}
 
 
 def check_against_contract() -> None:

@@ -14,6 +14,13 @@ from __future__ import annotations
 
 import dataclasses
 
+from dask_blackbox import contract
+
+#: What Dask passes with a transition (contract.TRANSITION_KWARGS) after startstops:
+#: each a column of its own, appended to ``transitions`` in order (new ones last).
+LATER_KWARGS: tuple[str, ...] = contract.TRANSITION_KWARGS[
+    contract.TRANSITION_KWARGS.index("startstops") + 1:]
+
 #: Columns of every table the sink writes, in insert order, without ``_batch`` (added
 #: by the loader). Must match sinks/sql: the loader checks it against ClickHouse.
 COLUMNS: dict[str, tuple[str, ...]] = {
@@ -26,14 +33,15 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "cluster_id", "key", "ts", "start", "finish", "stimulus_id", "source", "seq",
         "idx", "prefix", "task_group", "span_id", "worker", "nbytes", "typename",
         "startstops.action", "startstops.start", "startstops.stop", "startstops.source",
-        "exception", "traceback", "cause",
+        "exception", "traceback", "cause", *LATER_KWARGS,
     ),
     "graphs": (
-        "cluster_id", "ts", "client", "stimulus_id", "n_tasks", "keys", "annotations",
+        "cluster_id", "ts", "client", "stimulus_id", "n_tasks", "n_recorded", "n_keys",
+        "keys", "annotations",
     ),
     "graph_tasks": (
         "cluster_id", "key", "ts", "stimulus_id", "prefix", "task_group", "span_id",
-        "dependencies",
+        "dependencies", "n_dependencies",
     ),
     "events": ("cluster_id", "topic", "ts", "source", "seq", "idx", "msg"),
     "spans": ("cluster_id", "span_id", "name", "parent_id", "enqueued", "ts"),
@@ -56,7 +64,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
     ),
     "logs": (
         "cluster_id", "producer_id", "source", "process", "ts", "seq", "idx", "logger",
-        "level", "message", "exc_text",
+        "level", "message", "exc_text", "worker", "key",
+    ),
+    "worker_exits": (
+        "cluster_id", "worker", "pid", "ts", "exitcode", "signal", "memory", "memory_peak",
+        "memory_limit", "memory_terminate", "host_memory", "host_memory_available",
+        "nanny_status", "starts", "started", "producer_id",
     ),
     "drops": (
         "cluster_id", "producer_id", "source", "ts", "dropped_events", "dropped_bytes",

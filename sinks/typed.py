@@ -134,12 +134,17 @@ KINDS: dict[str, tuple] = {
     "int?": (checks.int_or_none, Int64 | None, col_as_is),
     "count?": (checks.count_or_none, Count | None, col_as_is),
     "float?": (checks.float_or_none, Number | None, col_as_is),
+    "time?": (checks.time_or_none, Time | None, col_as_is),
     "json": (checks.json_column, Any, col_json),
     "map:count": (checks.mapping(checks.count), dict[str, Count] | None, col_map),
     "startstops": (checks.startstops, list[StartStop] | None, col_startstops, 4),
     "[time, count]": (checks.tuples(checks.time_, checks.count, names=("time", "nthreads")),
                       list[tuple[Time, Count]] | None, col_pairs, 2),
 }
+
+#: A contract field type -> the kind a field of it is stored with where no layout
+#: says otherwise (what Dask passes with a transition, sinks.tables.LATER_KWARGS).
+KIND_OF_TYPE: dict[Any, str] = {str | None: "text", int | None: "int?", float | None: "float?"}
 
 #: Field kind -> the contract field types (``contract.field_types``) it stores every
 #: value of. A field read with a kind that does not accept its declared type would
@@ -152,6 +157,7 @@ ACCEPTS: dict[str, tuple] = {
     "int?": (int, int | None),
     "count?": (int, int | None),
     "float?": (float, float | None),
+    "time?": (float, float | None),
     "json": (Any,),
     "map:count": (dict[str, int],),
     "startstops": (list[contract.StartStop] | None, list[contract.StartStop]),

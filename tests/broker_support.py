@@ -5,13 +5,7 @@ from __future__ import annotations
 
 import os
 
-from dask_blackbox import config
-from dask_blackbox.cli.brokers import KafkaBroker, LocalBroker, TansuBroker
-
-
-def kafka_home() -> str | None:
-    """``blackbox.local.kafka-home`` (DASK_BLACKBOX__LOCAL__KAFKA_HOME), or None."""
-    return config.get("local.kafka-home")
+from dask_blackbox.cli.brokers import KafkaBroker, LocalBroker, TansuBroker, kafka_home
 
 
 def broker_for(kind: str, data_dir, port: int = 0) -> LocalBroker:

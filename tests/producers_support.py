@@ -15,7 +15,8 @@ from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, expand_events, validate_envelope
 from broker_support import broker_for
 from dask_blackbox.cli.brokers import free_port
-from dask_blackbox.producers.transport import Transport, ready
+from dask_blackbox.producers.rows import Ready
+from dask_blackbox.producers.transport import Transport
 from kafka_reader import read_json
 from polling import wait_for
 
@@ -43,7 +44,7 @@ def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
 
 def offer_event(transport: Transport, event: dict, nbytes: int = 256) -> None:
     """Buffer a finished event mapping on ``transport``, as the plugins' hooks do."""
-    transport.offer((ready, nbytes, event))
+    transport.offer(Ready(event, nbytes))
 
 
 def seqs_by_producer(envelopes: list[dict]) -> dict[str, list[int]]:

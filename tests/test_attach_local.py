@@ -1,5 +1,5 @@
 """`producers.attach()` with no broker configured records into the pipeline of a
-running `dask-blackbox up` on the same data directory (issue #14).
+running `dask-blackbox up` on the same data directory.
 
 `up` runs as a subprocess on a fresh data directory; a separate process whose
 environment holds nothing of dask-blackbox but ``DASK_BLACKBOX__DATA_DIR`` runs a

@@ -1,4 +1,4 @@
-"""Fuzzing the processors' apply (issue #12): mutated real messages never stop them.
+"""Fuzzing the processors' apply: mutated real messages never stop them.
 
 The corpus is what real producers and the real stream processors published for a small
 LocalCluster workload (tests/data/sink_corpus.json, recorded by tests/data/

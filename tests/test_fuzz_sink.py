@@ -1,4 +1,4 @@
-"""Fuzzing the sink's conversion (issue #12): mutated real messages never stop it.
+"""Fuzzing the sink's conversion: mutated real messages never stop it.
 
 The corpus is what real producers and the real stream processors published for a small
 LocalCluster workload (tests/data/sink_corpus.json; tests/data/record_sink_corpus.py

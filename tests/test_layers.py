@@ -4,8 +4,8 @@ Parses every module's imports (including those inside functions) and checks:
 
 - the ground (``dask_blackbox/``: contract, config, Kafka and ClickHouse helpers, run
   files) imports no other part of the project;
-- the stages (``producers/``, ``stream_processors/``, ``sinks/``) import the ground
-  and themselves, never each other, the read side or the roof;
+- the stages (``producers/``, ``stream_processors/``, ``sinks/``, ``exporters/``)
+  import the ground and themselves, never each other, the read side or the roof;
 - the read side (``read/``) imports the ground and itself only;
 - nothing imports the roof (``cli/``) but the roof;
 - no module imports, directly or through others, itself (no import circle).
@@ -23,6 +23,7 @@ PARTS = {
     "producers": ("dask_blackbox.producers", 1),
     "stream_processors": ("dask_blackbox.stream_processors", 1),
     "sinks": ("dask_blackbox.sinks", 1),
+    "exporters": ("dask_blackbox.exporters", 1),
     "read": ("dask_blackbox.read", 2),
     "cli": ("dask_blackbox.cli", 3),
 }
@@ -126,14 +127,15 @@ def test_a_users_own_modules_named_like_our_stages_do_not_shadow_them(tmp_path):
     import subprocess
     import sys
 
-    for name in ("producers", "sinks", "stream_processors", "read", "cli"):
+    for name in ("producers", "sinks", "stream_processors", "exporters", "read", "cli"):
         (tmp_path / f"{name}.py").write_text("raise ImportError('the user s own module')\n")
     def run(code):
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
 
     ours = run("import dask_blackbox.producers, dask_blackbox.sinks.service, "
-               "dask_blackbox.stream_processors.cluster, dask_blackbox.read.queries, "
+               "dask_blackbox.stream_processors.cluster, dask_blackbox.exporters.traces, "
+               "dask_blackbox.read.queries, "
                "dask_blackbox.cli.main")
     assert ours.returncode == 0, ours.stderr
     # the bare names are the user's, as they should be

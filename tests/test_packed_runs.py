@@ -12,9 +12,8 @@ import orjson
 import pytest
 
 from dask_blackbox import contract
-from dask_blackbox.producers.events import TransitionBuilder, TransitionRuns
-from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import Transport
+from dask_blackbox.producers.rows import Ready, RowMaker, TransitionItem, run_event
+from dask_blackbox.producers.sender import encode_rows
 from dask_blackbox.sinks.batch import Batch, payload_of
 from dask_blackbox.sinks.tables import COLUMNS
 from dask_blackbox.stream_processors import envelopes
@@ -57,13 +56,13 @@ FIRST = [plain("a", "released", "waiting", NOW - 9),
          plain("c", "memory", "forgotten", NOW - 7, None, "s2")]
 SECOND = [plain("d", "waiting", "processing", NOW - 5), plain("e", "waiting", "processing", NOW - 4)]
 MIDDLE = {**plain("('b', 1)", "processing", "memory", NOW - 6, ("y", "y-2", None), "s3"),
-          "nbytes": 8, "worker": "tcp://w:1", "typename": "int",
+          "nbytes": 8, "worker": "tcp://w:1", "typename": "int", "thread": 140001,
           "startstops": [{"action": "compute", "start": NOW - 7, "stop": NOW - 6}]}
 ERRED = {**plain("f", "processing", "erred", NOW - 3, ("f", "f-1", "S"), "s4"),
          "worker": "tcp://w:2", "exception": "ValueError: 1", "traceback": "  line 1\n",
          "cause": "f"}
 LOG = {"kind": contract.LOG, "ts": NOW, "logger": "distributed", "level": "INFO",
-       "message": "m", "process": 9, "exc_text": None}
+       "message": "m", "process": 9, "exc_text": None, "worker": None, "key": None}
 
 
 # ---------------------------------------------------------------- the contract
@@ -116,65 +115,77 @@ class Group:
         self.prefix, self.name, self.span_id = SimpleNamespace(name=prefix), name, span_id
 
 
-def test_the_producers_runs_unpack_to_the_events_their_builder_makes():
-    builder = TransitionBuilder(1000)
-    encode = TransitionRuns(builder).encode
+def _event(key, start, finish, stimulus_id, ts, names, **carried) -> dict:
+    """The TRANSITION event a transition should be, written from the contract."""
+    prefix, group, span_id = names or (None, None, None)
+    event = dict.fromkeys(("kind", *contract.fields(contract.Transition)[1:]))
+    event.update(kind=contract.TRANSITION, ts=ts, key=contract.encode_key(key), prefix=prefix,
+                 group=group, span_id=span_id, start=start, finish=finish,
+                 stimulus_id=stimulus_id, **carried)
+    return event
+
+
+def test_the_producers_runs_unpack_to_the_events_they_stand_for():
+    maker = RowMaker(1000)
     groups = [Group("x", "x-1", "S"), Group("é", "é-2", None)]
     keys = ["a", ("x-1", 0, 1), 7, ("é", 2.5), "a\u20ac", ("x-1", 0, 1)]
-    records = [(key, "waiting", "processing", None if i == 3 else f"s{i // 2}",
-                NOW + i / 3, None if i == 4 else builder.names(groups[i % 2]))
-               for i, key in enumerate(keys)]
-    expected = [builder.event((*r, *(None,) * 7)) for r in records]
-    run = orjson.loads(encode(records))
-    assert run["kind"] == contract.TRANSITION_RUN and run["ts"] == records[0][4]
+    items = [TransitionItem(key, "waiting", "processing", None if i == 3 else f"s{i // 2}",
+                            NOW + i / 3, None if i == 4 else groups[i % 2])
+             for i, key in enumerate(keys)]
+    expected = [_event(i.key, i.start, i.finish, i.stimulus_id, i.ts,
+                       None if i.group is None else maker.names(i.group)) for i in items]
+    rows, failed = maker.rows(items)
+    assert not failed
+    run = orjson.loads(orjson.dumps(run_event(rows)))
+    assert run["kind"] == contract.TRANSITION_RUN and run["ts"] == items[0].ts
     assert len(run["names"]) == 3  # each group's names once, and the forgotten task's
     assert not set(contract.RUN_OPTIONAL_COLUMNS) & set(run)  # all None: left out
     assert contract.unpack_run(run) == orjson.loads(orjson.dumps(expected))
-    # Transitions with Dask's kwargs (TransitionRows) among them: their columns too.
-    kwargs = {"worker": "tcp://w:1", "nbytes": 8, "typename": "int",
-              "startstops": [{"action": "compute", "start": NOW, "stop": NOW + 1}]}
-    item = (builder.build, 400, ("x-1", 0, 2), "processing", "memory", "s9", kwargs,
-            groups[0], NOW + 3)
-    erred = (builder.build, 400, "e", "processing", "erred", "s9",
-             {"exception_text": "ValueError: x", "traceback_text": "tb", "cause": ("x-1", 0, 2)},
-             None, NOW + 4)
-    rows = [records[0], builder.row(item), records[1], builder.row(erred)]
-    run = orjson.loads(encode(rows))
-    assert set(run) >= {"worker", "nbytes", "typename", "startstops", "exception",
+    # Transitions with Dask's kwargs among them: their columns too; an erred one's
+    # error is read from Dask's kwargs as they are.
+    startstops = [{"action": "compute", "start": NOW, "stop": NOW + 1}]
+    carried = TransitionItem(("x-1", 0, 2), "processing", "memory", "s9", NOW + 3, groups[0],
+                             None, "tcp://w:1", 8, "int", startstops, 1234)
+    error = {"exception_text": "ValueError: x", "traceback_text": "tb", "cause": ("x-1", 0, 2),
+             "worker": "tcp://w:1", "thread": 99}
+    erred = TransitionItem("e", "processing", "erred", "s9", NOW + 4, None, None, "tcp://w:1",
+                           None, None, None, 99, error)
+    rows, _ = maker.rows([items[0], carried, items[1], erred])
+    run = orjson.loads(orjson.dumps(run_event(rows)))
+    assert set(run) >= {"worker", "nbytes", "typename", "startstops", "thread", "exception",
                         "traceback", "cause"}
-    expected = [builder.event(r if len(r) == 13 else (*r, *(None,) * 7)) for r in rows]
+    expected = [
+        expected[0],
+        _event(carried.key, "processing", "memory", "s9", NOW + 3, ("x", "x-1", "S"),
+               worker="tcp://w:1", nbytes=8, typename="int", startstops=startstops, thread=1234),
+        expected[1],
+        _event("e", "processing", "erred", "s9", NOW + 4, None, worker="tcp://w:1", thread=99,
+               exception="ValueError: x", traceback="tb", cause="('x-1', 0, 2)"),
+    ]
     assert contract.unpack_run(run) == orjson.loads(orjson.dumps(expected))
-    assert expected[3]["cause"] == "('x-1', 0, 2)" and expected[1]["nbytes"] == 8
 
 
-def test_the_sender_packs_each_run_of_records_at_its_place():
-    settings = ProducerSettings.resolve({"kafka.bootstrap-servers": "127.0.0.1:9"})
-    transport = Transport(settings, "scheduler", "c1", "one")
-    try:
-        builder = transport._transitions
-        group = Group("x", "x-1", "S")
-        rows_ = [("a", "released", "waiting", "s", NOW, builder.names(group)),
-                 ("b", "released", "waiting", "s", NOW + 1, None)]
-        other = {"kind": contract.LOG, "ts": NOW}
-        body = transport._encode_events([rows_[0], other, *rows_, other])
-        events = orjson.loads(body)
-        assert [e["kind"] for e in events] == [contract.TRANSITION_RUN, contract.LOG,
-                                               contract.TRANSITION_RUN, contract.LOG]
-        expanded = contract.expand_events(events)
-        assert [(e["kind"], e.get("key")) for e in expanded] == [
-            (contract.TRANSITION, "a"), (contract.LOG, None), (contract.TRANSITION, "a"),
-            (contract.TRANSITION, "b"), (contract.LOG, None)]
-        # A record orjson cannot write (a lone surrogate) goes as the events of its
-        # run, through the mappings' fallbacks: counted as a build error, not lost.
-        body = transport._encode_events([("\ud800", "released", "waiting", "s", NOW, None)])
-        [event] = orjson.loads(body)
-        assert event["kind"] == contract.TRANSITION and event["start"] == "released"
-        assert event["key"] == "\\ud800" and transport.build_errors == 1
-        # So does a user's text (a file name decoded with surrogateescape, logged).
-        log = {"kind": contract.LOG, "ts": NOW, "message": "bad \udcff name"}
-        assert orjson.loads(transport._encode_events([log]))[0]["message"] == "bad \\udcff name"
-    finally:
-        transport.close_blocking(time.monotonic() + 1)
+def test_the_sender_packs_each_run_at_its_place():
+    maker = RowMaker(1000)
+    group = Group("x", "x-1", "S")
+    (a, b), _ = maker.rows([TransitionItem("a", "released", "waiting", "s", NOW, group),
+                            TransitionItem("b", "released", "waiting", "s", NOW + 1)])
+    other = Ready({"kind": contract.LOG, "ts": NOW}, 100)
+    events = orjson.loads(encode_rows([a, other, a, b, other], 1000))
+    assert [e["kind"] for e in events] == [contract.TRANSITION_RUN, contract.LOG,
+                                           contract.TRANSITION_RUN, contract.LOG]
+    expanded = contract.expand_events(events)
+    assert [(e["kind"], e.get("key")) for e in expanded] == [
+        (contract.TRANSITION, "a"), (contract.LOG, None), (contract.TRANSITION, "a"),
+        (contract.TRANSITION, "b"), (contract.LOG, None)]
+    # Text orjson cannot write (a lone surrogate, as a file name decoded with
+    # surrogateescape makes) is escaped, in a run and in a user's text alike.
+    (odd,), _ = maker.rows([TransitionItem("\ud800", "released", "waiting", "s", NOW)])
+    [event] = contract.expand_events(orjson.loads(encode_rows([odd], 1000)))
+    assert event["kind"] == contract.TRANSITION and event["start"] == "released"
+    assert event["key"] == "\\ud800"
+    log = Ready({"kind": contract.LOG, "ts": NOW, "message": "bad \udcff name"}, 100)
+    assert orjson.loads(encode_rows([log], 1000))[0]["message"] == "bad \\udcff name"
 
 
 # --------------------------------------------------------------------- the sink

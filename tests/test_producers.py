@@ -18,8 +18,7 @@ import dask.array as da
 import dask.config
 import orjson
 import pytest
-from distributed import Client, LocalCluster, get_worker, span, wait
-from distributed.spans import CONTEXTS_WITH_SPAN_ID
+from distributed import Client, LocalCluster, get_task_stream, get_worker, span, wait
 
 from dask_blackbox import producers
 from dask_blackbox import kafka
@@ -32,9 +31,14 @@ from dask_blackbox.contract import (
 from dask_blackbox.cli.brokers import free_port
 from kafka_reader import read_records
 from polling import wait_for
+from dask_blackbox.producers.buffer import Buffer
 from dask_blackbox.producers.encode import sanitize
+from dask_blackbox.producers.rows import RowMaker
+from dask_blackbox.producers.sender import BUSY_ENVELOPE, Identity, Sender
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import BUSY_ENVELOPE, RECORD_FIELDS, Transport
+from dask_blackbox.producers.transport import Transport
+from dask_blackbox.producers.worker import digest_row
+from dask_blackbox.producers.rows import Ready
 from producers_support import (
     offer_event, published, scheduler_transitions, seqs_by_producer, story_by_key,
 )
@@ -58,6 +62,12 @@ def always_fails(x):
 
 def log_from_worker(i):
     get_worker().log_event("custom-worker", {"i": i, "payload": b"\x00\x01"})
+    return i
+
+
+def users_logger(i):
+    logging.getLogger("myjob.step").warning("myjob warns about %d", i)
+    logging.getLogger("myjob.step").info("myjob informs about %d", i)  # below root's WARNING
     return i
 
 
@@ -109,13 +119,16 @@ def recording(broker):
                     client, **{"producer.flush-interval": "20ms",
                                "producer.metrics-interval": "100ms"}
                 )
-                with span("etl"):
-                    with span("load"):
-                        x = da.random.random((120, 120), chunks=30)
-                    with span("transform"):
-                        (x + x.T).sum().compute()
-                y = (da.ones((80, 80), chunks=20) * 2).persist()
-                wait(y)
+                with get_task_stream(client) as task_stream:
+                    with span("etl"):
+                        with span("load"):
+                            x = da.random.random((120, 120), chunks=30)
+                        with span("transform"):
+                            (x + x.T).sum().compute()
+                    y = (da.ones((80, 80), chunks=20) * 2).persist()
+                    wait(y)
+                out["task_stream"] = task_stream.data
+                client.gather(client.map(users_logger, range(2), key=["user-log-0", "user-log-1"]))
                 out["y_groups"] = {key[0] for row in y.__dask_keys__() for key in row}
                 client.gather(client.map(inc, range(20)))
                 bad = client.submit(div, 1, 0, key="div-bad")
@@ -142,11 +155,7 @@ def recording(broker):
                 del y
         out["transition_log"] = list(cluster.scheduler.transition_log)
         out["nthreads_history"] = list(cluster.scheduler.total_nthreads_history)
-        out["digests"] = {
-            w.address: {k: v for k, v in w.digests_total.items()
-                        if isinstance(k, tuple) and k[0] in CONTEXTS_WITH_SPAN_ID}
-            for w in workers
-        }
+        out["digests"] = {w.address: dict(w.digests_total) for w in workers}
         out["envelopes"], out["events"] = published()
         out["records"] = read_records("raw", idle=0.5)
     return out
@@ -279,6 +288,22 @@ def test_transitions_carry_what_dask_passed(recording):
     assert [e["finish"] for e in attempts] == ["released", "erred"]  # retries=1
 
 
+def test_transitions_carry_the_worker_thread_dasks_task_stream_shows(recording):
+    """Each task's (worker, thread) equals the one in Dask's own task stream; one
+    thread per worker here (threads_per_worker=1)."""
+    published_threads = {
+        e["key"]: (e["worker"], e["thread"]) for e in _of_kind(recording, TRANSITION)
+        if (e["start"], e["finish"]) == ("processing", "memory")}
+    streamed = {encode_key(t["key"]): (t["worker"], t["thread"]) for t in recording["task_stream"]}
+    assert len(streamed) > 50
+    assert {k: published_threads[k] for k in streamed} == streamed
+    assert all(isinstance(thread, int) for _, thread in published_threads.values())
+    threads_per_worker = defaultdict(set)
+    for worker, thread in published_threads.values():
+        threads_per_worker[worker].add(thread)
+    assert all(len(threads) == 1 for threads in threads_per_worker.values())
+
+
 def test_prefix_durations_and_group_nbytes_reproduce_dask(recording):
     """TaskPrefix.all_durations and TaskGroup.nbytes_total, recomputed from the
     published startstops/nbytes exactly as the scheduler computes them."""
@@ -345,7 +370,8 @@ def test_spans_published_with_parents_first(recording):
 def test_graph_events(recording):
     graphs = _of_kind(recording, "graph")
     by_stimulus = {g["stimulus_id"]: g for g in graphs}
-    assert len(by_stimulus) == len(graphs) >= 6
+    assert len(by_stimulus) == len(graphs) >= 6  # small graphs: one part each
+    assert all((g["part"], g["parts"], g["n_recorded"]) == (0, 1, g["n_tasks"]) for g in graphs)
     mapped = [g for g in graphs if g["n_tasks"] == 20 and g["tasks"][0]["prefix"] == "inc"]
     assert mapped and len(mapped[0]["tasks"]) == 20
     (dep,) = [g for g in graphs if any(t["key"] == "inc-dependent" for t in g["tasks"])]
@@ -409,14 +435,20 @@ def test_worker_metrics_and_digests(recording):
     for ev in _of_kind(recording, WORKER_DIGESTS, "worker"):
         for context, span_id, prefix, activity, unit, value in ev["digests"]:
             sums[(ev["worker"], context, span_id, prefix, activity, unit)] += value
+    # every context of Worker.digests_total, not only the span-keyed ones
     expected = {
-        (addr, *key): value
+        (addr, *digest_row(key, value)[:5]): value
         for addr, digests in recording["digests"].items()
         for key, value in digests.items() if value
     }
     assert set(sums) == set(expected) and expected
+    contexts = {key[1] for key in expected}
+    assert {"execute", "gather-dep", "get-data", "latency"} <= contexts, contexts
     for key, value in expected.items():
-        assert sums[key] == pytest.approx(value, rel=1e-9, abs=1e-12)
+        if key[1] == "tick-duration":  # grows with every tick, after the last sample too
+            assert 0 < sums[key] <= value
+        else:
+            assert sums[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
 
 def test_scheduler_metrics(recording):
@@ -437,7 +469,12 @@ def test_distributed_log_records_shipped_once(recording):
     # our handler formats is skipped (re-entrant), the others are shipped once each.
     inner = [e for e in logs if e["message"] == "inner record from __str__"]
     assert len(inner) == recording["str_calls"] - 1
-    assert not [e for e in logs if not e["logger"].startswith("distributed")]
+    # other loggers (users' own) from WARNING up, with the task and worker they ran in
+    assert all(e["level"] in ("WARNING", "ERROR", "CRITICAL") for e in logs
+               if not e["logger"].startswith("distributed"))
+    users = sorted((e["message"], e["key"]) for e in logs if e["logger"] == "myjob.step")
+    assert users == [("myjob warns about 0", "user-log-0"), ("myjob warns about 1", "user-log-1")]
+    assert {e["worker"] for e in logs if e["logger"] == "myjob.step"} <= set(recording["digests"])
 
 
 # ------------------------------------------------------------- separate clusters
@@ -452,10 +489,10 @@ def _plugin_settings(dask_scheduler=None, dask_worker=None):
 def test_attach_carries_overrides_to_processes_is_idempotent_and_detaches(bb_config):
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=True,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
-        first = producers.attach(client, cluster_name="my-cluster",
-                                 producer={"flush-interval": "30ms", "worker-transitions": True})
+        first = producers.attach(client, cluster_name="my-cluster", producer={
+            "flush-interval": "30ms", "record": {"worker-transitions": True}})
         second = producers.attach(client, **{"producer.flush-interval": "70ms",
-                                             "producer.worker-transitions": True})
+                                             "producer.record.worker-transitions": True})
         assert first == second and first["cluster_name"] == "my-cluster"
         assert first["cluster_id"] == client.scheduler_info()["id"]
         flush, producer_id = client.run_on_scheduler(_plugin_settings)
@@ -463,7 +500,10 @@ def test_attach_carries_overrides_to_processes_is_idempotent_and_detaches(bb_con
         ((worker_address, (worker_flush, _)),) = client.run(_plugin_settings).items()
         assert worker_flush == 0.03
         assert client.submit(inc, 1, key="inc-on-worker").result() == 2
+        nanny_has_plugin = lambda dask_worker: "dask-blackbox" in dask_worker.plugins  # noqa: E731
+        assert list(client.run(nanny_has_plugin, nanny=True).values()) == [True]
         producers.detach(client)
+        assert list(client.run(nanny_has_plugin, nanny=True).values()) == [False]
         assert client.run_on_scheduler(lambda dask_scheduler: "dask-blackbox" in dask_scheduler.plugins) is False
         assert client.submit(inc, 2, key="after-detach").result() == 3
     envelopes, events = published()
@@ -500,10 +540,12 @@ def test_close_is_bounded_when_kafka_is_unreachable():
     for i in range(10):
         offer_event(transport, {"kind": "event", "ts": float(i), "topic": "t", "msg": i})
     asyncio.run(transport.close())
-    assert not transport.sender_alive
-    assert transport.lost_at_close == 10 and transport.sent_events == 0
+    assert not transport.drain.thread.is_alive()
+    stats = transport.stats()
+    assert stats["lost_at_close"] == 10 and stats["sent_events"] == 0
     offer_event(transport, {"kind": "event", "ts": 11.0, "topic": "t", "msg": "late"})
-    assert transport.buffered_events == 0  # a closed transport takes nothing more
+    stats = transport.stats()  # a closed transport takes nothing more
+    assert stats["buffered_events"] == 0 and stats["dropped_events"] == 1
 
 
 def test_bad_overrides_raise_config_error_naming_the_key():
@@ -511,8 +553,12 @@ def test_bad_overrides_raise_config_error_naming_the_key():
         ProducerSettings.resolve({"producer.flush-intervall": "1s"})
     with pytest.raises(ConfigError, match="blackbox.producer.buffer-max-bytes"):
         ProducerSettings.resolve({"producer": {"buffer-max-bytes": "lots"}})
-    with pytest.raises(ConfigError, match="blackbox.producer.log-level"):
-        ProducerSettings.resolve({"producer.log-level": "LOUD"})
+    with pytest.raises(ConfigError, match="blackbox.producer.loggers.myjob: 'LOUD'"):
+        ProducerSettings.resolve({"producer.loggers.myjob": "LOUD"})
+    with pytest.raises(ConfigError, match="blackbox.producer.record.tweets is not a dask-blackbox setting"):
+        ProducerSettings.resolve({"producer.record": {"tweets": True}})
+    with pytest.raises(ConfigError, match="blackbox.producer.record.logs: 'no' must be true"):
+        ProducerSettings.resolve({"producer.record.logs": "no"})
     with pytest.raises(ConfigError, match="max-value-bytes"):
         ProducerSettings.resolve({"producer.max-value-bytes": "10MB"})
     with pytest.raises(ConfigError, match="bootstrap-servers"):
@@ -608,7 +654,7 @@ def test_transport_splits_batches_into_bounded_envelopes(bb_config):
     assert all(len(r.value) <= MAX_ENVELOPE_BYTES for r in records)
     assert [e["seq"] for e in envelopes] == list(range(len(envelopes)))
     assert [ev["ts"] for e in envelopes for ev in e["events"]] == [float(i) for i in range(3000)]
-    assert transport.stats()["sent_events"] == 3000 and transport.dropped_events == 0
+    assert transport.stats()["sent_events"] == 3000 and transport.stats()["dropped_events"] == 0
 
 
 @pytest.mark.parametrize("busy_linger", [None, 60.0])
@@ -618,25 +664,27 @@ def test_after_a_busy_envelope_the_next_waits_busy_linger(bb_config, busy_linger
     ``busy_linger`` (a relay helper's LINGER), else ``flush-interval``. Close
     delivers it either way, every event once and in order."""
     settings = ProducerSettings.resolve({"producer.flush-interval": "2s"})
-    transport = Transport(settings, "scheduler", cluster_id=f"c-linger-{busy_linger}",
-                          cluster_name="linger", busy_linger=busy_linger)
-    sent = lambda: transport.stats()["sent_envelopes"]  # noqa: E731
-    offer_event(transport, {"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
+    buffer = Buffer(1000, 1 << 20)
+    identity = Identity("scheduler", f"c-linger-{busy_linger}", "linger")
+    sender = Sender(buffer, settings, identity, RowMaker(1000), busy_linger=busy_linger).start()
+    sent = lambda: sender.sent_envelopes  # noqa: E731
+    offer = lambda event: buffer.offer(Ready(event, 100))  # noqa: E731
+    offer({"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
     wait_for(lambda: sent() == 1, 20, "the first event, after an idle spell")
     # Within the 2 s linger of the first envelope: packed together, one busy envelope.
     for i in range(1, BUSY_ENVELOPE + 1):
-        offer_event(transport, {"kind": "event", "ts": float(i), "topic": "t", "msg": "m"})
+        offer({"kind": "event", "ts": float(i), "topic": "t", "msg": "m"})
     wait_for(lambda: sent() == 2, 20, "the busy envelope")
-    offer_event(transport, {"kind": "event", "ts": float(BUSY_ENVELOPE + 1), "topic": "t",
-                            "msg": "after"})
+    offer({"kind": "event", "ts": float(BUSY_ENVELOPE + 1), "topic": "t", "msg": "after"})
     if busy_linger is None:
         wait_for(lambda: sent() == 3, 20, "the next envelope, one flush-interval later")
     else:
         time.sleep(6.0)  # three flush-intervals, a tenth of busy_linger
         assert sent() == 2
-    asyncio.run(transport.close())
+    sender.close(time.monotonic() + 5)
+    sender.thread.join(10)
     envelopes = [orjson.loads(r.value) for r in read_records("raw")]
-    mine = [e for e in envelopes if e["producer_id"] == transport.producer_id]
+    mine = [e for e in envelopes if e["producer_id"] == identity.producer_id]
     assert [len(e["events"]) for e in mine] == [1, BUSY_ENVELOPE, 1]
     assert [ev["ts"] for e in mine for ev in e["events"]] == [
         float(i) for i in range(BUSY_ENVELOPE + 2)]
@@ -681,50 +729,3 @@ def test_producers_import_without_the_pipeline_packages(tmp_path):
                          text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "blocked"
-
-
-def test_the_buffer_limits_hold_exactly_for_records_and_offered_items():
-    """Records (the hot path's push) and offered items of random weights, with the
-    sender parked: what is buffered never passes buffer-max-events, nor its weight
-    (TRANSITION_WEIGHT a record, an offered item its own) buffer-max-bytes; and every
-    drop is of an item that did not fit by the transport's documented estimate
-    (``buffered_bytes``): the room the hot path keeps is a lower bound, never a
-    reason of its own to refuse an item."""
-    import random
-
-    from dask_blackbox.producers.events import TRANSITION_WEIGHT
-    from dask_blackbox.producers.transport import ready
-
-    settings = ProducerSettings.resolve({
-        "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
-        "producer.sender": "thread", "producer.flush-interval": "1h",
-        "producer.buffer-max-events": 700, "producer.buffer-max-bytes": 200_000})
-    transport = Transport(settings, "scheduler", cluster_id=None, cluster_name="limits")
-    rng = random.Random(15)
-    record = ("k", "released", "waiting", {}, "stim", 1.0)
-    refused = weight = 0
-    try:
-        for _ in range(5000):
-            before_events, before_bytes = transport.buffered_events, transport.buffered_bytes
-            dropped = transport.dropped_events
-            if rng.random() < 0.5:
-                n = TRANSITION_WEIGHT
-                if len(transport._buffer) + transport._held_events < transport.room:
-                    # as the scheduler plugin inlines it
-                    transport._record_fields.extend(RECORD_FIELDS(record))
-                    transport._buffer.append(None)
-                else:
-                    transport.push_transition(record, None)
-            else:
-                n = rng.choice([1, 50, TRANSITION_WEIGHT, 401, 1_000, 9_000, 60_000])
-                transport.offer((ready, n, {"kind": "event"}))
-            if transport.dropped_events > dropped:
-                refused += 1
-                assert before_events >= 700 or before_bytes + n > 200_000, (
-                    n, before_events, before_bytes)
-            else:
-                weight += n
-            assert transport.buffered_events <= 700 and weight <= 200_000
-        assert refused > 100  # the limits were reached, often
-    finally:
-        transport.close_blocking()

@@ -1,7 +1,7 @@
 """The scheduler's sender in a helper process (``producers.relay``): it publishes
-exactly what Dask logged, as the thread sender does; a helper that dies is replaced
-and what it held is reported dropped; one that keeps dying gives way to the thread
-sender; and a helper whose scheduler was SIGKILLed still delivers what it held."""
+exactly what Dask logged, as the thread sender does; a helper that dies gives way to
+the thread sender and what it held is reported dropped; and a helper whose scheduler
+was SIGKILLed still delivers what it held."""
 
 from __future__ import annotations
 
@@ -26,11 +26,13 @@ from distributed import Client, LocalCluster
 from dask_blackbox import producers
 from dask_blackbox.contract import DROPS, EVENT, TRANSITION, expand_events
 from dask_blackbox.producers.relay import (
-    HELPER_GC_THRESHOLDS, MAX_DEATHS, PIPE_BYTES, RelayTransport, _Receiver, decode_frame,
-    encode_frame, open_transport,
+    HELPER_GC_THRESHOLDS, PIPE_BYTES, Frame, Receiver, _decode_frame,
+    _encode_frame, encodable,
 )
+from dask_blackbox.producers.rows import EventItem, Ready, RowMaker, TransitionItem
+from dask_blackbox.producers.sender import THREAD_PREFIX, encode_rows
 from dask_blackbox.producers.settings import ProducerSettings
-from dask_blackbox.producers.transport import BUSY_ENVELOPE, SENDER_THREAD_PREFIX
+from dask_blackbox.producers.transport import Transport
 from kafka_reader import read_records
 from polling import wait_for
 from producers_support import (
@@ -59,7 +61,7 @@ def _alive(pid: int) -> bool:
 
 
 def _log_odd_events(dask_scheduler) -> None:
-    # a datetime goes out as it is (marshal cannot hold it: the frame is pickled)
+    # a datetime goes out as its ISO text, from either sender
     dask_scheduler.log_event("relay-odd", {"at": datetime.datetime(2026, 11, 23, 12, 0)})
     dask_scheduler.log_event("relay-odd", {"set": {3, 1, 2}, "nested": [(1, "a")]})
 
@@ -71,7 +73,7 @@ def _assert_ours_yield_on_wakeup(helper: int | None) -> None:
     this process's; the recording's threads here keep this process's (they take its
     GIL)."""
     policies = {t.name: os.sched_getscheduler(t.native_id) for t in threading.enumerate()}
-    ours = {name for name in policies if name.startswith(SENDER_THREAD_PREFIX)}
+    ours = {name for name in policies if name.startswith(THREAD_PREFIX)}
     assert ours and {policies[name] for name in ours} == {os.SCHED_BATCH}, policies
     assert {policies[name] for name in set(policies) - ours} == {os.SCHED_OTHER}, policies
     if helper is not None:
@@ -99,7 +101,7 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
         workers = set(cluster.scheduler.workers)
         _assert_ours_yield_on_wakeup(helper)
         if helper is not None:  # frames the helper has not read wait in the kernel
-            stdin = cluster.scheduler.plugins["dask-blackbox"].transport._helper.process.stdin
+            stdin = cluster.scheduler.plugins["dask-blackbox"].transport.drain.helper.process.stdin
             assert fcntl.fcntl(stdin.fileno(), fcntl.F_GETPIPE_SZ) == PIPE_BYTES
         assert (da.ones((200, 200), chunks=20) + 1).sum().compute() == 80_000
         bad = client.submit(div, 1, 0, key="div-by-zero")
@@ -131,28 +133,32 @@ def test_both_senders_publish_exactly_what_dask_logged(bb_config, long_story, se
     assert not [e for e in events if e["kind"] == DROPS]
 
 
-def test_a_killed_helper_is_replaced_and_what_it_held_is_reported(bb_config, long_story):
+def test_a_killed_helper_gives_way_to_the_thread_sender_and_what_it_held_is_reported(
+        bb_config, long_story):
+    """The helper is SIGKILLed while it holds rows it has not sent: the scheduler's
+    process sends from its own thread from then on, under a new producer id; what the
+    helper held is counted dropped, reported, and nothing else is lost."""
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=":0") as cluster, Client(cluster) as client:
         producers.attach(client, **FAST)
         assert client.submit(inc, 1, key="before").result() == 2
         wait_scheduler_delivered(client)
         first = scheduler_stats(client)
+        assert first["sender"] == "process"
         os.kill(first["relay_pid"], signal.SIGSTOP)  # it takes rows and sends nothing
         held = client.map(inc, range(100), key=[f"held-{i}" for i in range(100)])
         assert sum(client.gather(held)) == sum(range(1, 101))
         time.sleep(0.5)  # 25 flush intervals: the rows are in the stopped helper's pipe
         os.kill(first["relay_pid"], signal.SIGKILL)
-        wait_for(lambda: scheduler_stats(client)["relay_pid"] != first["relay_pid"], 30,
-                 "a new helper")
+        wait_for(lambda: scheduler_stats(client)["sender"] == "thread", 30,
+                 "the thread sender")
         after = client.map(inc, range(50), key=[f"after-{i}" for i in range(50)])
         assert sum(client.gather(after)) == sum(range(1, 51))
         wait_scheduler_delivered(client)
         second = scheduler_stats(client)
         del held, after
     envelopes, events = published()
-    assert second["sender"] == "process"
-    wait_for(lambda: not _alive(second["relay_pid"]), 30, "the helper to exit")
+    assert not _alive(first["relay_pid"])
     assert second["producer_id"] != first["producer_id"]
     assert second["abandoned"] > 0
     assert second["dropped_events"] == second["abandoned"]
@@ -165,32 +171,6 @@ def test_a_killed_helper_is_replaced_and_what_it_held_is_reported(bb_config, lon
     got = scheduler_transitions(events)
     for key in ["before"] + [f"after-{i}" for i in range(50)]:
         assert got[key] == story[key]
-
-
-def test_a_helper_that_keeps_dying_gives_way_to_the_thread_sender(bb_config, long_story):
-    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                      dashboard_address=":0") as cluster, Client(cluster) as client:
-        producers.attach(client, **FAST)
-        pids = []
-        for _ in range(MAX_DEATHS):
-            # killed before its first status line, a helper counts as unable to start
-            wait_for(lambda: scheduler_stats(client)["relay_ready"], 30, "the helper to start")
-            stats = scheduler_stats(client)
-            assert stats["sender"] == "process"
-            pids.append(stats["relay_pid"])
-            os.kill(stats["relay_pid"], signal.SIGKILL)
-            wait_for(lambda: (s := scheduler_stats(client))["sender"] == "thread"
-                     or s["relay_pid"] != pids[-1], 30, "the relay to notice")
-        assert scheduler_stats(client)["sender"] == "thread"
-        assert client.submit(inc, 41, key="after-fallback").result() == 42
-        wait_scheduler_delivered(client)
-        last = scheduler_stats(client)
-    envelopes, events = published()
-    assert len(set(pids)) == MAX_DEATHS and not any(_alive(p) for p in pids)
-    seqs = seqs_by_producer(envelopes)[last["producer_id"]]
-    assert seqs == list(range(len(seqs)))
-    assert scheduler_transitions(events)["after-fallback"] == (
-        story_until_close(cluster, events)["after-fallback"])
 
 
 ORPHAN_SCRIPT = textwrap.dedent('''
@@ -272,107 +252,66 @@ class Unpicklable:
         raise TypeError("not this one")
 
 
-def test_a_frame_keeps_dasks_order_and_survives_what_cannot_be_pickled():
-    """A frame through encode/decode and the helper's receiver: rows come out in the
-    order the Dask process buffered them; a datetime forces pickle's format; an
-    unpicklable value is replaced (a record field by its text, an event by its
-    sanitized form) or counted, never a crash."""
+def test_a_frame_keeps_dasks_order_and_makes_what_msgpack_cannot_hold_encodable():
+    """Rows through a frame and the helper's receiver come out in the order the Dask
+    process buffered them, as the events the thread sender would send; a row msgpack
+    cannot encode (a user's object) goes as the JSON the thread sender makes of it."""
     settings = ProducerSettings.resolve({
         "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
-        "producer.sender": "process", "producer.flush-interval": "1h"})
-    relay = RelayTransport(settings, "scheduler", cluster_id="c-frames", cluster_name="frames")
-    try:
-        names = ("inc", "inc-abc", "span-1")
-        records = ["inc-1", "released", "waiting", "stim-1", 1.0,
-                   ("inc", 2), "waiting", "processing", "stim-2", 2.0]
-        others = [(1, (64, {"kind": "event", "ts": 1.5, "topic": "t",
-                            "msg": {"at": datetime.datetime(2026, 1, 1)}})),
-                  (3, (64, {"kind": "event", "ts": 3.0, "topic": "t", "msg": "last"}))]
-        frame = (None, None, records, [names, names], others)
-        data = relay._encoded(frame)
-        assert data[:1] == b"P"  # the datetime: pickle's format
-        plain = (None, None, records, [names, names], others[1:])
-        assert encode_frame(plain)[:1] == b"M" and decode_frame(encode_frame(plain)) == plain
+        "producer.flush-interval": "1h"})
+    maker = RowMaker(1000)
+    items = [
+        TransitionItem("inc-1", "released", "waiting", "stim-1", 1.0, None, ("inc", "inc-abc", "s1")),
+        EventItem(1.5, "t", {"at": datetime.datetime(2026, 1, 1)}, 64),
+        TransitionItem(("inc", 2), "waiting", "processing", "stim-2", 2.0, None,
+                       ("inc", "inc-abc", "s1")),
+        Ready({"kind": "event", "ts": 3.0, "topic": "t", "msg": "last"}, 64),
+    ]
+    rows, failed = maker.rows(items)
+    assert not failed
+    expected = json.loads(encode_rows(rows, 1000))
+    receiver = Receiver({"settings": settings, "source": "scheduler",
+                         "producer_id": "scheduler-test", "identity": (None, None)})
+    receiver.apply(_encode_frame(Frame(rows)))
+    handed = receiver.buffer.take(100, 1 << 30).items
+    assert json.loads(encode_rows(handed, 1000)) == expected
+    events = expand_events(expected)
+    assert [e["ts"] for e in events] == [1.0, 1.5, 2.0, 3.0]
+    assert events[2]["key"] == str(("inc", 2)) and events[0]["group"] == "inc-abc"
+    assert events[1]["msg"] == {"at": "2026-01-01T00:00:00"}
 
-        receiver = _Receiver({"settings": settings, "source": "scheduler",
-                              "producer_id": "scheduler-test", "cluster_id": None,
-                              "cluster_name": None})
-        receiver.apply(decode_frame(data))
-        built = [item[0](item) for item in receiver.transport._buffer]
-        events = expand_events(json.loads(receiver.transport._encode_events(built)))
-        assert [e["ts"] for e in events] == [1.0, 1.5, 2.0, 3.0]
-        assert events[0]["key"] == "inc-1" and events[2]["key"] == str(("inc", 2))
-        assert events[0]["group"] == "inc-abc" and events[2]["span_id"] == "span-1"
-
-        bad = (None, None, [Unpicklable(), "released", "waiting", "s", 4.0], [names],
-               [(0, (64, {"kind": "event", "ts": 3.5, "topic": "t", "msg": Unpicklable()})),
-                (2, None)])
-        receiver.apply(decode_frame(relay._encoded(bad)))
-        assert receiver.skipped == 1
-        more = [item[0](item) for item in list(receiver.transport._buffer)[4:]]
-        event, record = expand_events(json.loads(receiver.transport._encode_events(more)))
-        assert event["msg"]["__type__"].endswith("Unpicklable")
-        assert record["key"].startswith("<") or "Unpicklable" in record["key"]
-        receiver.transport.close_blocking()
-    finally:
-        relay.close_blocking()
-
-
-@pytest.mark.parametrize("busy_linger", [None, 60.0])
-def test_after_a_busy_hand_over_the_relay_waits_busy_linger(bb_config, busy_linger):
-    """The relay thread hands over every flush-interval; after a hand-over of
-    BUSY_ENVELOPE items or more it waits ``busy_linger`` (LINGER by default, or
-    flush-interval if longer) before the next. Close hands over the rest: every
-    event delivered once, in order."""
-    settings = ProducerSettings.resolve({"producer.flush-interval": "2s",
-                                         "producer.sender": "process"})
-    relay = RelayTransport(settings, "scheduler", cluster_id=f"c-relay-linger-{busy_linger}",
-                           cluster_name="relay-linger", busy_linger=busy_linger)
-    forwarded = lambda: relay._helper.forwarded if relay._helper else 0  # noqa: E731
-    try:
-        offer_event(relay, {"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
-        wait_for(lambda: forwarded() == 1, 30, "the first hand-over")
-        for i in range(1, BUSY_ENVELOPE + 1):
-            offer_event(relay, {"kind": "event", "ts": float(i), "topic": "t", "msg": "m"})
-        wait_for(lambda: forwarded() == BUSY_ENVELOPE + 1, 30, "the busy hand-over")
-        offer_event(relay, {"kind": "event", "ts": float(BUSY_ENVELOPE + 1), "topic": "t",
-                            "msg": "after"})
-        if busy_linger is None:
-            wait_for(lambda: forwarded() == BUSY_ENVELOPE + 2, 30,
-                     "the next hand-over, one flush-interval later")
-        else:
-            time.sleep(6.0)  # three flush-intervals, a tenth of busy_linger
-            assert forwarded() == BUSY_ENVELOPE + 1
-    finally:
-        relay.close_blocking()
-    assert relay.stats()["sent_events"] == BUSY_ENVELOPE + 2
-    envelopes = [orjson.loads(r.value) for r in read_records("raw")]
-    mine = [ev["ts"] for e in envelopes if e["producer_id"] == relay.producer_id
-            for ev in e["events"]]
-    assert mine == [float(i) for i in range(BUSY_ENVELOPE + 2)]
+    odd = Ready({"kind": "event", "ts": 4.0, "topic": "t", "msg": Unpicklable()}, 64)
+    with pytest.raises(TypeError):
+        _encode_frame(Frame([odd]))
+    fixed = encodable(odd, 1000)
+    (event,) = _decode_frame(_encode_frame(Frame([fixed]))).rows
+    assert event.event["msg"]["__type__"].endswith("Unpicklable")
+    assert encodable(rows[0], 1000) is rows[0]
+    receiver.sender.close(time.monotonic())
 
 
 @pytest.mark.parametrize("sender", ["process", "thread"])
 def test_accepted_events_never_counts_an_item_twice(bb_config, sender):
-    """``accepted_events`` read while the sender takes a batch out of the buffer (here:
-    by every item's builder, which runs in the middle of that batch) counts each item
-    once, so a wait for the delivery of what was accepted ends. Before, the relay
-    counted a whole hand-over taken before moving it, and a wait that read the count
-    in between waited for items that did not exist, forever."""
+    """``accepted_events`` read while the drain makes rows of a batch it took (here:
+    by every item's row maker, which runs in the middle of that batch) counts each
+    item once, so a wait for the delivery of what was accepted ends."""
     settings = ProducerSettings.resolve({**FAST, "producer.sender": sender})
-    transport = open_transport(settings, "scheduler", cluster_id=f"c-accepted-{sender}",
-                               cluster_name="accepted")
+    transport = Transport(settings, "scheduler", cluster_id=f"c-accepted-{sender}",
+                          cluster_name="accepted")
     n = 1_000
     seen: list[int] = []
+    makers = transport.drain.rows._makers
+    make_event = makers[EventItem]
 
-    def build(item: tuple) -> dict:
+    def counting(item):
         seen.append(transport.accepted_events)
-        return {"kind": "event", "ts": float(item[2]), "topic": "t", "msg": "m"}
+        return make_event(item)
 
+    makers[EventItem] = counting
     try:
-        for i in range(n):  # before the sender's first hand-over: one batch
-            transport.offer((build, 256, i))
-        wait_for(lambda: len(seen) == n, 60, "every item built")
+        for i in range(n):  # before the drain's first take: one batch
+            transport.offer(EventItem(float(i), "t", "m", 256))
+        wait_for(lambda: len(seen) == n, 60, "every item made a row")
         assert max(seen) == n
         assert transport.accepted_events == n
         wait_for(lambda: transport.delivered(max(seen)), 60, "what was accepted delivered")
@@ -382,33 +321,28 @@ def test_accepted_events_never_counts_an_item_twice(bb_config, sender):
 
 
 def test_the_helper_collects_rarely_and_delivers_every_record(bb_config):
-    """What the helper allocates per record (its row, key, strings, float, buffer item)
-    is acyclic and short-lived. At CPython's default thresholds (700, 10, 10) its
-    collector ran 461 times for these records (session 19, with the defaults put
-    back); at HELPER_GC_THRESHOLDS 14, and still every record is delivered in order."""
+    """What the helper allocates per row is acyclic and short-lived (rows are not
+    even tracked by the collector); it collects at HELPER_GC_THRESHOLDS, at most a few
+    dozen young collections for 100,000 transitions, and still every one is delivered
+    in order."""
     settings = ProducerSettings.resolve({**FAST, "producer.sender": "process"})
-    relay = RelayTransport(settings, "scheduler", cluster_id="c-relay-gc",
-                           cluster_name="relay-gc")
+    transport = Transport(settings, "scheduler", cluster_id="c-relay-gc", cluster_name="relay-gc")
     n = 100_000
     try:
-        wait_for(lambda: relay.stats()["relay_ready"], 60, "the helper")
-        before = relay.stats()["relay_gc_collections"]
+        wait_for(lambda: transport.stats()["relay_ready"], 60, "the helper")
+        before = transport.stats()["relay_gc_collections"]
         for i in range(n):
-            # Dask's transition_log record: key, start, finish, recommendations,
-            # stimulus_id, timestamp
-            relay.push_transition((("x-gc", i), "released", "waiting", {}, f"s-{i}",
-                                   float(i)), None)
-        wait_for(lambda: relay.delivered(relay.accepted_events), 120, "every record")
-        after = relay.stats()["relay_gc_collections"]
+            transport.offer(TransitionItem(("x-gc", i), "released", "waiting", f"s-{i}",
+                                           float(i), None, ("x", "x-gc", "s")))
+        wait_for(lambda: transport.delivered(transport.accepted_events), 120, "every record")
+        after = transport.stats()["relay_gc_collections"]
     finally:
-        relay.close_blocking()
-    assert relay.stats()["sent_events"] == n and relay.stats()["dropped_events"] == 0
+        transport.close_blocking()
+    assert transport.stats()["sent_events"] == n and transport.stats()["dropped_events"] == 0
     young = after[0] - before[0]
-    # a few allocations a record: hundreds of collections at CPython's defaults;
-    # at HELPER_GC_THRESHOLDS (20,000 allocations a young collection) a few dozen
     assert HELPER_GC_THRESHOLDS[0] >= 20_000
-    assert 0 < young <= 200, (before, after)
+    assert before[0] > 0 and young <= 200, (before, after)  # counted, and rare
     envelopes = [orjson.loads(r.value) for r in read_records("raw")]
-    mine = [ev for e in envelopes if e["producer_id"] == relay.producer_id
+    mine = [ev for e in envelopes if e["producer_id"] == transport.producer_id
             for ev in expand_events(e["events"])]
     assert [ev["key"] for ev in mine] == [str(("x-gc", i)) for i in range(n)]

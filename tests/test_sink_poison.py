@@ -1,5 +1,5 @@
 """Nothing a producer (or anyone with write access to the topics) publishes can stop
-the sink (issue #12): each message below crashed it before; now each is loaded (a
+the sink: each message below crashed it before; now each is loaded (a
 graph without task rows) or dead-lettered with a reason naming the message, event and
 field, and the sink goes on loading what comes after.
 

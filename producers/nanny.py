@@ -1,0 +1,186 @@
+"""The nanny producer: a NannyPlugin recording how each worker process ended.
+
+Attach it with ``dask worker --preload-nanny dask_blackbox.producers.nanny``
+(configured by the nanny's own ``blackbox.*`` settings) or with
+:func:`producers.attach`, which registers it on every nanny of the cluster.
+
+The nanny is the one process that sees its worker process end, and Dask has no hook
+for it, so the plugin watches: every :data:`WATCH_INTERVAL` it looks at the nanny's
+worker process (``Nanny.process``, its ``AsyncProcess``), samples its memory (RSS,
+with psutil, as the nanny's own memory monitor does) and the host's, and when the
+process it watched has ended publishes one ``WORKER_EXIT``
+(:class:`~dask_blackbox.contract.WorkerExit`): the worker's address and pid, the exit
+code (negative: killed by that signal, Dask's convention) and the signal's name, the
+last and peak memory against the memory limit and ``distributed.worker.memory.
+terminate``, the host's memory, the nanny's status (closing: an expected end) and how
+many times this nanny had started a worker process. Whether the nanny itself killed
+it for memory is in the ``worker-restart-memory`` event Dask logs on the scheduler
+(the same pid): the read side joins them. The nanny's own log lines ("Worker process
+... exited with status ...") are shipped with the logs, ``source`` "nanny".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import time
+from typing import TYPE_CHECKING, Any
+
+import dask.config
+from distributed.diagnostics.plugin import NannyPlugin
+from tornado.ioloop import PeriodicCallback
+
+from dask_blackbox.contract import WORKER_EXIT, WorkerExit
+from dask_blackbox.producers import logs
+from dask_blackbox.producers.rows import Ready
+from dask_blackbox.producers.scheduler import PLUGIN_NAME
+from dask_blackbox.producers.settings import ProducerSettings
+from dask_blackbox.producers.transport import Transport
+
+if TYPE_CHECKING:
+    from distributed import Nanny
+
+logger = logging.getLogger(__name__)
+
+#: How often the plugin looks at the worker process (seconds).
+WATCH_INTERVAL = 0.1
+
+
+class Watched:
+    """The worker process being watched, and what was last seen of it."""
+
+    __slots__ = ("process", "pid", "worker", "started", "memory", "memory_peak",
+                 "host_total", "host_available")
+
+    def __init__(self, process: Any, worker: str | None):
+        self.process = process
+        self.pid = process.pid
+        self.worker = worker
+        self.started = time.time()
+        self.memory: int | None = None
+        self.memory_peak: int | None = None
+        self.host_total: int | None = None
+        self.host_available: int | None = None
+
+    def sample(self) -> None:
+        import psutil
+
+        try:
+            rss = psutil.Process(self.pid).memory_info().rss
+        except Exception:  # gone already, or not ours to read
+            return
+        self.memory = rss
+        self.memory_peak = max(self.memory_peak or 0, rss)
+        host = psutil.virtual_memory()
+        self.host_total, self.host_available = host.total, host.available
+
+
+class BlackboxNannyPlugin(NannyPlugin):
+    """Publishes a ``WORKER_EXIT`` per worker process its nanny ran, and the nanny's
+    log records."""
+
+    name = PLUGIN_NAME
+    idempotent = True
+
+    def __init__(self, settings: ProducerSettings | None = None, cluster_id: str | None = None,
+                 cluster_name: str | None = None):
+        self.settings = settings if settings is not None else ProducerSettings.resolve()
+        self.cluster_id = cluster_id
+        self.cluster_name = cluster_name
+        self.nanny: Nanny | None = None
+        self.transport: Transport | None = None
+        self.watched: Watched | None = None
+        self.starts = 0  # worker processes this nanny started that were watched
+        self._watch: PeriodicCallback | None = None
+        self._identity_task: asyncio.Task | None = None
+
+    def __getstate__(self) -> dict:
+        return {"settings": self.settings, "cluster_id": self.cluster_id,
+                "cluster_name": self.cluster_name}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(**state)
+
+    async def setup(self, nanny: Nanny) -> None:
+        self.nanny = nanny
+        self.transport = transport = Transport(
+            self.settings, "nanny", cluster_id=self.cluster_id,
+            cluster_name=self.cluster_name or self.settings.cluster_name)
+        if self.cluster_id is None:
+            self._identity_task = asyncio.create_task(transport.learn_identity(
+                nanny.scheduler, self.cluster_name or self.settings.cluster_name))
+        if self.settings.record.logs:
+            logs.install(transport, worker=lambda: nanny.worker_address)
+        self._watch = PeriodicCallback(self.watch, WATCH_INTERVAL * 1000)
+        self._watch.start()
+
+    async def teardown(self, nanny: Nanny) -> None:
+        transport = self.transport
+        if transport is None:
+            return
+        if self._watch is not None:
+            self._watch.stop()
+        self.watch()
+        if self._identity_task is not None:
+            self._identity_task.cancel()
+        logs.uninstall(transport)
+        await transport.close()
+
+    def watch(self) -> None:
+        """Look at the worker process: sample it, or publish its end."""
+        try:
+            nanny = self.nanny
+            holder = nanny.process  # Dask's WorkerProcess, or None
+            current = getattr(holder, "process", None)  # its AsyncProcess
+            watched = self.watched
+            if watched is not None and (current is not watched.process
+                                        or watched.process.exitcode is not None):
+                if watched.process.exitcode is not None:
+                    self._publish_exit(watched)
+                    self.watched = watched = None
+                elif current is None:  # being replaced; its exit code comes later
+                    return
+            if watched is None and current is not None and current.pid is not None:
+                self.watched = watched = Watched(current, getattr(holder, "worker_address", None))
+                self.starts += 1
+            if watched is not None:
+                if watched.worker is None:
+                    watched.worker = getattr(holder, "worker_address", None) or nanny.worker_address
+                watched.sample()
+        except Exception:  # watching must never break the nanny
+            logger.exception("dask-blackbox could not watch the worker process")
+
+    def _publish_exit(self, watched: Watched) -> None:
+        code = watched.process.exitcode
+        memory_limit = getattr(getattr(self.nanny, "memory_manager", None), "memory_limit", None)
+        terminate = dask.config.get("distributed.worker.memory.terminate", None)
+        event: WorkerExit = {
+            "kind": WORKER_EXIT, "ts": time.time(), "worker": watched.worker,
+            "pid": watched.pid, "exitcode": code, "signal": signal_name(code),
+            "memory": watched.memory, "memory_peak": watched.memory_peak,
+            "memory_limit": memory_limit or None,
+            "memory_terminate": terminate if isinstance(terminate, (int, float))
+            and not isinstance(terminate, bool) else None,
+            "host_memory": watched.host_total, "host_memory_available": watched.host_available,
+            "nanny_status": getattr(getattr(self.nanny, "status", None), "name", None),
+            "starts": self.starts, "started": watched.started,
+        }
+        self.transport.offer(Ready(event, 600))
+
+
+def signal_name(exitcode: int | None) -> str | None:
+    """``"SIGKILL"`` for an exit code of -9 (killed by a signal, Dask's and
+    multiprocessing's convention); None for an exit status."""
+    if exitcode is None or exitcode >= 0:
+        return None
+    try:
+        return signal.Signals(-exitcode).name
+    except ValueError:
+        return f"signal {-exitcode}"
+
+
+async def dask_setup(nanny: Nanny) -> None:
+    """``dask worker --preload-nanny dask_blackbox.producers.nanny``: attach the plugin,
+    configured by this process's ``blackbox.*`` settings."""
+    await nanny.plugin_add(BlackboxNannyPlugin(ProducerSettings.resolve()), name=PLUGIN_NAME)

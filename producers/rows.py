@@ -1,0 +1,303 @@
+"""Items, rows and runs: the three shapes a record takes between a hook and the wire.
+
+- An **item** is what a hook offers to the :class:`~producers.buffer.Buffer`, as cheap
+  to make as the hot path needs: a :class:`TransitionItem` (it may hold Dask's
+  ``TaskGroup`` and, for an erred transition, Dask's keyword arguments), an
+  :class:`EventItem` (a ``log_event`` payload, not looked at yet), a :class:`GraphItem`
+  (one part of a submitted graph, Dask's objects captured on the event loop), or a
+  :class:`Ready` holding a finished event mapping. Every item has a ``weight``, its
+  estimated size in bytes, which the buffer's limits count.
+- A **row** is plain, named data, made from an item by the drain (the sender thread,
+  or the relay thread that hands rows to a helper process): a :data:`TransitionRow`
+  (the fields of :class:`~dask_blackbox.contract.Transition`, in its order) or a
+  :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
+  holds builtins only: it crosses a pipe to a helper process (msgpack) as it is.
+- A **run** is consecutive transition rows in columns, one ``TRANSITION_RUN`` event
+  on the wire (:func:`encode_run`, :data:`dask_blackbox.contract.PACKED`).
+
+Making rows runs in the drain, never on Dask's event loop: names of task groups and
+the text of tuple keys are resolved there (a group's name, prefix and span id never
+change once its tasks are runnable), a user's payload is sanitized there
+(:func:`~producers.encode.sanitize`), an exception Dask passed pickled is read there.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Hashable
+from typing import Any, NamedTuple
+
+import msgspec
+import orjson
+
+from dask_blackbox.contract import (
+    EVENT, GRAPH, LIFECYCLE, RUN_OPTIONAL_COLUMNS, TRANSITION_KWARGS, TRANSITION_RUN, Graph,
+    GraphTask, Lifecycle, StructuredEvent, Transition, TransitionRun, encode_key, fields,
+)
+from dask_blackbox.producers.encode import cap_text, sanitize
+
+#: Estimated bytes of a transition (an item's memory; ~60-120 bytes in a run).
+TRANSITION_WEIGHT = 200
+#: Task-group names remembered by a row maker, and texts of tuple keys.
+NAMES_CACHE = 4_096
+KEY_TEXT_CACHE = 100_000
+#: Distinct values listed per annotation in a graph's part 0.
+MAX_ANNOTATION_VALUES = 20
+
+
+# ------------------------------------------------------------------- items
+
+#: A task transition as a hook offers it: the record's fields, the task's
+#: ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
+#: task), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS`, and,
+#: for an erred transition, Dask's keyword arguments as they are (``error``).
+TransitionItem = msgspec.defstruct("TransitionItem", [
+    ("key", Any), ("start", Any), ("finish", Any), ("stimulus_id", Any), ("ts", Any),
+    ("group", Any, None), ("names", Any, None),
+    *((name, Any, None) for name in TRANSITION_KWARGS),
+    ("error", Any, None), ("weight", int, TRANSITION_WEIGHT),
+], gc=False)
+
+
+class EventItem(msgspec.Struct, gc=False):
+    """A ``log_event`` as Dask stored it: ``msg`` may be any object."""
+
+    ts: float
+    topic: Any
+    msg: Any
+    weight: int
+
+
+class GraphEntry(NamedTuple):
+    """A submitted task captured on the event loop: its key, ``TaskGroup``, its first
+    dependencies (``TaskState`` objects) and how many it has."""
+
+    key: Hashable
+    group: Any
+    dependencies: tuple
+    n_dependencies: int
+
+
+class GraphItem(msgspec.Struct, gc=False):
+    """Part ``part`` of ``parts`` of a graph submission (see contract ``Graph``)."""
+
+    ts: float
+    client: Any
+    stimulus_id: Any
+    n_tasks: int
+    n_recorded: int
+    n_keys: int
+    keys: list
+    annotations: Any  # Dask's {name: {key: value}} (part 0), or None
+    entries: list[GraphEntry]
+    part: int
+    parts: int
+    weight: int
+
+
+# -------------------------------------------------------------------- rows
+
+class Ready(msgspec.Struct, array_like=True, gc=False, tag=1):
+    """A finished event mapping (an item, and the row of every kind but
+    transitions)."""
+
+    event: dict
+    weight: int
+
+
+#: A transition as plain data: the fields of contract ``Transition`` but ``kind``.
+TransitionRow = msgspec.defstruct(
+    "TransitionRow", [(name, Any, None) for name in fields(Transition)[1:]],
+    array_like=True, gc=False, tag=0, namespace={"weight": TRANSITION_WEIGHT})
+
+_ROW_FIELDS = fields(Transition)[1:]
+# A row is made positionally: Dask's kwargs right after stimulus_id, then the rest.
+if _ROW_FIELDS[_ROW_FIELDS.index("stimulus_id") + 1:][:len(TRANSITION_KWARGS)] != TRANSITION_KWARGS:
+    raise TypeError("contract.Transition: declare the DASK_KWARG fields right after stimulus_id")
+_kwargs_of = operator.attrgetter(*TRANSITION_KWARGS)
+
+
+class RowMaker:
+    """Makes the rows of items (in the drain). ``max_chars`` caps exception and
+    traceback text and a user's payload; ``worker`` is the address of the worker
+    whose own transitions it makes (None on the scheduler)."""
+
+    def __init__(self, max_chars: int, worker: str | None = None):
+        self.max_chars = max_chars
+        self.worker = worker
+        self._names: dict = {}
+        self._key_texts: dict = {}
+        self._makers = {TransitionItem: self.transition, EventItem: self.event,
+                        GraphItem: self.graph, Ready: _as_is, TransitionRow: _as_is}
+
+    def rows(self, items: list) -> tuple[list, list]:
+        """The rows of ``items`` in order, and the items no row could be made of
+        (a bug must not stop the drain: the caller counts them)."""
+        rows, failed = [], []
+        makers = self._makers
+        for item in items:
+            try:
+                rows.append(makers[type(item)](item))
+            except Exception:
+                failed.append(item)
+        return rows, failed
+
+    def transition(self, item: Any) -> Any:
+        group = item.group
+        prefix, group_name, span_id = (item.names if group is None else self.names(group)) or _NO_NAMES
+        key = item.key
+        if type(key) is not str:
+            key = self.key_text(key)
+        carried = _kwargs_of(item)
+        if carried[0] is None and self.worker is not None:  # a worker's own transition
+            carried = (self.worker, *carried[1:])
+        error = () if item.error is None else self._error(item.error)
+        return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
+                             item.stimulus_id, *carried, *error)
+
+    def names(self, group: Any) -> tuple:
+        """``(prefix, group, span_id)`` of a scheduler ``TaskGroup``."""
+        names = self._names.get(group)
+        if names is None:
+            if len(self._names) >= NAMES_CACHE:
+                self._names.clear()
+            names = self._names[group] = (group.prefix.name, group.name, group.span_id)
+        return names
+
+    def key_text(self, key: Hashable) -> str:
+        """:func:`~dask_blackbox.contract.encode_key` of a key, remembered."""
+        text = self._key_texts.get(key)
+        if text is None:
+            if len(self._key_texts) >= KEY_TEXT_CACHE:
+                self._key_texts.clear()
+            text = self._key_texts[key] = encode_key(key)
+        return text
+
+    def _error(self, kwargs: dict) -> tuple:
+        cap = self.max_chars
+        exception = traceback = cause = None
+        if isinstance(text := kwargs.get("exception_text"), str):
+            exception = cap_text(text, cap)
+        elif (raised := kwargs.get("exception")) is not None:
+            exception = cap_text(exception_text(raised), cap)  # KilledWorker: pickled
+        if isinstance(text := kwargs.get("traceback_text"), str):
+            traceback = cap_text(text, cap)
+        if (blamed := kwargs.get("cause")) is not None:
+            cause = encode_key(blamed)
+        return exception, traceback, cause
+
+    def event(self, item: EventItem) -> Ready:
+        topic = item.topic if type(item.topic) is str else encode_key(item.topic)
+        event: StructuredEvent = {"kind": EVENT, "ts": item.ts, "topic": topic,
+                                  "msg": sanitize(item.msg, self.max_chars)[0]}
+        return Ready(event, item.weight)
+
+    def graph(self, item: GraphItem) -> Ready:
+        key_text = self.key_text
+        tasks: list[GraphTask] = []
+        for key, group, dependencies, n_dependencies in item.entries:
+            prefix, group_name, span_id = self.names(group)
+            task: GraphTask = {"key": key_text(key), "prefix": prefix, "group": group_name,
+                               "span_id": span_id,
+                               "dependencies": [key_text(d.key) for d in dependencies]}
+            if n_dependencies > len(dependencies):
+                task["n_dependencies"] = n_dependencies
+            tasks.append(task)
+        event: Graph = {
+            "kind": GRAPH, "ts": item.ts, "client": item.client, "stimulus_id": item.stimulus_id,
+            "n_tasks": item.n_tasks, "keys": [key_text(k) for k in item.keys], "tasks": tasks,
+            "annotations": self._annotations(item.annotations) if item.annotations else {},
+            "n_keys": item.n_keys, "part": item.part, "parts": item.parts,
+            "n_recorded": item.n_recorded,
+        }
+        return Ready(event, item.weight)
+
+    def _annotations(self, annotations: dict) -> dict[str, list]:
+        """``{annotation: [{"value", "n_tasks"}, ...]}``: each annotation's distinct
+        values with how many tasks carry them, most frequent first."""
+        out = {}
+        for name, per_key in annotations.items():
+            counts: dict[Any, list] = {}
+            for value in per_key.values():
+                marker = _hashable(value)
+                if marker in counts:
+                    counts[marker][1] += 1
+                else:
+                    counts[marker] = [value, 1]
+            ranked = sorted(counts.values(), key=lambda e: -e[1])[:MAX_ANNOTATION_VALUES]
+            out[str(name)] = [{"value": sanitize(v, self.max_chars)[0], "n_tasks": n}
+                              for v, n in ranked]
+        return out
+
+
+_NO_NAMES = (None, None, None)
+
+
+def _as_is(row: Any) -> Any:
+    return row
+
+
+def _hashable(value: Any) -> Any:
+    """A hashable stand-in for an annotation value, equal for equal values."""
+    try:
+        hash(value)
+        return value
+    except TypeError:
+        pass
+    try:
+        return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+    except Exception:
+        return id(value)
+
+
+# -------------------------------------------------------------------- runs
+
+_astuple = msgspec.structs.astuple
+
+
+def run_event(rows: list) -> TransitionRun:
+    """The ``TRANSITION_RUN`` event of transition rows (at least one): their fields
+    in columns, an optional column left out where all are None. A reader's
+    ``contract.unpack_run`` gives back each row's TRANSITION event."""
+    ts, keys, prefixes, groups, spans, starts, finishes, stimulus_ids, *optional = zip(
+        *map(_astuple, rows))
+    names = list(zip(prefixes, groups, spans))
+    distinct = list(dict.fromkeys(names))
+    index = dict(zip(distinct, range(len(distinct))))
+    run: TransitionRun = {
+        "kind": TRANSITION_RUN, "ts": ts[0], "key": keys, "time": ts, "start": starts,
+        "finish": finishes, "stimulus_id": stimulus_ids, "names": distinct,
+        "name": list(map(index.__getitem__, names)),
+    }
+    n = len(keys)
+    for column, values in zip(RUN_OPTIONAL_COLUMNS, optional):
+        if values.count(None) != n:
+            run[column] = values  # type: ignore[literal-required]
+    return run
+
+
+def lifecycle(ts: float, action: str, worker: str | None = None, client: str | None = None,
+              reason: str | None = None, stimulus_id: str | None = None,
+              detail: Any = None) -> Lifecycle:
+    """A ``LIFECYCLE`` event (``total_nthreads`` is added by the caller where due)."""
+    event: Lifecycle = {
+        "kind": LIFECYCLE, "ts": ts, "action": action, "worker": worker, "client": client,
+        "reason": reason, "stimulus_id": stimulus_id, "detail": detail,
+    }
+    return event
+
+
+def exception_text(raised: Any) -> str:
+    """``"Type: message"`` of an exception Dask passed as an object or pickled; a
+    description of it if it cannot be read here (its class lives in user code)."""
+    try:
+        if isinstance(raised, bytes):
+            from distributed.protocol import pickle  # only where Dask runs already
+
+            raised = pickle.loads(raised)
+        if isinstance(raised, BaseException):
+            return f"{type(raised).__name__}: {raised}"
+    except Exception:  # unknown class, truncated pickle: say what it was instead
+        pass
+    size = f", {len(raised)} bytes" if isinstance(raised, bytes) else ""
+    return f"<{type(raised).__name__}{size}>"
