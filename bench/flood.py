@@ -20,7 +20,7 @@ worker's RSS (at the start of processing, at each quarter of the envelopes, at t
 end), the clusters it held at the end, and what it refused past its bounds
 (``processors.max-live-clusters``, ``max-live-keys-total``: dead letters).
 
-    python bench/flood.py [--clusters 10000] [--per-cluster 10] [--broker tansu|kafka] [--only A]
+    python bench/flood.py [--quick] [--clusters 10000] [--per-cluster 10] [--broker tansu|kafka] [--only A]
                           [--worker-python PATH]   # another checkout's processors, to compare
 """
 
@@ -236,7 +236,8 @@ def show(label: str, clusters: int, s: dict) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--clusters", type=int, default=10_000)
+    parser.add_argument("--quick", action="store_true", help="1,000 clusters")
+    parser.add_argument("--clusters", type=int)
     parser.add_argument("--per-cluster", type=int, default=10)
     parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
     parser.add_argument("--only", choices=("A", "B"), help="run one side only")
@@ -247,6 +248,7 @@ def main() -> None:
     parser.add_argument("--set", dest="settings", action="append", default=[],
                         metavar="KEY=VALUE", help="a blackbox.processors.* setting for both sides")
     args = parser.parse_args()
+    args.clusters = args.clusters or (1_000 if args.quick else 10_000)
     extra = {}
     for item in args.settings:
         key, _, value = item.partition("=")
