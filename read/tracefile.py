@@ -165,7 +165,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     _, removals = backend.query(
         "SELECT toFloat64(ts), toInt64(toUnixTimestamp64Micro(ts)), action, worker, reason, "
         f"stimulus_id, detail FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_removed', 'scheduler_close') ORDER BY ts", p)
+        "AND action IN ('worker_removed', 'scheduler_close') ORDER BY ts", {"c": p["c"]})
 
     spans = []
     for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
