@@ -239,6 +239,7 @@ def test_the_cluster_list_is_paged(served):
     assert "clusters 51-100 of 100" in body.decode()
 
 
+@pytest.mark.browser
 def test_a_task_stream_click_opens_the_key_it_shows(served):
     import os
 
