@@ -119,9 +119,14 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=20)
         elif name == "compare":
             p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
-    from dask_blackbox.cli import ui
+    from dask_blackbox.cli import diagnose, ui
 
     ui.add_commands(sub, [common])
+    diagnose.add_commands(sub, [common], fmt, filters)
+    alerts = sub.add_parser("alerts", parents=[common],
+                            help="deliver notifications for the rules in blackbox.alerts.rules")
+    alerts.add_argument("--check", action="store_true",
+                        help="check the rules and exit (0: valid; 1: the first problem, named)")
     return parser
 
 
@@ -242,6 +247,14 @@ def main(argv: list[str] | None = None) -> int:
             from dask_blackbox.cli import ui
 
             return ui.run(args)
+        if args.command in ("why", "logs"):
+            from dask_blackbox.cli import diagnose
+
+            return diagnose.why(args) if args.command == "why" else diagnose.logs(args)
+        if args.command == "alerts":
+            from dask_blackbox.alerts import service
+
+            return service.main(check=args.check)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
             QueryError, UnknownCluster) as e:

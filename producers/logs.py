@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from typing import NamedTuple
 
 from dask_blackbox.contract import LOG, Log, encode_key
@@ -42,12 +43,13 @@ _LOCK = threading.Lock()  # guards installing and removing, never taken by emit
 
 
 class Target(NamedTuple):
-    """A transport records are shipped through, and the worker it speaks for."""
+    """A transport records are shipped through, and the worker it speaks for (an
+    address, or a function returning the current one: a nanny's changes)."""
 
     order: int
     serial: int
     transport: Transport
-    worker: str | None
+    worker: str | Callable[[], str | None] | None
 
 
 class LogHandler(logging.Handler):
@@ -96,10 +98,12 @@ class LogHandler(logging.Handler):
             elif record.exc_text:
                 exc_text = cap_text(record.exc_text, cap)
             worker, key = _task_of_thread()
+            if worker is None:
+                worker = target.worker() if callable(target.worker) else target.worker
             event: Log = {
                 "kind": LOG, "ts": record.created, "logger": record.name,
                 "level": record.levelname, "message": message, "process": record.process,
-                "exc_text": exc_text, "worker": worker or target.worker, "key": key,
+                "exc_text": exc_text, "worker": worker, "key": key,
             }
             target.transport.offer(Ready(event, 200 + len(message) + len(exc_text or "")))
         except Exception:
@@ -127,9 +131,10 @@ _targets: tuple[Target, ...] = ()
 _serial = 0
 
 
-def install(transport: Transport, worker: str | None = None) -> None:
+def install(transport: Transport,
+            worker: str | Callable[[], str | None] | None = None) -> None:
     """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
-    ``worker`` the address of the worker it speaks for)."""
+    ``worker`` the address of the worker it speaks for, or a function returning it)."""
     global _targets, _serial
     with _LOCK:
         _serial += 1

@@ -54,10 +54,12 @@ class Watched:
     __slots__ = ("process", "pid", "worker", "started", "memory", "memory_peak",
                  "host_total", "host_available")
 
-    def __init__(self, process: Any, worker: str | None):
+    def __init__(self, process: Any):
         self.process = process
         self.pid = process.pid
-        self.worker = worker
+        #: set once Dask's WorkerProcess says this process registered: until then its
+        #: ``worker_address`` is still that of the process it replaces
+        self.worker: str | None = None
         self.started = time.time()
         self.memory: int | None = None
         self.memory_peak: int | None = None
@@ -112,7 +114,8 @@ class BlackboxNannyPlugin(NannyPlugin):
         if self.cluster_id is None:
             self._identity_task = asyncio.create_task(self._learn_identity())
         if self.settings.record.logs:
-            logs.install(transport, worker=nanny.worker_address)
+            # the address of the worker process it runs now (a restart changes it)
+            logs.install(transport, worker=lambda: nanny.worker_address)
         self._watch = PeriodicCallback(self.watch, WATCH_INTERVAL * 1000)
         self._watch.start()
 
@@ -155,11 +158,12 @@ class BlackboxNannyPlugin(NannyPlugin):
                 elif current is None:  # being replaced; its exit code comes later
                     return
             if watched is None and current is not None and current.pid is not None:
-                self.watched = watched = Watched(current, getattr(holder, "worker_address", None))
+                self.watched = watched = Watched(current)
                 self.starts += 1
             if watched is not None:
-                if watched.worker is None:
-                    watched.worker = getattr(holder, "worker_address", None) or nanny.worker_address
+                if (watched.worker is None and current is watched.process
+                        and getattr(getattr(holder, "status", None), "name", None) == "running"):
+                    watched.worker = holder.worker_address
                 watched.sample()
         except Exception:  # watching must never break the nanny
             logger.exception("dask-blackbox could not watch the worker process")

@@ -281,7 +281,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         detail = None
         if ws is not None:
             detail = {"name": encode_key(ws.name), "nthreads": ws.nthreads,
-                      "memory_limit": ws.memory_limit, "pid": ws.pid}
+                      "memory_limit": ws.memory_limit, "pid": ws.pid, "nanny": ws.nanny}
         self._lifecycle("worker_added", worker=worker, detail=detail)
 
     def remove_worker(self, scheduler: Scheduler, worker: str, *, stimulus_id: str,

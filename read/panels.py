@@ -30,11 +30,10 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections import defaultdict
 from typing import Any
 
-from dask_blackbox.read import queries
+from dask_blackbox.read import diagnosis, queries
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
@@ -52,10 +51,8 @@ MEMORY_WORKERS = 32
 #: released without a transition, so its count is not known from transitions alone;
 #: forgotten tasks are gone.
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
-#: An idle worker lost this long before the scheduler closed was part of the shutdown.
-SHUTDOWN_S = 10.0
 #: Log levels, lowest first: a level filter keeps that level and above.
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LEVELS = queries.LEVELS
 
 
 class NotFound(LookupError):
@@ -408,43 +405,49 @@ def task_states(backend: Backend, scope: Scope) -> dict:
     return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)], "series": series}
 
 
-def markers(backend: Backend, scope: Scope) -> dict:
+def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     """What to mark on every time axis: worker deaths, cluster restarts, and workers
     that joined after the start.
 
-    A death is a removal Dask did not expect (its remove-worker event says
-    ``expected: false``) that cost something -- tasks it was running, or results or
-    scattered data only it held -- or, if it cost nothing, that was not part of the
-    cluster shutting down (no scheduler close within :data:`SHUTDOWN_S` after it).
+    A death is a removal whose cause (:mod:`.diagnosis`) is not "expected": the same
+    count as the Clusters page's workers lost and the Diagnosis panel's deaths.
+    ``found``: the cluster's :func:`diagnosis.deaths`, if already computed.
     """
     _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
+        "SELECT toFloat64(ts), action, worker "
         f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_removed', 'restart', 'worker_added', 'scheduler_close') ORDER BY ts",
+        "AND action IN ('restart', 'worker_added') ORDER BY ts",
         {"c": scope.cluster_id})
-    closes = [r[0] for r in rows if r[1] == "scheduler_close"]
-    deaths, restarts, arrivals = [], [], []
-    first = rows[0][0] if rows else 0.0
-    for ts, action, worker, reason, stimulus_id, detail in rows:
+    restarts, arrivals = [], []
+    first = _first_seen(backend, scope)
+    for ts, action, worker in rows:
         if action == "restart":
             restarts.append({"ts": ts})
-        elif action == "worker_added":
-            if ts > first + 1.0:
-                arrivals.append({"ts": ts, "worker": worker})
-        elif action == "worker_removed":
-            try:
-                info = json.loads(detail) if detail else {}
-            except ValueError:
-                info = {}
-            info = info if isinstance(info, dict) else {}
-            if info.get("expected") is not False:
-                continue
-            lost = {k: info.get(k) or 0 for k in
-                    ("processing_tasks", "lost_computed_tasks", "lost_scattered_tasks")}
-            shutting_down = any(0 <= close - ts <= SHUTDOWN_S for close in closes)
-            if any(lost.values()) or not shutting_down:
-                deaths.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id, **lost})
+        elif ts > first + 1.0:
+            arrivals.append({"ts": ts, "worker": worker})
+    found = diagnosis.deaths(backend, [scope.cluster_id]) if found is None else found
+    deaths = [{"ts": d.ts, "worker": d.worker, "reason": d.verdict.cause.label,
+               "cause": d.verdict.cause.value, "confidence": d.verdict.confidence,
+               "summary": d.verdict.summary, "processing_tasks": d.processing_tasks,
+               "lost_computed_tasks": d.lost_computed_tasks,
+               "lost_scattered_tasks": d.lost_scattered_tasks}
+              for d in found if d.is_death]
     return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
+
+
+def _first_seen(backend: Backend, scope: Scope) -> float:
+    _, rows = backend.query(
+        f"SELECT min(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}}",
+        {"c": scope.cluster_id})
+    return float(rows[0][0] or 0.0) if rows else 0.0
+
+
+def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None) -> dict:
+    """Why workers died and why tasks failed with KilledWorker (:func:`diagnosis.diagnose`
+    for the cluster and window): one verdict per death and per KilledWorker, with its
+    evidence; ``key`` narrows it to that task's KilledWorker."""
+    return diagnosis.diagnose(backend, key=key, since=scope.since, until=scope.until,
+                              ids=[scope.cluster_id])
 
 
 def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
@@ -579,38 +582,25 @@ def failures(backend: Backend, scope: Scope) -> dict:
 
 
 def logs(backend: Backend, scope: Scope, level: str | None = None, worker: str | None = None,
-         text: str | None = None, limit: int = 500) -> dict:
+         text: str | None = None, limit: int = 500, logger: str | None = None) -> dict:
     """The newest ``limit`` log records in the window (oldest first), with the total
-    matching count and the processes seen (for the worker filter). ``level`` keeps
-    that level and above; ``worker`` a process (worker or scheduler address);
-    ``text`` a case-insensitive substring of the message."""
-    where, p = _where(scope, span=False)
-    if level:
-        level = level.upper()
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-        where += " AND level IN {levels:Array(String)}"
-        p["levels"] = list(LEVELS[LEVELS.index(level):])
-    if worker:
-        where += " AND process = {worker:String}"
-        p["worker"] = worker
-    if text:
-        where += " AND positionCaseInsensitiveUTF8(concat(message, ' ', exc_text), {text:String}) > 0"
-        p["text"] = text
-    p["limit"] = int(limit)
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), level, source, process, logger, message, exc_text "
-        f"FROM {_t(backend, 'logs')} {where} ORDER BY ts DESC, seq DESC, idx DESC "
-        "LIMIT {limit:UInt32}", p)
-    _, counted = backend.query(f"SELECT count() FROM {_t(backend, 'logs')} {where}", p)
-    _, processes = backend.query(
-        f"SELECT DISTINCT process FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-        "AND process != '' ORDER BY process", {"c": scope.cluster_id})
+    matching count and the workers seen (for the worker filter); the filters of
+    :func:`queries.logs` (``worker``: a worker's address keeps its own records and
+    its nanny's, "scheduler" the scheduler's)."""
+    window = {"cluster": scope.cluster_id, "since": scope.t0, "until": scope.t1 + 1e-6,
+              "worker": worker, "level": level, "logger": logger, "text": text}
+    _, rows = queries.logs(backend, limit=limit, **window)
+    total = queries.logs_count(backend, **window)
+    _, workers = backend.query(
+        f"SELECT DISTINCT worker FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
+        "AND worker != '' ORDER BY worker", {"c": scope.cluster_id})
     return {
-        "total": counted[0][0], "limit": limit, "processes": [r[0] for r in processes],
-        "filters": {"level": level, "worker": worker, "text": text},
-        "lines": [{"ts": ts, "level": lv, "source": src, "process": proc, "logger": lg,
-                   "message": msg, "exc_text": exc} for ts, lv, src, proc, lg, msg, exc in reversed(rows)],
+        "total": total, "limit": limit, "processes": [r[0] for r in workers],
+        "filters": {"level": level.upper() if level else None, "worker": worker, "text": text,
+                    "logger": logger},
+        "lines": [{"ts": _ts(r[0]), "level": r[1], "source": r[2], "worker": r[3],
+                   "process": r[3] or r[2], "logger": r[4], "key": r[5], "message": r[6],
+                   "exc_text": r[7]} for r in rows],
     }
 
 
@@ -627,18 +617,21 @@ RUN_PANELS = {
     "summary": summary, "task_stream": task_stream, "progress": progress,
     "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
     "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
+    "diagnosis": diagnosis_panel,
 }
 
 
 def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, level: str | None = None, worker: str | None = None,
-             text: str | None = None, max_bars: int = MAX_BARS) -> dict:
+             text: str | None = None, max_bars: int = MAX_BARS, logger: str | None = None) -> dict:
     """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
     scope = resolve(backend, cluster, span, since, until)
-    marks = markers(backend, scope)
+    found = diagnosis.deaths(backend, [scope.cluster_id])
+    marks = markers(backend, scope, found)
     prog = progress(backend, scope)
     return {
         "scope": scope,
+        "diagnosis": diagnosis_panel(backend, scope),
         "summary": summary(backend, scope, prog),
         "task_stream": task_stream(backend, scope, max_bars, finished=sum(
             c["memory"] + c["erred"] for c in prog["counts"].values())),
@@ -649,7 +642,7 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
         "spans": spans(backend, scope),
         "fine_metrics": fine_metrics(backend, scope),
         "failures": failures(backend, scope),
-        "logs": logs(backend, scope, level, worker, text),
+        "logs": logs(backend, scope, level, worker, text, logger=logger),
         "span_names": span_names(backend, scope),
     }
 
@@ -662,22 +655,22 @@ def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
     """Every recorded cluster (``name``: substring of the name or id), with how it
     ended: "closed" (the scheduler's close was recorded), "alive" (heard from in
     the last two minutes) or "gone" (neither: killed, or the producer lost), and
-    the workers it lost (removals Dask did not expect)."""
+    the workers it lost (deaths: removals whose cause is not "expected", see
+    :mod:`.diagnosis`)."""
     import time as _time
 
     columns, rows = queries.clusters(backend, since=since, until=until)
     _, ends = backend.query(
-        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0, "
-        "countIf(action = 'worker_removed' AND JSONExtract(detail, 'expected', 'Nullable(Bool)') = false) "
+        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0 "
         f"FROM {_t(backend, 'lifecycle')} GROUP BY cluster_id")
-    end_of = {c: (closed, lost) for c, closed, lost in ends}
+    closed_ = dict(ends)
     now = _time.time() if now is None else now
     out = []
     for row in rows:
         r = dict(zip(columns, row))
         if name and name.lower() not in (r["cluster_name"] + " " + r["cluster_id"]).lower():
             continue
-        closed, lost = end_of.get(r["cluster_id"], (False, 0))
+        closed, lost = closed_.get(r["cluster_id"], False), r["workers_lost"]
         last = _ts(r["last_seen"]) or 0.0
         status = "closed" if closed else "alive" if now - last < 120 else "gone"
         out.append({"cluster_name": r["cluster_name"], "cluster_id": r["cluster_id"],

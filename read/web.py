@@ -104,7 +104,8 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
         if level and level.upper() not in panels.LEVELS:
             raise api.BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
         return panels.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
-                               level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"))
+                               level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"),
+                               logger=api._opt(q, "logger"))
 
     async def run_page_wrapped(request: Request) -> Response:
         try:
