@@ -60,6 +60,14 @@ PROCESSOR_ARGS = ("-A", "dask_blackbox.stream_processors.app")
 SINK_ARGS = ("sink",)
 
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
+_ALERTS_READY = re.compile(r"^dask-blackbox alerts: ready")
+
+
+def alert_rules() -> tuple:
+    """The alert rules configured (validated: a bad rule is a ConfigError naming it)."""
+    from dask_blackbox.alerts.settings import AlertSettings, rules_configured
+
+    return AlertSettings.from_config().rules if rules_configured() else ()
 _PR_SET_PDEATHSIG = 1
 
 
@@ -245,6 +253,7 @@ class LocalPipeline:
         try:
             data = prepare_data_dir()
             config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
+            alert_rules()  # and so does a bad alert rule
             self._max_bytes = config.get_bytes("local.log-max-bytes")
             self._lock = lock_data_dir(data)
         except BaseException:
@@ -271,6 +280,10 @@ class LocalPipeline:
                 self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
+            if alert_rules():  # the alerter, when there is something to alert on
+                alerts = self._spawn("alerts", [sys.executable, "-m", "dask_blackbox.cli", "alerts"], data)
+                self._wait(alerts, timeout, alerts.watch(_ALERTS_READY).is_set)
+                progress(f"alerts     {len(alert_rules())} rule(s), log {alerts.log}")
             self._starting = False
         except BaseException:
             self.stop(drain_timeout=0)
@@ -436,7 +449,7 @@ class LocalPipeline:
             progress("draining: waiting until the sink has loaded everything")
             drained = wait_drained(drain_timeout)
         for child in self.children:
-            if child.name.startswith("processor"):
+            if child.name.startswith("processor") or child.name == "alerts":
                 _terminate(child)
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
