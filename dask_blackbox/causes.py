@@ -40,6 +40,8 @@ the cause:
 5. A client asked for a restart (the worker's close reason or the removal's stimulus
    is the restart's; or a restart after the worker joined and shortly before, the
    process ending cleanly or killed when it did not close in time): **expected**.
+   A worker that closed itself on a signal (``dask worker`` got SIGTERM or SIGINT
+   from outside: a deployment scaling down, a preemption): **killed by the OS**.
 6. The cluster was shutting down (a close reason of the nanny or the scheduler, the
    nanny closing, or the scheduler closing right after with the process ending
    cleanly): **expected**.
@@ -59,6 +61,8 @@ the cause:
 from __future__ import annotations
 
 import enum
+import re
+import signal
 from collections.abc import Iterable
 from typing import NamedTuple
 
@@ -113,6 +117,8 @@ SHUTDOWN_REASONS = frozenset({"nanny-close", "nanny-close-gracefully", "schedule
                               "nanny-unregister-failed"})
 #: The close reason of a worker whose connection to the scheduler broke.
 CONNECTION_BROKEN_REASONS = frozenset({"worker-handle-scheduler-connection-broken"})
+#: The close reason of a worker stopped by a signal (``dask worker``'s handler: "signal-15").
+_SIGNAL_REASON = re.compile(r"signal-(\d+)")
 #: Removal stimuli of a closed connection (Dask's stimulus names without the time).
 CONNECTION_STIMULI = frozenset({"handle-worker-cleanup", "worker-send-comm-fail",
                                 "send-all-comm-fail"})
@@ -337,6 +343,14 @@ def classify(facts: Facts) -> Verdict:
         how = "" if x is None or not x.signal else f", ended by {x.signal} when it did not close in time"
         return ev.verdict(Cause.EXPECTED, HIGH if asked else MEDIUM,
                           f"expected: a client restarted the cluster (client.restart){how}")
+    signalled = _SIGNAL_REASON.fullmatch(closing_reason)
+    if signalled:
+        ev.closing()
+        ev.exit()
+        name = _signal_name(int(signalled[1]))
+        return ev.verdict(Cause.KILLED, MEDIUM,
+                          f"killed by the OS: {name} from outside Dask (a deployment scaling down, "
+                          "a batch system's preemption, a person); the worker closed cleanly on it")
     closing_status = x is not None and x.nanny_status in CLOSING_STATUSES
     closing_at_close = facts.close is not None and (x is None or x.exitcode == 0)
     if closing_reason in SHUTDOWN_REASONS or closing_status or closing_at_close:
@@ -392,6 +406,13 @@ def classify(facts: Facts) -> Verdict:
     return ev.verdict(Cause.UNKNOWN, LOW,
                       f"unknown: the scheduler removed it ({r.reason or r.stimulus_id}) and no "
                       "recorded fact explains why")
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _memory_note(x: Exit) -> str:

@@ -84,6 +84,13 @@ def test_expected_ends():
     assert verdict(removal(), exits=[exit_(-11, "SIGSEGV")], closes=[T + 0.3]).cause is Cause.CRASHED
 
 
+def test_a_worker_stopped_by_a_signal_from_outside_was_killed():
+    # `dask worker` closes cleanly on SIGTERM; its nanny's plugin is gone by the end
+    v = verdict(removal(), closings=[Closing(W, T - 0.01, "signal-15")], closes=[T + 7],
+                nanny_records=True)
+    assert v.cause is Cause.KILLED and "SIGTERM" in v.summary
+
+
 def test_connection_lost_and_unknown_say_what_is_missing():
     lived_on = verdict(removal(), exits=[exit_(0, ts=T + 30)], nanny_records=True)
     assert lived_on.cause is Cause.CONNECTION_LOST and "30s" in lived_on.summary
