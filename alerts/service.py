@@ -135,8 +135,10 @@ class Alerter(ConsumerRebalanceListener):
         self.checkpoint.lock()
         try:
             self.restore(time.time())
+            session_ms = int(self.settings.session_timeout * 1000)
             self.consumer = AIOKafkaConsumer(
                 **self.settings.kafka.client_kwargs(), group_id=self.settings.group_id,
+                session_timeout_ms=session_ms, heartbeat_interval_ms=max(100, session_ms // 3),
                 enable_auto_commit=False, auto_offset_reset="latest",
                 fetch_max_wait_ms=int(POLL_S * 1000), max_partition_fetch_bytes=8 * 2**20)
             self.consumer.subscribe([self.topic], listener=self)

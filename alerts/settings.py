@@ -134,6 +134,8 @@ class AlertSettings:
     retry_backoff_max: float = 10.0
     #: how long a removal waits for its nanny's record (seconds)
     evidence_wait: float = 2.0
+    #: the consumer group session (seconds)
+    session_timeout: float = 10.0
     #: ``blackbox.alerts.debug-pause-at``: (point, n), or None
     pause_at: tuple[str, int] | None = None
 
@@ -159,6 +161,7 @@ class AlertSettings:
             attempts=config.get_int("alerts.attempts", minimum=1, maximum=100),
             retry_backoff_max=config.get_seconds("alerts.retry-backoff-max", minimum=0.001),
             evidence_wait=config.get_seconds("alerts.evidence-wait", minimum=0.0),
+            session_timeout=config.get_seconds("alerts.session-timeout", minimum=0.1),
             pause_at=parse_pause_at(config.get("alerts.debug-pause-at", None)),
         )
 

@@ -29,6 +29,7 @@ BENCHMARKS = [
     "processor_ttl.py",
     "query_latency.py",
     "freshness.py",
+    "alerts.py",
     "ui_latency.py",
     "read_guard.py",
     "fuzz.py",

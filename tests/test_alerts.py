@@ -35,15 +35,19 @@ class AlerterProcess:
         env = subprocess_env(bb_env)
         env["DASK_BLACKBOX__ALERTS__RULES"] = repr(rules)
         env["DASK_BLACKBOX__ALERTS__EVIDENCE_WAIT"] = "1s"
+        # Apache Kafka's smallest session: a killed alerter's partitions come back soon
+        env["DASK_BLACKBOX__ALERTS__SESSION_TIMEOUT"] = "6s"
         for key, value in settings.items():
             env["DASK_BLACKBOX__ALERTS__" + key.upper()] = value
         self.state_dir = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]) / "alerts"
         self.log = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]).parent / f"alerts-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._err = open(self.log, "wb")
+        started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "dask_blackbox.cli", "alerts"], env=env,
                                      stdout=subprocess.PIPE, stderr=self._err)
         line = self.proc.stdout.readline().decode()
+        print(f"alerter ready in {time.monotonic() - started:.1f}s", file=open("/tmp/deaths/timing.log", "a"))
         assert line.startswith(READY_LINE), f"alerter did not start: {line!r}\n{self.stderr()}"
 
     def stderr(self) -> str:

@@ -220,6 +220,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         client.wait_for_workers(6, timeout=90)
         local = lambda: sorted(a for a, w in client.scheduler_info()["workers"].items()  # noqa: E731
                                if str(w["name"]) not in ("sub-nanny", "no-nanny"))
+        print(f"[timing] {time.time():.1f} # 1. The GIL", file=TIMING)
         # 1. The GIL held past a short worker-ttl, alone: the ttl is short (Dask's floor,
         # 5s at this size) only while every worker heartbeats and this plant runs.
         wait_for(lambda: client.run_on_scheduler(_heartbeats_recent), 60, "every worker to heartbeat")
@@ -229,6 +230,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         assert future.result(timeout=90) == 1
         client.run_on_scheduler(_set, "worker_ttl", 3600)
         client.wait_for_workers(6, timeout=90)
+        print(f"[timing] {time.time():.1f} # 2. Five deaths", file=TIMING)
         # 2. Five deaths at once, each on its own worker (a retry that lands on another
         # dying worker must not make a planted task fail with KilledWorker here).
         client.run_on_scheduler(_set, "allowed_failures", 100)
@@ -245,6 +247,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         assert client.gather(futures) == [1, 1, 1, 1]
         client.wait_for_workers(5, timeout=90)
         client.run_on_scheduler(_set, "allowed_failures", 1)
+        print(f"[timing] {time.time():.1f} # 3. KilledWorker", file=TIMING)
         # 3. KilledWorker: a task that always exceeds the limit, among innocent tasks
         innocents = client.map(innocent, range(40), key=[f"innocent-{i}" for i in range(40)])
         doomed = client.submit(hog, 1, key="hog-killed")
@@ -252,6 +255,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
             doomed.result(timeout=120)
         client.gather(innocents, errors="skip")
         client.wait_for_workers(5, timeout=90)
+        print(f"[timing] {time.time():.1f} # 4. Expected ends", file=TIMING)
         # 4. Expected ends (a retirement, a restart, the close) and a SIGTERM from outside
         victims["retired"] = local()[0]
         client.retire_workers([victims["retired"]])
@@ -262,6 +266,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         subprocesses[0].send_signal(signal.SIGTERM)
         subprocesses[0].wait(60)
         wait_for(lambda: _gone(client, [victims["sigterm"]]), 60, "the SIGTERMed worker to leave")
+        print(f"[timing] {time.time():.1f} end", file=TIMING)
         truth["closed"] = sorted(client.scheduler_info()["workers"])
         truth["dask_removals"] = [msg for _, msg in client.get_events("all")
                                   if msg.get("action") == "remove-worker"]
