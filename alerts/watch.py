@@ -326,7 +326,7 @@ class Watcher:
                            c.nanny_records)
             verdict = classify(facts)
             c.verdicts[r.stimulus_id] = [r.worker, r.ts, verdict.cause.value, verdict.cause.label,
-                                         verdict.confidence, verdict.summary]
+                                         verdict.confidence, verdict.explanation]
             self._death_incidents(c, p, verdict, now)
         c.pending = waiting
 
@@ -340,7 +340,7 @@ class Watcher:
                 f"{rule.name}|{c.id}|{WORKER_DIED}|{r.worker}|{r.stimulus_id}", rule.name, WORKER_DIED,
                 c.id, c.name, r.ts, now, f"worker {r.worker} died: {v.summary}",
                 {"worker": r.worker, "stimulus_id": r.stimulus_id, "cause": v.cause.value,
-                 "label": v.cause.label, "confidence": v.confidence, "explanation": v.summary,
+                 "label": v.cause.label, "confidence": v.confidence, "explanation": v.explanation,
                  "evidence": [e._asdict() for e in v.evidence], "tasks": p.tasks,
                  "pid": r.pid, "nanny": r.nanny}))
 

@@ -118,9 +118,11 @@ def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:
         for d in mine:
             n += 1
             say(f"[{n}] {_t(d['ts'])}  {d['worker']}  {d['label']} [{d['confidence']}]: "
-                f"{d['summary']}", 0, 6)
+                f"{d['explanation']}", 0, 6)
         if fine:
-            say("left as expected: " + "; ".join(f"{d['worker']} ({d['summary']})" for d in fine), 0, 4)
+            out.append("left as expected:")
+            for d in fine:
+                say(f"{_t(d['ts'])}  {d['worker']}  {d['explanation']}", 4, 6)
         out.append("")
         n = 0
         for k in kws:
@@ -130,7 +132,7 @@ def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:
             for i, d in enumerate(k["deaths"]):
                 peak = k["peak_memory"][i] if i < len(k["peak_memory"]) else None
                 say(f"{_t(d['ts'])}  {d['worker']}  {d['label']} [{d['confidence']}], peak memory "
-                    f"{_bytes(peak)} of {_bytes(d.get('memory_limit'))}: {d['summary']}", 4, 4)
+                    f"{_bytes(peak)} of {_bytes(d.get('memory_limit'))}: {d['explanation']}", 4, 4)
             for s in k["suspects"]:
                 held = ", ".join(f"{v:.1f}s" for v in s["processing_s"])
                 result_size = (f"largest result of its prefix {_bytes(s['prefix_result_nbytes_max'])} "
@@ -148,17 +150,8 @@ def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:
                 f"[{d['confidence']}]")
             if d["tasks"]:
                 say("running: " + ", ".join(f"{t['key']} (then {t['finish']})" for t in d["tasks"]), 4, 4)
-            rows = [(e["ts"], f"{e['source']:<12} {e['text']}") for e in d["evidence"]]
-            for line in d["logs"]:
-                where = line["source"] + (f" {line['worker']}" if line["worker"] else "")
-                rows.append((line["ts"], f"logs {line['level']:<7} {line['logger']} ({where}): "
-                                         f"{line['message']}"))
-            m = d.get("metrics")
-            if m:
-                rows.append((m["ts"], f"{'metrics':<12} last sample: memory {_bytes(m['memory'])}, "
-                                      f"executing {m['executing']}, ready {m['ready']}"))
-            for ts, text in sorted(rows, key=lambda r: r[0]):
-                say(f"{_t(ts)}  {text}", 4, 26)
+            for e in d["timeline"]:
+                say(f"{_t(e['ts'])}  {e['source']:<12} {e['text']}", 4, 26)
             out.append("")
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"
 

@@ -239,13 +239,19 @@ class Verdict(NamedTuple):
 
     cause: Cause
     confidence: str
-    summary: str
+    #: why, in one line, without the cause's label ("its nanny terminated it at ...")
+    explanation: str
     evidence: tuple[Evidence, ...]
+
+    @property
+    def summary(self) -> str:
+        """The label and the explanation: "memory limit: its nanny terminated it ..."."""
+        return f"{self.cause.label}: {self.explanation}"
 
     def as_dict(self) -> dict:
         return {"cause": self.cause.value, "label": self.cause.label,
-                "confidence": self.confidence, "summary": self.summary,
-                "evidence": [e._asdict() for e in self.evidence]}
+                "confidence": self.confidence, "explanation": self.explanation,
+                "summary": self.summary, "evidence": [e._asdict() for e in self.evidence]}
 
 
 # ----------------------------------------------------------------- gathering
@@ -302,7 +308,7 @@ def classify(facts: Facts) -> Verdict:
     ev.removal()
     if r.expected is True:
         return ev.verdict(Cause.EXPECTED, HIGH,
-                          f"expected: Dask retired it ({r.reason or r.stimulus_id})")
+                          f"Dask retired it ({r.reason or r.stimulus_id})")
     if facts.memory_kill is not None:
         k = facts.memory_kill
         ev.memory_kill()
@@ -316,7 +322,7 @@ def classify(facts: Facts) -> Verdict:
         elif k.rss:
             budget = f" at {format_bytes(k.rss)}"
         return ev.verdict(Cause.MEMORY_LIMIT, HIGH,
-                          f"memory limit: its nanny terminated it{budget} "
+                          f"its nanny terminated it{budget} "
                           "(distributed.worker.memory.terminate)")
     if facts.ttl is not None or r.reason == "check-worker-ttl":
         ev.ttl()
@@ -326,12 +332,12 @@ def classify(facts: Facts) -> Verdict:
         if x is not None and x.signal:
             then = f"; its nanny then ended it ({x.signal})"
         return ev.verdict(Cause.UNRESPONSIVE, HIGH,
-                          f"stopped responding: no heartbeat{ttl} (distributed.scheduler."
+                          f"no heartbeat{ttl} (distributed.scheduler."
                           f"worker-ttl): a task holding the GIL or a blocked event loop{then}")
     if x is not None and x.signal in CRASH_SIGNALS:
         ev.exit()
         return ev.verdict(Cause.CRASHED, HIGH,
-                          f"crashed in native code: the process died of {x.signal} "
+                          f"the process died of {x.signal} "
                           f"(exit code {x.exitcode})")
     closing_reason = facts.closing.reason if facts.closing else ""
     clean = x is None or x.exitcode in (0, None) or x.signal == "SIGKILL"
@@ -342,14 +348,14 @@ def classify(facts: Facts) -> Verdict:
         ev.exit()
         how = "" if x is None or not x.signal else f", ended by {x.signal} when it did not close in time"
         return ev.verdict(Cause.EXPECTED, HIGH if asked else MEDIUM,
-                          f"expected: a client restarted the cluster (client.restart){how}")
+                          f"a client restarted the cluster (client.restart){how}")
     signalled = _SIGNAL_REASON.fullmatch(closing_reason)
     if signalled:
         ev.closing()
         ev.exit()
         name = _signal_name(int(signalled[1]))
         return ev.verdict(Cause.KILLED, MEDIUM,
-                          f"killed by the OS: {name} from outside Dask (a deployment scaling down, "
+                          f"{name} from outside Dask (a deployment scaling down, "
                           "a batch system's preemption, a person); the worker closed cleanly on it")
     closing_status = x is not None and x.nanny_status in CLOSING_STATUSES
     closing_at_close = facts.close is not None and (x is None or x.exitcode == 0)
@@ -361,50 +367,50 @@ def classify(facts: Facts) -> Verdict:
                else "its nanny was closing" if closing_status
                else "the scheduler closed right after")
         return ev.verdict(Cause.EXPECTED, HIGH if closing_reason in SHUTDOWN_REASONS or closing_status
-                          else MEDIUM, f"expected: the cluster was closing or scaling down: {why}")
+                          else MEDIUM, f"the cluster was closing or scaling down: {why}")
     if closing_reason in CONNECTION_BROKEN_REASONS:
         ev.closing()
         ev.exit()
         return ev.verdict(Cause.CONNECTION_LOST, HIGH,
-                          "connection lost: its connection to the scheduler broke and the "
+                          "its connection to the scheduler broke and the "
                           f"worker closed itself ({closing_reason})")
     if x is not None and x.ts - r.ts >= OUTLIVED_S:
         ev.exit()
         return ev.verdict(Cause.CONNECTION_LOST, MEDIUM,
-                          f"connection lost: the scheduler removed it ({r.reason}) while its "
+                          f"the scheduler removed it ({r.reason}) while its "
                           f"process lived on for {x.ts - r.ts:.0f}s more")
     if x is not None and x.signal:
         ev.exit()
         if x.signal == "SIGKILL":
             return ev.verdict(Cause.KILLED, MEDIUM,
-                              "killed by the OS: SIGKILL, and neither Dask nor its nanny "
+                              "SIGKILL, and neither Dask nor its nanny "
                               "decided it (the kernel's OOM killer is the usual suspect)"
                               + _memory_note(x))
         return ev.verdict(Cause.KILLED, MEDIUM,
-                          f"killed by the OS: {x.signal} from outside Dask (a batch system, "
+                          f"{x.signal} from outside Dask (a batch system, "
                           "a person, a supervisor)" + _memory_note(x))
     if x is not None and x.exitcode is not None:
         ev.exit()
         if x.exitcode == 0:
             return ev.verdict(Cause.EXITED, MEDIUM,
-                              "exited on its own with status 0 (no close reason recorded)")
+                              "the process exited with status 0 (no close reason recorded)")
         return ev.verdict(Cause.EXITED, HIGH,
-                          f"exited on its own with status {x.exitcode} (user code called exit, "
+                          f"the process exited with status {x.exitcode} (user code called exit, "
                           "or the interpreter failed)")
     if r.nanny_known and r.nanny is None:
         return ev.verdict(Cause.UNKNOWN, LOW,
-                          f"unknown: the worker had no nanny, so how its process ended was not "
+                          f"the worker had no nanny, so how its process ended was not "
                           f"observed (the scheduler saw {r.reason or r.stimulus_id})")
     if not facts.nanny_records:
         return ev.verdict(Cause.UNKNOWN, LOW,
-                          "unknown: no record from its nanny (no nanny, or the nanny plugin was "
+                          "no record from its nanny (no nanny, or the nanny plugin was "
                           f"not attached); the scheduler saw {r.reason or r.stimulus_id}")
     if r.reason in CONNECTION_STIMULI:
         return ev.verdict(Cause.CONNECTION_LOST, MEDIUM,
-                          f"connection lost: the scheduler removed it ({r.reason}) and its nanny "
+                          f"the scheduler removed it ({r.reason}) and its nanny "
                           "saw no end of the process")
     return ev.verdict(Cause.UNKNOWN, LOW,
-                      f"unknown: the scheduler removed it ({r.reason or r.stimulus_id}) and no "
+                      f"the scheduler removed it ({r.reason or r.stimulus_id}) and no "
                       "recorded fact explains why")
 
 
@@ -435,8 +441,8 @@ class _EvidenceList:
         self.facts = facts
         self.items: list[Evidence] = []
 
-    def verdict(self, cause: Cause, confidence: str, summary: str) -> Verdict:
-        return Verdict(cause, confidence, summary, tuple(sorted(self.items, key=lambda e: e.ts)))
+    def verdict(self, cause: Cause, confidence: str, explanation: str) -> Verdict:
+        return Verdict(cause, confidence, explanation, tuple(sorted(self.items, key=lambda e: e.ts)))
 
     def removal(self) -> None:
         r = self.facts.removal

@@ -54,6 +54,7 @@ class Death(NamedTuple):
     processing_tasks: int
     lost_computed_tasks: int
     lost_scattered_tasks: int
+    #: its process's id (its worker_added record, else its nanny's record of its end)
     pid: int | None
     nanny: str | None
     #: when it joined (None if not recorded)
@@ -217,8 +218,9 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
                              facts.memory_kill.rss if facts.memory_kill else None) if v]
         limit = (facts.exit.memory_limit if facts.exit else None) or _int(
             added.get((c, r.worker), (None, {}))[1].get("memory_limit"))
+        pid = r.pid if r.pid is not None else facts.exit.pid if facts.exit else None
         out.append(Death(c, r.worker, r.ts, r.stimulus_id, r.reason, r.expected, r.processing_tasks,
-                         r.lost_computed_tasks, r.lost_scattered_tasks, r.pid, r.nanny, r.added,
+                         r.lost_computed_tasks, r.lost_scattered_tasks, pid, r.nanny, r.added,
                          max(peaks, default=None), limit, classify(facts)))
     out.sort(key=lambda d: (d.ts, d.cluster_id))
     return out
@@ -382,22 +384,24 @@ def _result_sizes(backend: Backend, cluster_id: str, prefixes: list[str]) -> dic
 
 def diagnose(backend: Backend, cluster: str | None = None, key: str | None = None,
              since: TimeBound = None, until: TimeBound = None, ids: list[str] | None = None,
-             log_lines: int = LOG_LINES) -> dict:
+             log_lines: int = LOG_LINES, found: list[Death] | None = None) -> dict:
     """One verdict per removal and per KilledWorker of the clusters named (or of
     ``ids``; every cluster when neither is given), with the evidence rows:
 
     ``deaths`` (every removal not expected), ``expected`` (the others), each a
     :meth:`Death.as_dict` plus ``tasks`` (what it was processing: key, prefix, then
     finish), ``logs`` (the lines about its process and its last warnings: ts, level,
-    source, worker, logger, message) and ``metrics`` (its last sample before the
-    removal); ``killed_workers`` (:meth:`KilledTask.as_dict`); ``counts``: deaths,
+    source, worker, logger, message), ``metrics`` (its last sample before the
+    removal) and ``timeline`` (the evidence, the lines and the sample by time); ``killed_workers`` (:meth:`KilledTask.as_dict`); ``counts``: deaths,
     expected ends, deaths by cause. With ``key``, only the KilledWorker of that task
-    and the deaths of its chain."""
+    and the deaths of its chain. ``found``: the clusters' :func:`deaths` (every
+    removal, no window), if already computed."""
     if ids is None:
         ids = cluster_ids(backend, cluster)
-    found = deaths(backend, ids, since, until)
-    killed = killed_workers(backend, ids, deaths(backend, ids) if since or until else found,
-                            key, since, until)
+    every = deaths(backend, ids) if found is None else found
+    start, stop = epoch(since, "since"), epoch(until, "until")
+    found = [d for d in every if (start is None or d.ts >= start) and (stop is None or d.ts < stop)]
+    killed = killed_workers(backend, ids, every, key, since, until)
     if key is not None:
         chain = {(d.cluster_id, d.stimulus_id) for k in killed for d in k.deaths}
         found = [d for d in found if (d.cluster_id, d.stimulus_id) in chain]
@@ -406,6 +410,7 @@ def diagnose(backend: Backend, cluster: str | None = None, key: str | None = Non
     out_deaths, out_expected = [], []
     for d in found:
         row = {**d.as_dict(), **evidence.get((d.cluster_id, d.stimulus_id, d.worker), {})}
+        row["timeline"] = _timeline(row)
         if d.is_death:
             by_cause[d.verdict.cause.value] += 1
             out_deaths.append(row)
@@ -415,6 +420,30 @@ def diagnose(backend: Backend, cluster: str | None = None, key: str | None = Non
             "killed_workers": [k.as_dict() for k in killed],
             "counts": {"deaths": len(out_deaths), "expected": len(out_expected),
                        "killed_workers": len(killed), "by_cause": dict(by_cause)}}
+
+
+def _timeline(row: dict) -> list[dict]:
+    """A death's evidence, its log lines and its last metric sample in one list, by
+    time: ``ts``, ``source`` (a table, ``logs`` with its level, or ``metrics``),
+    ``text``."""
+    out = [dict(e) for e in row["evidence"]]
+    for line in row.get("logs", []):
+        where = line["source"] + (f" {line['worker']}" if line["worker"] else "")
+        out.append({"ts": line["ts"], "source": f"logs {line['level']}",
+                    "text": f"{line['logger']} ({where}): {line['message']}"})
+    m = row.get("metrics")
+    if m:
+        out.append({"ts": m["ts"], "source": "metrics",
+                    "text": f"last sample: memory {_size(m['memory'])}, managed "
+                            f"{_size(m['memory_managed'])}, executing {m['executing']}, "
+                            f"ready {m['ready']}"})
+    return sorted(out, key=lambda e: e["ts"])
+
+
+def _size(n: int | None) -> str:
+    from dask.utils import format_bytes
+
+    return format_bytes(n) if n is not None else "?"
 
 
 def _death_evidence(backend: Backend, found: list[Death], lines: int) -> dict:

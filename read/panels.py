@@ -442,12 +442,14 @@ def _first_seen(backend: Backend, scope: Scope) -> float:
     return float(rows[0][0] or 0.0) if rows else 0.0
 
 
-def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None) -> dict:
+def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
+                    found: list | None = None) -> dict:
     """Why workers died and why tasks failed with KilledWorker (:func:`diagnosis.diagnose`
     for the cluster and window): one verdict per death and per KilledWorker, with its
-    evidence; ``key`` narrows it to that task's KilledWorker."""
+    evidence; ``key`` narrows it to that task's KilledWorker. ``found``: the cluster's
+    :func:`diagnosis.deaths`, if already computed."""
     return diagnosis.diagnose(backend, key=key, since=scope.since, until=scope.until,
-                              ids=[scope.cluster_id])
+                              ids=[scope.cluster_id], found=found)
 
 
 def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
@@ -631,7 +633,7 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
     prog = progress(backend, scope)
     return {
         "scope": scope,
-        "diagnosis": diagnosis_panel(backend, scope),
+        "diagnosis": diagnosis_panel(backend, scope, found=found),
         "summary": summary(backend, scope, prog),
         "task_stream": task_stream(backend, scope, max_bars, finished=sum(
             c["memory"] + c["erred"] for c in prog["counts"].values())),

@@ -43,11 +43,9 @@ class AlerterProcess:
         self.log = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]).parent / f"alerts-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._err = open(self.log, "wb")
-        started = time.monotonic()
         self.proc = subprocess.Popen([sys.executable, "-m", "dask_blackbox.cli", "alerts"], env=env,
                                      stdout=subprocess.PIPE, stderr=self._err)
         line = self.proc.stdout.readline().decode()
-        print(f"alerter ready in {time.monotonic() - started:.1f}s", file=open("/tmp/deaths/timing.log", "a"))
         assert line.startswith(READY_LINE), f"alerter did not start: {line!r}\n{self.stderr()}"
 
     def stderr(self) -> str:
