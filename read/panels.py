@@ -760,7 +760,9 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
         _, lines = backend.query(
             "SELECT toFloat64(ts), level, logger, message FROM "
             f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-            "AND (process = {w:String} OR producer_id IN {prods:Array(String)}) "
+            # the records that name the worker (its own, its nanny's); records of its
+            # producer recorded before records named their worker
+            "AND (worker = {w:String} OR (worker = '' AND producer_id IN {prods:Array(String)})) "
             "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {u:Float64} + {win:Float64} "
             "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
         entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
