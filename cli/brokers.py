@@ -43,7 +43,8 @@ MAVEN_COMMAND = ("mvn -q -f infra/kafka/pom.xml dependency:copy-dependencies "
                  "-DoutputDirectory=DIR")
 _GET_KAFKA = (f"download Apache Kafka 4.x from https://kafka.apache.org/downloads and "
               f"unpack it, or run `{MAVEN_COMMAND}` in a dask-blackbox checkout, then set "
-              "blackbox.local.kafka-home (DASK_BLACKBOX__LOCAL__KAFKA_HOME) to that directory")
+              "blackbox.local.kafka-home (DASK_BLACKBOX__LOCAL__KAFKA_HOME) to that directory "
+              "(./run-tests in a checkout caches the jars where they are found without it)")
 #: Where ./run-tests (README command 2) caches Kafka's jars, one folder per version.
 JARS_CACHE = pathlib.Path(os.environ.get("XDG_CACHE_HOME") or "~/.cache").expanduser() / "dask-blackbox"
 

@@ -30,6 +30,7 @@ _QUERY_COMMANDS = {
     "story": "the transitions of a task key, like Scheduler.story",
     "spans": "span trees with durations, task counts, bytes and compute by action",
     "prefixes": "top task prefixes by compute time",
+    "metrics": "fine performance metrics, users' context_meter.digest_metric included",
     "clusters": "every cluster seen: first and last seen, workers, tasks, errors",
     "failures": "post-mortem of erred tasks and dead workers",
     "compare": "the same span name across runs and clusters, side by side",
@@ -117,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
         elif name == "prefixes":
             p.add_argument("--span", help="only within spans of this name (e.g. 'data load')")
             p.add_argument("--limit", type=int, default=20)
+        elif name == "metrics":
+            p.add_argument("--context", help="one context: execute, gather-dep, get-data, ...")
+            p.add_argument("--limit", type=int, default=50)
         elif name == "compare":
             p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
     from dask_blackbox.cli import diagnose, ui
@@ -154,6 +158,8 @@ def _run_query_command(args: argparse.Namespace) -> int:
             result = queries.spans(backend, tree=args.tree, **filters)
         elif args.command == "prefixes":
             result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
+        elif args.command == "metrics":
+            result = queries.metrics(backend, context=args.context, limit=args.limit, **filters)
         elif args.command == "compare":
             result = queries.compare(backend, args.span_name, **filters)
         else:

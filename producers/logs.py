@@ -43,8 +43,8 @@ _LOCK = threading.Lock()  # guards installing and removing, never taken by emit
 
 
 class Target(NamedTuple):
-    """A transport records are shipped through, and the worker it speaks for (an
-    address, or a function returning the current one: a nanny's changes)."""
+    """A transport records are shipped through, and the worker it speaks for (its
+    address, or a function giving it: a nanny's worker changes address on restart)."""
 
     order: int
     serial: int
@@ -131,10 +131,9 @@ _targets: tuple[Target, ...] = ()
 _serial = 0
 
 
-def install(transport: Transport,
-            worker: str | Callable[[], str | None] | None = None) -> None:
+def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
     """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
-    ``worker`` the address of the worker it speaks for, or a function returning it)."""
+    ``worker`` the address of the worker it speaks for)."""
     global _targets, _serial
     with _LOCK:
         _serial += 1

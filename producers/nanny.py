@@ -45,7 +45,6 @@ logger = logging.getLogger(__name__)
 
 #: How often the plugin looks at the worker process (seconds).
 WATCH_INTERVAL = 0.1
-_IDENTITY_RETRY_MAX = 5.0
 
 
 class Watched:
@@ -109,12 +108,11 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.nanny = nanny
         self.transport = transport = Transport(
             self.settings, "nanny", cluster_id=self.cluster_id,
-            cluster_name=self.cluster_name or self.settings.cluster_name,
-            worker=nanny.worker_address)
+            cluster_name=self.cluster_name or self.settings.cluster_name)
         if self.cluster_id is None:
-            self._identity_task = asyncio.create_task(self._learn_identity())
+            self._identity_task = asyncio.create_task(transport.learn_identity(
+                nanny.scheduler, self.cluster_name or self.settings.cluster_name))
         if self.settings.record.logs:
-            # the address of the worker process it runs now (a restart changes it)
             logs.install(transport, worker=lambda: nanny.worker_address)
         self._watch = PeriodicCallback(self.watch, WATCH_INTERVAL * 1000)
         self._watch.start()
@@ -130,18 +128,6 @@ class BlackboxNannyPlugin(NannyPlugin):
             self._identity_task.cancel()
         logs.uninstall(transport)
         await transport.close()
-
-    async def _learn_identity(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                info = await self.nanny.scheduler.identity()
-                break
-            except Exception:  # the scheduler may not be up yet
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _IDENTITY_RETRY_MAX)
-        self.transport.set_identity(
-            info["id"], self.cluster_name or self.settings.cluster_name or info["address"])
 
     def watch(self) -> None:
         """Look at the worker process: sample it, or publish its end."""

@@ -24,13 +24,12 @@ seconds and collections. The relay gives buffer room back for done rows only, so
 
 Failures:
 
-- If the helper cannot start, exits before its first status line, or dies
-  :data:`MAX_DEATHS` times within a minute, the relay logs a warning and becomes a
-  thread :class:`~producers.sender.Sender` on the same buffer (what is buffered is
-  kept), under a new producer id if a helper may have used the old one.
-- A helper that dies otherwise takes the rows it held with it: they are counted as
-  dropped (``abandoned`` too), with the drops handed to it that it had not reported,
-  and the next helper (a new producer id, so no ``seq`` is reused) reports them.
+- If the helper cannot start or dies, the relay logs a warning and becomes a thread
+  :class:`~producers.sender.Sender` on the same buffer (what is buffered is kept),
+  under a new producer id if the helper may have used the old one (so no ``seq`` is
+  reused). The rows a dead helper held are counted as dropped (``abandoned`` too),
+  with the drops handed to it that it had not reported; the thread sender reports
+  them.
 - The helper ignores SIGINT and SIGTERM (a Ctrl-C reaches the Dask process, which
   closes it). At the end of its stdin (closed by the Dask process, or by its death)
   it delivers what it holds within ``close-timeout`` and exits.
@@ -43,7 +42,7 @@ niceness, and like the relay and status threads runs under ``SCHED_BATCH`` (Linu
 on a busy machine Dask's processes come first, and waking up none of the recorder's
 threads preempts one of Dask's. It freezes what it made while starting and collects
 rarely (:data:`HELPER_GC_THRESHOLDS`): nearly all it allocates is acyclic and
-short-lived. It imports neither Dask nor the pipeline's other packages.
+short-lived. It imports neither Dask's distributed nor the pipeline's other packages.
 """
 
 from __future__ import annotations
@@ -76,8 +75,7 @@ from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, name_os_thread, new_producer_id,
-    yield_on_wakeup,
+    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -87,10 +85,6 @@ logger = logging.getLogger(__name__)
 FRAME_ITEMS = 20_000
 #: The helper writes a status line at most this often (seconds) while anything changes.
 STATUS_INTERVAL = 0.05
-#: Helper deaths within :data:`DEATH_WINDOW` seconds after which the relay sends from
-#: its own process instead.
-MAX_DEATHS = 3
-DEATH_WINDOW = 60.0
 #: After a busy hand-over the relay waits this long (or ``flush-interval`` if longer),
 #: and after a busy envelope the helper's sender lingers as long.
 LINGER = 0.5
@@ -221,7 +215,6 @@ class Relay:
         self.close_deadline = float("inf")
         self.helper: Helper | None = None
         self.fallback: Sender | None = None  # the thread sender it became
-        self.deaths: deque[float] = deque()
         self.identity_handed: tuple | None = None
         self.counters = dict.fromkeys(_HELPER_FIELDS, 0)  # of helpers that ended, summed
         self.counters["connected"] = False
@@ -261,7 +254,6 @@ class Relay:
     # ------------------------------------------------------------------ thread
 
     def _main(self) -> None:
-        name_os_thread("blackbox-relay")
         yield_on_wakeup()
         try:
             if self._relay():
@@ -286,7 +278,7 @@ class Relay:
                 self.wake.wait(linger)
                 self.wake.clear()
                 closing = self.closing
-            if self.helper.ended.is_set() and not self._replace_helper():
+            if self.helper.ended.is_set():  # it died: this process sends from now on
                 return False
             try:
                 handed = self._hand_over()
@@ -367,34 +359,6 @@ class Relay:
             raise HelperFailed(f"its helper process exited at start ({e})") from e
         helper.status_thread.start()
 
-    def _replace_helper(self) -> bool:
-        """After a helper's death: count what it held, start another (False: give up)."""
-        old = self.helper
-        code = old.process.poll()
-        if not old.started:
-            logger.warning("dask-blackbox %s: its helper process exited at start (code %s)",
-                           self.identity.producer_id, code)
-            return False
-        now = time.monotonic()
-        self.deaths.append(now)
-        while self.deaths and self.deaths[0] < now - DEATH_WINDOW:
-            self.deaths.popleft()
-        lost = self._abandon(old)
-        if len(self.deaths) >= MAX_DEATHS:
-            logger.warning("dask-blackbox %s: its helper process died %d times within %.0fs",
-                           self.identity.producer_id, len(self.deaths), DEATH_WINDOW)
-            return False
-        self.identity.producer_id = new_producer_id(self.identity.source)
-        logger.warning("dask-blackbox: the helper process of %s died (code %s) with %d "
-                       "undelivered event(s), counted as dropped; a new one starts as %s",
-                       old.producer_id, code, lost, self.identity.producer_id)
-        try:
-            self._start_helper()
-        except HelperFailed as e:
-            logger.warning("dask-blackbox %s: %s", self.identity.producer_id, e)
-            return False
-        return True
-
     def _abandon(self, helper: Helper) -> int:
         """Count what a dead helper held as dropped (and abandoned), with the drops
         handed to it that it had not reported; fold its counters into the relay's."""
@@ -434,8 +398,13 @@ class Relay:
         helper = self.helper
         if helper is not None:
             helper.kill()
-            self._abandon(helper)
+            lost = self._abandon(helper)
             self.identity.producer_id = new_producer_id(self.identity.source)
+            logger.warning(
+                "dask-blackbox: the helper process of %s ended (code %s) with %d undelivered "
+                "event(s), counted as dropped; the %s process sends from now on, as %s",
+                helper.producer_id, helper.process.returncode, lost, self.identity.source,
+                self.identity.producer_id)
         self.helper = None
         sender = Sender(self.buffer, self.settings, self.identity, self.rows)
         if self.closing:

@@ -43,7 +43,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-import sys
 import threading
 import time
 import uuid
@@ -263,7 +262,6 @@ class Sender:
     # ------------------------------------------------------------------ thread
 
     def _main(self) -> None:
-        name_os_thread("blackbox-sender")
         yield_on_wakeup()
         try:
             asyncio.run(self._run())
@@ -321,7 +319,11 @@ class Sender:
                             return
                         await self._sleep(flush)
                         continue
-                    pending.extend(pack(rows, self.settings.max_value_bytes))
+                    try:
+                        pending.extend(pack(rows, self.settings.max_value_bytes))
+                    except Exception:  # a bug must not stop the sender: counted, given up
+                        self.build_failed(len(rows), rows[0])
+                        continue
                     last_pack = time.monotonic()
                     linger = self.busy_linger if len(rows) >= BUSY_ENVELOPE else flush
                 body = pending[0]
@@ -392,17 +394,6 @@ class Sender:
             "reported_drops": self.reported_drops, "build_errors": self.build_errors, "lost_at_close": self.lost_at_close,
             "connected": self.connected,
         }
-
-
-def name_os_thread(name: str) -> None:
-    """Give the calling thread ``name`` for the OS too (``top -H``, py-spy; Linux)."""
-    if sys.platform.startswith("linux"):
-        try:
-            import ctypes
-
-            ctypes.CDLL(None).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
-        except Exception:
-            pass
 
 
 def yield_on_wakeup() -> None:

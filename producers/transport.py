@@ -67,6 +67,20 @@ class Transport:
         self.identity.cluster_name = cluster_name
         self.identity.cluster_id = cluster_id
 
+    async def learn_identity(self, scheduler: Any, cluster_name: str | None) -> None:
+        """Ask ``scheduler`` (an rpc to it) for the cluster's id until it answers: a
+        preloaded worker or nanny starts before it knows the cluster, and its
+        transport sends nothing before."""
+        delay = 0.1
+        while True:
+            try:
+                info = await scheduler.identity()
+                break
+            except Exception:  # the scheduler may not be up yet
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        self.set_identity(info["id"], cluster_name or info["address"])
+
     @property
     def accepted_events(self) -> int:
         """Items accepted so far (exact)."""

@@ -57,7 +57,6 @@ logger = logging.getLogger(__name__)
 #: ``Worker.digests_total`` values already published, per Worker object.
 _PUBLISHED_DIGESTS: weakref.WeakKeyDictionary[Worker, dict] = weakref.WeakKeyDictionary()
 
-_IDENTITY_RETRY_MAX = 5.0
 
 
 class BlackboxWorkerPlugin(WorkerPlugin):
@@ -101,7 +100,8 @@ class BlackboxWorkerPlugin(WorkerPlugin):
         self._offer = transport.offer
         self._tasks_get = worker.state.tasks.get
         if self.cluster_id is None:
-            self._identity_task = asyncio.create_task(self._learn_identity())
+            self._identity_task = asyncio.create_task(transport.learn_identity(
+                worker.scheduler, self.cluster_name or self.settings.cluster_name))
         if record.logs:
             logs.install(transport, worker=worker.address)
         if record.metrics or record.fine_metrics:
@@ -122,20 +122,6 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             self._sample()
         logs.uninstall(transport)
         await transport.close()
-
-    async def _learn_identity(self) -> None:
-        delay = 0.1
-        while True:
-            try:
-                info = await self.worker.scheduler.identity()
-                break
-            except Exception as e:  # the scheduler may not be up yet
-                logger.debug("dask-blackbox: scheduler identity not available yet: %s", e)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _IDENTITY_RETRY_MAX)
-        self.transport.set_identity(
-            info["id"], self.cluster_name or self.settings.cluster_name or info["address"]
-        )
 
     # ----------------------------------------------------------------- sampling
 

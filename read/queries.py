@@ -23,7 +23,7 @@ from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build
                                         cluster_names, epoch, table)
 
 __all__ = ["Backend", "QueryError", "QueryRejected", "Result", "TimeBound", "UnknownCluster",
-           "connect", "cluster_ids", "story", "spans", "prefixes", "clusters", "failures",
+           "connect", "cluster_ids", "story", "spans", "prefixes", "metrics", "clusters", "failures",
            "compare", "table_counts", "gaps_and_drops", "logs", "logs_count", "LEVELS"]
 
 #: Log levels, lowest first: a level filter keeps that level and above.
@@ -163,6 +163,27 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
         "GROUP BY prefix ORDER BY compute_s DESC, prefix LIMIT {limit:UInt32}",
         f.parameters,
     )
+
+
+def metrics(backend: Backend, context: str | None = None, limit: int = 50,
+            cluster: str | None = None, since: TimeBound = None, until: TimeBound = None) -> Result:
+    """Fine performance metrics, as the workers digested them (``Worker.digests_total``:
+    Dask's own contexts, and what tasks reported with
+    ``context_meter.digest_metric(label, value, unit)``): the total of each (context,
+    prefix, activity, unit) over the scope, summed over workers and spans, largest
+    first; ``context`` keeps one context (``execute``, ``gather-dep``, ``get-data``,
+    ...)."""
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
+    f = build(backend, cluster, since, until, "ts")
+    if context is not None:
+        f.add("context = {context:String}", context=context)
+    f.parameters["limit"] = limit
+    return backend.query(
+        "SELECT context, prefix, activity, unit, sum(value) AS total, uniqExact(worker) AS workers "
+        f"FROM {table(backend, 'worker_digests')} {f.where()} "
+        "GROUP BY context, prefix, activity, unit ORDER BY unit, total DESC, context, prefix, "
+        "activity LIMIT {limit:UInt32}", f.parameters)
 
 
 def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = None,

@@ -20,14 +20,14 @@ import sys
 import psutil
 import pytest
 
-from dask_blackbox.cli.brokers import new_cluster_id, port_open
+from dask_blackbox.cli.brokers import kafka_home, new_cluster_id, port_open
 
 from kafka_reader import read_topic
 from up_process import Up
 
-KAFKA_HOME = os.environ.get("DASK_BLACKBOX__LOCAL__KAFKA_HOME")
+KAFKA_HOME = kafka_home()
 needs_kafka = pytest.mark.skipif(
-    not KAFKA_HOME, reason="needs DASK_BLACKBOX__LOCAL__KAFKA_HOME (.ci/run sets it)")
+    not KAFKA_HOME, reason="needs Kafka's jars (./run-tests caches them)")
 
 
 def up_kafka(data_dir, *args, env_extra=None, timeout=120, broker="kafka"):
@@ -59,7 +59,8 @@ def assert_refused(out, data_dir, *phrases):
 
 
 def test_no_kafka_home_says_how_to_get_kafka(tmp_path):
-    out = up_kafka(tmp_path / "data")
+    # neither the setting nor jars where ./run-tests caches them
+    out = up_kafka(tmp_path / "data", env_extra={"XDG_CACHE_HOME": str(tmp_path / "no-cache")})
     assert_refused(out, tmp_path / "data", "blackbox.local.kafka-home is not set",
                    "kafka.apache.org", "mvn -q -f infra/kafka/pom.xml")
 

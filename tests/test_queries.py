@@ -59,6 +59,13 @@ def _erred(dask_scheduler):
             for k, ts in dask_scheduler.tasks.items() if ts.state == "erred"}
 
 
+def reads_rows(i):
+    from distributed.metrics import context_meter
+
+    context_meter.digest_metric("rows-read", 100, "rows")
+    return i
+
+
 def _spans(dask_scheduler):
     return {s.id: (tuple(s.name), s.parent.id if s.parent else None)
             for s in dask_scheduler.extensions["spans"].spans.values()}
@@ -96,6 +103,8 @@ def recorded(broker, tmp_path_factory):
                     with span("reduce"):
                         x.sum().compute()
                 client.gather(client.map(inc, range(10)))
+                client.gather(client.map(reads_rows, range(6), key=[f"reads-rows-{i}" for i in range(6)]))
+                time.sleep(0.3)  # the workers' digests are sampled every 100 ms
                 bad = client.submit(div, 1, 0, key="div-bad")
                 dependent = client.submit(inc, bad, key="inc-after-bad")
                 wait([bad, dependent])
@@ -126,6 +135,25 @@ def recorded(broker, tmp_path_factory):
             yield out
         finally:
             sink.terminate()
+
+
+def test_the_nanny_recorded_how_the_killed_worker_ended(recorded):
+    """The planted SIGKILL, as the killed worker's nanny saw it."""
+    _, rows = recorded["backend"].query(
+        "SELECT signal, exitcode, memory > 0, nanny_status FROM blackbox.worker_exits "
+        "WHERE worker = {w:String}", {"w": recorded["doomed"]})
+    assert rows == [("SIGKILL", -9, True, "running")]
+
+
+def test_metrics_show_what_tasks_digested(recorded):
+    """A task's own context_meter.digest_metric(label, value, unit) is recorded and
+    queryable: six tasks reported 100 rows each."""
+    columns, rows = queries.metrics(recorded["backend"], context="execute", cluster="queries-test")
+    found = [dict(zip(columns, row)) for row in rows if row[columns.index("activity")] == "rows-read"]
+    assert [(f["prefix"], f["unit"], f["total"]) for f in found] == [("reads-rows", "rows", 600.0)]
+    # Dask's own contexts are there too, not only the span-keyed ones
+    columns, rows = queries.metrics(recorded["backend"], cluster="queries-test", limit=1000)
+    assert {"execute", "get-data", "gather-dep"} <= {row[0] for row in rows}
 
 
 def test_story_equals_scheduler_story_for_every_key(recorded):
@@ -207,7 +235,7 @@ def test_spans_tree_clusters_and_status(recorded):
         queries.story(backend, "x", cluster="nope")
 
     columns, producers_ = queries.gaps_and_drops(backend, cluster="queries-test")
-    assert {r[columns.index("source")] for r in producers_} == {"scheduler", "worker"}
+    assert {r[columns.index("source")] for r in producers_} == {"scheduler", "worker", "nanny"}
     assert all(r[columns.index("missing")] == 0 for r in producers_)
     counts = dict(queries.table_counts(backend)[1])
     assert counts["transitions"] == sum(len(s) for s in recorded["stories"].values())
