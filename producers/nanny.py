@@ -72,6 +72,8 @@ class Watched:
             rss = psutil.Process(self.pid).memory_info().rss
         except Exception:  # gone already, or not ours to read
             return
+        if not rss:  # a process that died and is not reaped yet (a zombie) has none
+            return
         self.memory = rss
         self.memory_peak = max(self.memory_peak or 0, rss)
         host = psutil.virtual_memory()
