@@ -35,8 +35,9 @@ class AlerterProcess:
         env = subprocess_env(bb_env)
         env["DASK_BLACKBOX__ALERTS__RULES"] = repr(rules)
         env["DASK_BLACKBOX__ALERTS__EVIDENCE_WAIT"] = "1s"
-        # Apache Kafka's smallest session: a killed alerter's partitions come back soon
-        env["DASK_BLACKBOX__ALERTS__SESSION_TIMEOUT"] = "6s"
+        # a short session: a killed alerter's partitions come back soon (Tansu takes
+        # it; Apache Kafka's group.min.session.timeout.ms would want 6s)
+        env["DASK_BLACKBOX__ALERTS__SESSION_TIMEOUT"] = "2s"
         for key, value in settings.items():
             env["DASK_BLACKBOX__ALERTS__" + key.upper()] = value
         self.state_dir = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]) / "alerts"
