@@ -89,6 +89,15 @@ class Suspect(NamedTuple):
     #: the largest and the count of its prefix's results that did fit in memory
     prefix_result_nbytes_max: int | None
     prefix_results: int
+    #: at how many of the run's deaths a task of its prefix was processing
+    prefix_deaths: int
+
+    @property
+    def prefix_death_rate(self) -> float:
+        """Of its prefix's tasks that ended (in memory, or on a dying worker), the
+        fraction that ended on a dying worker: near 0 for a prefix whose tasks
+        finish fine elsewhere."""
+        return self.prefix_deaths / max(self.prefix_deaths + self.prefix_results, 1)
 
 
 class KilledTask(NamedTuple):
@@ -280,25 +289,29 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     stimuli = sorted({d.stimulus_id for chain in chains.values() for d in chain}
                      | {d.stimulus_id for d in counted.values() if d.is_death})
     _, present = backend.query(
-        "SELECT cluster_id, stimulus_id, key, prefix "
+        "SELECT cluster_id, stimulus_id, key, prefix, toFloat64(ts) "
         f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
         "AND start = 'processing' AND stimulus_id IN {stimuli:Array(String)}",
         {**cp, "stimuli": stimuli})
-    running: dict[tuple[str, str], dict[str, str]] = defaultdict(dict)  # death -> key -> prefix
-    for c, stimulus_id, k, prefix in present:
-        running[(c, stimulus_id)][k] = prefix
+    # death -> key -> (prefix, when the death released it from processing)
+    running: dict[tuple[str, str], dict[str, tuple[str, float]]] = defaultdict(dict)
+    for c, stimulus_id, k, prefix, released in present:
+        running[(c, stimulus_id)][k] = (prefix, released)
     deaths_of_key: dict[tuple[str, str], int] = defaultdict(int)
+    deaths_of_prefix: dict[tuple[str, str], int] = defaultdict(int)
     for (c, stimulus_id), tasks in running.items():
         if (c, stimulus_id) in counted and counted[(c, stimulus_id)].is_death:
             for k in tasks:
                 deaths_of_key[(c, k)] += 1
+            for p in {p for p, _ in tasks.values()}:
+                deaths_of_prefix[(c, p)] += 1
     candidates = sorted({k for (c, stimulus_id), tasks in running.items() for k in tasks})
     entered = _entered_processing(backend, clusters, candidates)
     out = []
     for c, k, prefix, ts, exception in erred:
         chain = sorted(chains.get((c, k), []), key=lambda d: d.ts)
-        out.append(_explain(c, k, prefix, ts, exception, chain, running, deaths_of_key, entered,
-                            backend))
+        out.append(_explain(c, k, prefix, ts, exception, chain, running, deaths_of_key,
+                            deaths_of_prefix, entered, backend))
     return out
 
 
@@ -319,33 +332,41 @@ def _entered_processing(backend: Backend, clusters: list[str], keys: list[str]) 
 
 
 def _explain(cluster_id: str, key: str, prefix: str, ts: float, exception: str,
-             chain: list[Death], running: dict, deaths_of_key: dict, entered: dict,
-             backend: Backend) -> KilledTask:
+             chain: list[Death], running: dict, deaths_of_key: dict, deaths_of_prefix: dict,
+             entered: dict, backend: Backend) -> KilledTask:
     at_each = [running.get((cluster_id, d.stimulus_id), {}) for d in chain]
     common = set(at_each[0]) if at_each else {key}
     for tasks in at_each[1:]:
         common &= set(tasks)
-    prefix_of = {k: p for tasks in at_each for k, p in tasks.items()}
+    prefix_of = {k: p for tasks in at_each for k, (p, _) in tasks.items()}
     prefix_of.setdefault(key, prefix)
-    prefixes = set(at_each[0].values()) if at_each else {prefix}
+    prefixes = {p for p, _ in at_each[0].values()} if at_each else {prefix}
     for tasks in at_each[1:]:
-        prefixes &= set(tasks.values())
+        prefixes &= {p for p, _ in tasks.values()}
 
     def processing_s(k: str) -> list[float]:
+        """How long ``k`` had been processing on each dying worker: from its last
+        entry into processing before the death released it (Dask sends the task on
+        to another worker, into processing again, before the removal's record)."""
         times = entered.get((cluster_id, k), [])
         out = []
-        for d in chain:
-            before = [t for t in times if t <= d.ts]
-            out.append(round(d.ts - before[-1], 6) if before else 0.0)
+        for tasks in at_each:
+            released = tasks[k][1]
+            before = [t for t in times if t < released]
+            out.append(round(released - before[-1], 6) if before else 0.0)
         return out
 
     footprint = _result_sizes(backend, cluster_id, sorted({prefix_of[k] for k in common if prefix_of[k]}))
     suspects = [Suspect(k, prefix_of[k], len(chain), deaths_of_key.get((cluster_id, k), 0),
-                        processing_s(k), *footprint.get(prefix_of[k], (None, 0)))
+                        processing_s(k), *footprint.get(prefix_of[k], (None, 0)),
+                        deaths_of_prefix.get((cluster_id, prefix_of[k]), 0))
                 for k in common]
-    # Processing at more of the cluster's deaths first; then the one that had been
-    # processing longest at those deaths (executing, not waiting behind it).
-    suspects.sort(key=lambda s: (-s.cluster_deaths, -sum(s.processing_s), s.key))
+    # Processing at more of the run's deaths first; then the task whose prefix's tasks
+    # end on dying workers the most (not one whose siblings finish fine elsewhere);
+    # then the one that had been processing longest at those deaths (a worker runs
+    # what it was sent first: that one was executing, the others waiting behind it).
+    suspects.sort(key=lambda s: (-s.cluster_deaths, -s.prefix_death_rate, -sum(s.processing_s),
+                                 s.key))
     peaks = [d.memory_peak for d in chain]
     limit = next((d.memory_limit for d in reversed(chain) if d.memory_limit), None)
     n = len(chain)
@@ -359,22 +380,28 @@ def _explain(cluster_id: str, key: str, prefix: str, ts: float, exception: str,
         summary = (f"{s.key} was the only task processing on each of the {n} workers that died "
                    f"({', '.join(causes)})")
     else:
-        s = suspects[0]
+        s, other = suspects[0], suspects[1]
         confidence = MEDIUM
+        why = ("was at more of the run's deaths" if s.cluster_deaths > other.cluster_deaths
+               else f"is of a prefix whose tasks ended on a dying worker {s.prefix_death_rate:.0%} "
+                    f"of the time ({other.prefix}: {other.prefix_death_rate:.0%})"
+               if s.prefix_death_rate > other.prefix_death_rate
+               else "had been processing longest")
         summary = (f"{len(suspects)} tasks were processing on each of the {n} workers that died "
-                   f"({', '.join(causes)}); {s.key} had been processing longest")
+                   f"({', '.join(causes)}); {s.key} {why}")
     return KilledTask(cluster_id, key, prefix, ts, exception, chain, suspects, sorted(prefixes),
                       confidence, summary, peaks, limit)
 
 
 def _result_sizes(backend: Backend, cluster_id: str, prefixes: list[str]) -> dict:
-    """prefix -> (largest result in bytes, results) of its tasks that finished in memory."""
+    """prefix -> (largest result in bytes, if known; how many) of its tasks that
+    finished in memory."""
     if not prefixes:
         return {}
     _, rows = backend.query(
         f"SELECT prefix, max(nbytes), count() FROM {table(backend, 'transitions')} "
         "WHERE cluster_id = {c:String} AND source = 'scheduler' AND prefix IN {p:Array(String)} "
-        "AND finish = 'memory' AND nbytes IS NOT NULL GROUP BY prefix",
+        "AND finish = 'memory' GROUP BY prefix",
         {"c": cluster_id, "p": prefixes})
     return {prefix: (nbytes, n) for prefix, nbytes, n in rows}
 
