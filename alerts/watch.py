@@ -175,7 +175,6 @@ class Watcher:
         #: events that could not be read, by reason (never raised: a message cannot
         #: stop the alerter)
         self.unreadable: dict[str, int] = defaultdict(int)
-        self._wants = {kind for r in rules for kind in (r.when,)}
 
     # ------------------------------------------------------------- state
 
