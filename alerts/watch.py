@@ -6,7 +6,8 @@ What it keeps per cluster (forgotten :data:`FORGET_CLOSED_S` after the scheduler
 closed, or :data:`FORGET_IDLE_S` after the cluster was last heard from): the workers
 that joined (pid, nanny), the facts of :mod:`dask_blackbox.causes` of the last
 :data:`FACT_WINDOW_S` seconds (exits, memory kills, worker-ttl timeouts, close
-reasons, restarts, closes), the span names, and which removal released which task.
+reasons, restarts, closes), the span names, which removal released which task, and
+the verdicts of its deaths.
 
 When an incident is complete:
 
@@ -46,9 +47,14 @@ SETTLE_S = 0.3
 #: Forget a cluster this long after its scheduler closed, or after it was last heard.
 FORGET_CLOSED_S = 600.0
 FORGET_IDLE_S = 3600.0
-#: Bounds per cluster: spans named, tasks tracked as released by a removal.
+#: Tasks released from processing are kept this long (event time) for the removal
+#: that follows them (in the same envelope, or the next).
+RELEASED_WINDOW_S = 60.0
+#: Bounds per cluster: spans named; deaths remembered (with their verdicts) and tasks
+#: with the deaths that released them (a KilledWorker's chain may span hours).
 MAX_SPANS = 100_000
-MAX_RELEASED = 100_000
+MAX_DEATHS = 10_000
+MAX_CHAINS = 100_000
 
 
 class Incident(NamedTuple):
@@ -102,8 +108,9 @@ class _Cluster:
         self.restarts: list[float] = []
         self.closes: list[float] = []
         self.spans: dict[str, str] = {}
-        #: removal stimulus -> tasks it released from processing; task -> those stimuli
-        self.released: dict[str, list[str]] = {}
+        #: stimulus -> [event time, tasks it released from processing] (recent ones);
+        #: task -> the removals (stimuli) that released it
+        self.released: dict[str, list] = {}
         self.chains: dict[str, list[str]] = defaultdict(list)
         #: removal stimulus -> [worker, ts, cause, label, confidence, summary]
         self.verdicts: dict[str, list] = {}
@@ -150,17 +157,12 @@ class _Cluster:
         self.ttls = [t for t in self.ttls if t.ts >= old]
         self.closings = [c for c in self.closings if c.ts >= old]
         self.restarts = [r for r in self.restarts if r >= old]
-        self.verdicts = {s: v for s, v in self.verdicts.items() if v[1] >= old}
-        if len(self.released) > MAX_RELEASED:
-            for stimulus in list(self.released)[: len(self.released) - MAX_RELEASED]:
-                del self.released[stimulus]
-        live = {s for s in self.released}
-        for key in list(self.chains):
-            kept = [s for s in self.chains[key] if s in live]
-            if kept:
-                self.chains[key] = kept
-            else:
-                del self.chains[key]
+        recent = self.newest - RELEASED_WINDOW_S
+        self.released = {s: r for s, r in self.released.items() if r[0] >= recent}
+        if len(self.verdicts) > MAX_DEATHS:  # oldest first (insertion order)
+            self.verdicts = dict(list(self.verdicts.items())[-MAX_DEATHS:])
+        if len(self.chains) > MAX_CHAINS:
+            self.chains = defaultdict(list, list(self.chains.items())[-MAX_CHAINS:])
 
 
 class Watcher:
@@ -267,7 +269,11 @@ class Watcher:
                               _int(detail.get("processing_tasks")) or 0,
                               _int(detail.get("lost_computed_tasks")) or 0,
                               _int(detail.get("lost_scattered_tasks")) or 0, pid, nanny, known, added)
-            c.pending.append(_Pending(removal, now, list(c.released.get(stimulus, []))))
+            tasks = list(c.released.get(stimulus, [0.0, []])[1])
+            for key in tasks:
+                if stimulus not in c.chains[key]:
+                    c.chains[key].append(stimulus)
+            c.pending.append(_Pending(removal, now, tasks))
         elif action == "restart":
             c.restarts.append(ts)
         elif action == "scheduler_close":
@@ -277,9 +283,7 @@ class Watcher:
     def _transition(self, c: _Cluster, t: dict, now: float) -> None:
         key, stimulus = str(t["key"]), str(t.get("stimulus_id") or "")
         if t.get("start") == "processing" and stimulus:
-            c.released.setdefault(stimulus, []).append(key)
-            if stimulus not in c.chains[key]:
-                c.chains[key].append(stimulus)
+            c.released.setdefault(stimulus, [float(t["ts"]), []])[1].append(key)
         exception = t.get("exception")
         if t.get("finish") != "erred" or not isinstance(exception, str) or not exception:
             return

@@ -229,3 +229,29 @@ def test_a_bad_rule_is_one_line_naming_it(rule, message):
         with pytest.raises(ConfigError, match=None) as e:
             AlertSettings.from_config()
     assert message in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_killed_workers_chain_spans_more_than_the_fact_window():
+    """The first death of a KilledWorker's chain may be long before its last one."""
+    import time as _time
+
+    c = Cluster()
+    w = Watcher(rules(), evidence_wait=1.0)
+    t0 = _time.time()
+    w.feed(c.envelope([c.added("tcp://w:7", 17, ts=t0)]), 1.0)
+    w.feed(c.envelope([c.transition("slow-1", "processing", "released", "handle-worker-cleanup-a", ts=t0 + 1),
+                       c.removed("tcp://w:7", "handle-worker-cleanup-a", ts=t0 + 1)]), 1.0)
+    w.feed(c.envelope([c.exited("tcp://w:7", 17, -11, ts=t0 + 1.1)], "nanny"), 1.0)
+    w.tick(2.0)
+    w.take()
+    later = t0 + 3600  # an hour of other work: every fact of the first death is stale
+    w.feed(c.envelope([c.added("tcp://w:8", 18, ts=later)]), 3.0)
+    w.feed(c.envelope([
+        c.transition("slow-1", "processing", "erred", "handle-worker-cleanup-b", ts=later + 1,
+                     exception="KilledWorker: Attempted to run task 'slow-1' on 2 different workers"),
+        c.removed("tcp://w:8", "handle-worker-cleanup-b", ts=later + 1)]), 3.0)
+    w.feed(c.envelope([c.exited("tcp://w:8", 18, -11, ts=later + 1.1)], "nanny"), 3.0)
+    w.tick(4.0)
+    [kw] = [i for i in w.take() if i.rule == "kw"]
+    assert [d["worker"] for d in kw.detail["deaths"]] == ["tcp://w:7", "tcp://w:8"]
+    assert [d["cause"] for d in kw.detail["deaths"]] == ["crashed", "crashed"]
