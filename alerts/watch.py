@@ -44,6 +44,8 @@ FACT_WINDOW_S = 300.0
 #: A removal whose process's end is known waits this long more for the scheduler's
 #: events about it.
 SETTLE_S = 0.3
+#: How often stale facts are forgotten (seconds).
+PRUNE_S = 5.0
 #: Forget a cluster this long after its scheduler closed, or after it was last heard.
 FORGET_CLOSED_S = 600.0
 FORGET_IDLE_S = 3600.0
@@ -177,6 +179,7 @@ class Watcher:
         #: events that could not be read, by reason (never raised: a message cannot
         #: stop the alerter)
         self.unreadable: dict[str, int] = defaultdict(int)
+        self._pruned_at = 0.0
 
     # ------------------------------------------------------------- state
 
@@ -305,10 +308,15 @@ class Watcher:
     # -------------------------------------------------------------- tick
 
     def tick(self, now: float) -> None:
-        """Decide what is due at ``now``; forget what is stale."""
+        """Decide what is due at ``now``; forget what is stale (every PRUNE_S)."""
+        prune = now - self._pruned_at >= PRUNE_S
+        if prune:
+            self._pruned_at = now
         for cid, c in list(self.clusters.items()):
             self._decide_removals(c, now)
             self._decide_killed(c, now)
+            if not prune:
+                continue
             c.prune()
             if not c.pending and not c.killed and (
                     (c.closed_at is not None and now - c.closed_at > FORGET_CLOSED_S)
