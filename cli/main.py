@@ -53,11 +53,19 @@ def _duration_ago_or_time(text: str) -> datetime.datetime:
     return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
 
 
-def _key_value(text: str) -> tuple[str, str]:
+def _key_value(text: str) -> tuple[str, object]:
+    """KEY=VALUE, the value read as Dask reads DASK_* environment variables (a
+    Python literal such as 10, true or [1, 2] where it is one, else the text)."""
+    import ast
+
     key, sep, value = text.partition("=")
     if not sep or not key:
         raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
-    return key.removeprefix("blackbox."), value
+    try:
+        parsed = ast.literal_eval(value)
+    except (SyntaxError, ValueError):
+        parsed = {"true": True, "false": False, "null": None, "none": None}.get(value.lower(), value)
+    return key.removeprefix("blackbox."), parsed
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -123,9 +131,10 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--limit", type=int, default=50)
         elif name == "compare":
             p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
-    from dask_blackbox.cli import diagnose, ui
+    from dask_blackbox.cli import diagnose, export, ui
 
     ui.add_commands(sub, [common])
+    export.add_commands(sub, [common])
     diagnose.add_commands(sub, [common], fmt, filters)
     alerts = sub.add_parser("alerts", parents=[common],
                             help="deliver notifications for the rules in blackbox.alerts.rules")
@@ -217,9 +226,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from dask_blackbox.kafka import KafkaUnreachable
     from dask_blackbox.cli.supervisor import PipelineError
+    from dask_blackbox.exporters.otlp import ExportFailed
+    from dask_blackbox.read.panels import NotFound
     from dask_blackbox.read.queries import QueryError, UnknownCluster
 
-    if args.command != "sink":
+    if args.command not in ("sink", "exporter"):
         # aiokafka logs every failed connection attempt; the CLI reports the outcome
         # once, as a KafkaUnreachable error.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
@@ -253,6 +264,11 @@ def main(argv: list[str] | None = None) -> int:
             from dask_blackbox.cli import ui
 
             return ui.run(args)
+        if args.command in ("export", "trace", "exporter"):
+            from dask_blackbox.cli import export
+
+            return {"export": export.export_otlp, "trace": export.trace_file,
+                    "exporter": export.exporter}[args.command](args)
         if args.command in ("why", "logs"):
             from dask_blackbox.cli import diagnose
 
@@ -263,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             return service.main(check=args.check)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
-            QueryError, UnknownCluster) as e:
+            QueryError, UnknownCluster, NotFound, ExportFailed) as e:
         print(f"dask-blackbox: error: {_one_line(e)}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:

@@ -58,6 +58,9 @@ from dask_blackbox.cli.brokers import BrokerError, free_port
 #: [worker options]`` and ``dask-blackbox <SINK_ARGS>``.
 PROCESSOR_ARGS = ("-A", "dask_blackbox.stream_processors.app")
 SINK_ARGS = ("sink",)
+#: The continuous OpenTelemetry exporter, run when blackbox.exporter.endpoint is set.
+EXPORTER_ARGS = ("exporter",)
+_EXPORTER_READY = re.compile(r"^exporter ready")
 
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
 _ALERTS_READY = re.compile(r"^dask-blackbox alerts: ready")
@@ -280,6 +283,12 @@ class LocalPipeline:
                 self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
+            if config.get("exporter.endpoint", None):
+                exporter = self._spawn("exporter", [sys.executable, "-m", "dask_blackbox.cli",
+                                                    *EXPORTER_ARGS], data)
+                self._wait(exporter, timeout, exporter.watch(_EXPORTER_READY).is_set)
+                progress(f"exporter   OpenTelemetry traces to "
+                         f"{config.redact(config.get('exporter.endpoint'))}")
             if alert_rules():  # the alerter, when there is something to alert on
                 alerts = self._spawn("alerts", [sys.executable, "-m", "dask_blackbox.cli", "alerts"], data)
                 self._wait(alerts, timeout, alerts.watch(_ALERTS_READY).is_set)
@@ -449,12 +458,12 @@ class LocalPipeline:
             progress("draining: waiting until the sink has loaded everything")
             drained = wait_drained(drain_timeout)
         for child in self.children:
-            if child.name.startswith("processor") or child.name == "alerts":
+            if child.name.startswith("processor"):
                 _terminate(child)
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
             drained = wait_drained(drain_timeout, settle=0.5) and drained
-        for name in ("sink", "broker"):
+        for name in ("exporter", "alerts", "sink", "broker"):
             for child in self.children:
                 if child.name == name:
                     # Kafka's clean shutdown closes its logs (no recovery next start).

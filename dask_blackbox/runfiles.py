@@ -7,7 +7,9 @@ token), and removes it when it stops:
 - ``up.json``, by the local supervisor (``dask-blackbox up``):
   ``{"pid", "kafka", "topic_prefix", "clickhouse", "started_at"}``;
 - ``sink.json``, by the sink while it runs:
-  ``{"pid", "query_url", "dsn", "started_at", "token"}``.
+  ``{"pid", "query_url", "dsn", "started_at", "token", "metrics_url"}``;
+- ``exporter.json``, by the continuous OpenTelemetry exporter while it runs:
+  ``{"pid", "endpoint", "journal", "started_at", "metrics_url"}``.
 
 A file is *live* only while the process that wrote it runs (its ``pid`` answers
 signal 0); a file left behind by a killed process is stale and ignored. This module
@@ -23,6 +25,7 @@ from typing import Any
 
 UP = "up.json"
 SINK = "sink.json"
+EXPORTER = "exporter.json"
 
 
 def path(directory: pathlib.Path, name: str) -> pathlib.Path:

@@ -106,6 +106,12 @@ class Loader:
             # A Distributed insert returns only after every shard has its rows.
             self.insert_settings["distributed_foreground_insert"] = 1
         self.schemas = arrow.schemas(client, target.database, COLUMNS)
+        #: rows loaded per table, dead letters among them, and the events the
+        #: producers reported dropped in the drops rows loaded (read by sinks.metrics)
+        self.rows_loaded: dict[str, int] = dict.fromkeys(COLUMNS, 0)
+        self.dead_letters = 0
+        self.dropped_events = 0
+        self.batches = 0
         self._last_id = 0
         self._tag = random.getrandbits(12)
 
@@ -249,7 +255,19 @@ class Loader:
                     message.offset, event, reason, payload_of(message, event),
                 )
         self._end([batch_id], "loaded")
+        self._count(batch, len(dead))
         self.pause.reached("after-load")
+
+    def _count(self, batch: Batch, dead: int) -> None:
+        for table, data in batch.tables.items():
+            if table != "dead_letters":
+                self.rows_loaded[table] += len(data)
+        self.rows_loaded["dead_letters"] += dead
+        self.dead_letters += dead
+        drops = batch.tables["drops"]
+        if len(drops):
+            self.dropped_events += sum(drops.columns[COLUMNS["drops"].index("dropped_events")])
+        self.batches += 1
 
     def prepare(self, batch: Batch) -> None:
         """Build the Arrow tables of ``batch`` now (Python work, which holds the GIL),

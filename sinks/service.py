@@ -6,10 +6,11 @@ DSN well formed, every ``blackbox.sink.*`` value; what follows reads no configur
 but these settings), open ClickHouse (chDB dir writable, server reachable), apply
 the schema migrations, start the *companion* the caller passed, if any (``dask-blackbox sink`` passes the read side's
 query server for a ``chdb://`` DSN, which only this process may open), create the
-Kafka topics, start the consumer. Then ``<data-dir>/sink.json`` is written
-(``{"pid", "query_url", "dsn", "started_at", "token"}``; mode 0600, the token guards
-the query server; see :mod:`dask_blackbox.runfiles`) and one line ``sink ready ...``
-goes to stdout.
+Kafka topics, start the consumer, serve ``/metrics`` when ``blackbox.sink.metrics-port``
+is set (:mod:`.metrics`). Then ``<data-dir>/sink.json`` is written (``{"pid",
+"query_url", "dsn", "started_at", "token", "metrics_url"}``; mode 0600, the token
+guards the query server; see :mod:`dask_blackbox.runfiles`) and one line ``sink
+ready ...`` goes to stdout.
 
 SIGTERM or SIGINT stops it cleanly: a batch being inserted is finished and committed,
 a batch waiting for ClickHouse is given up uncommitted, then everything is closed and
@@ -32,8 +33,9 @@ from typing import Protocol
 
 from aiokafka.errors import InvalidSessionTimeoutError
 
-from dask_blackbox import clickhouse, config, kafka, runfiles
+from dask_blackbox import clickhouse, config, kafka, metrics, runfiles
 from dask_blackbox.sinks.consumer import SinkConsumer
+from dask_blackbox.sinks.metrics import SinkMetrics
 from dask_blackbox.sinks.loader import Loader, PausePoint
 from dask_blackbox.sinks.schema import MigrationError, migrate
 from dask_blackbox.sinks.settings import SinkSettings
@@ -75,7 +77,7 @@ async def serve(companion: CompanionFactory | None = None) -> None:
     s = SinkSettings.from_config()
     client = await asyncio.to_thread(clickhouse.open_client, s.dsn)
     tune_gc()
-    server = reader = consumer = None
+    server = reader = consumer = metrics_server = None
     try:
         applied = await asyncio.to_thread(migrate, client, s.target)
         if applied:
@@ -102,9 +104,15 @@ async def serve(companion: CompanionFactory | None = None) -> None:
                 f"blackbox.sink.session-timeout: {s.session_timeout:g}s is outside what the "
                 "broker accepts (its group.min.session.timeout.ms .. group.max.session.timeout.ms; "
                 "Apache Kafka's default minimum is 6s)") from None
+        metrics_url = None
+        if s.metrics_port is not None:
+            registry = metrics.registry()
+            registry.register(SinkMetrics(consumer))
+            metrics_server, metrics_url = metrics.serve(registry, s.metrics_host, s.metrics_port,
+                                                        "blackbox.sink.metrics-port")
         runfiles.write(s.data_dir, runfiles.SINK, {
             "pid": os.getpid(), "query_url": server.url if server else None, "dsn": config.redact(s.dsn),
-            "started_at": time.time(), "token": token,
+            "started_at": time.time(), "token": token, "metrics_url": metrics_url,
         })
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
@@ -119,6 +127,8 @@ async def serve(companion: CompanionFactory | None = None) -> None:
         logger.info("stopping after %d batches", consumer.batches_loaded)
     finally:
         runfiles.remove(s.data_dir, runfiles.SINK)
+        if metrics_server is not None:
+            metrics_server.shutdown()
         if consumer is not None:
             await consumer.close()
         if server is not None:

@@ -49,6 +49,10 @@ class SinkSettings:
     query_port: int = 0
     #: ``blackbox.sink.debug-pause-at``: ``(point, n)``, or None (see sinks.loader)
     pause_at: tuple[str, int] | None = None
+    #: ``blackbox.sink.metrics-port``: /metrics (None: not served; 0: a free port)
+    metrics_port: int | None = None
+    #: ``blackbox.sink.metrics-host``
+    metrics_host: str = "127.0.0.1"
 
     def __post_init__(self) -> None:
         if not isinstance(self.group_id, str) or not self.group_id:
@@ -87,6 +91,9 @@ class SinkSettings:
             session_timeout=config.get_seconds("sink.session-timeout", minimum=0.1),
             query_port=config.get_int("sink.query-port", minimum=0),
             pause_at=parse_pause_at(config.get("sink.debug-pause-at", None)),
+            metrics_port=(None if config.get("sink.metrics-port", None) is None else
+                          config.get_int("sink.metrics-port", minimum=0, maximum=65535)),
+            metrics_host=str(config.get("sink.metrics-host", None) or "127.0.0.1"),
         )
 
 

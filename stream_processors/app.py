@@ -15,7 +15,8 @@ Run as many workers as the raw topic has partitions; they share the work by
 partition, hence by cluster. State lives in the changelog of the ``cluster-state``
 table (memory store), so a worker that restarts, or takes over partitions, rebuilds
 it (:mod:`.processor`). ``GET /blackbox/stats/`` on the worker's web port returns
-the worker's counters (:meth:`.processor.Processor.stats`).
+the worker's counters (:meth:`.processor.Processor.stats`), ``GET /metrics`` the
+same and the consumer lag for Prometheus (:mod:`.metrics`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import faust
 from dask_blackbox import config, contract, kafka
 from dask_blackbox.config import KafkaSettings
 
+from . import metrics
 from .processor import Processor
 from .settings import ProcessorSettings
 
@@ -159,6 +161,12 @@ def create_app(settings: ProcessorSettings) -> BlackboxApp:
     @app.page("/blackbox/stats/")
     async def stats(web, request):
         return web.json(processor.stats())
+
+    prometheus = metrics.page(app, processor, settings)
+
+    @app.page("/metrics")
+    async def serve_metrics(web, request):
+        return await prometheus(web, request)
 
     return app
 

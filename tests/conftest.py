@@ -161,12 +161,59 @@ def subprocess_env(bb_env: dict[str, str]) -> dict[str, str]:
     return {**os.environ, **bb_env}
 
 
+@pytest.fixture(scope="session")
+def recorded_run(broker, tmp_path_factory):
+    """One real run, recorded and loaded, shared by the export, trace-file, Grafana
+    and metrics tests (see tests/recording_support.py): a dict with ``cluster_id``,
+    ``backend`` (the sink's query server), ``settings``/``env`` (its pipeline's
+    topics, groups and data dir), ``sink`` and ``faust`` (still running)."""
+    from recording_support import record
+
+    workdir = tmp_path_factory.mktemp("recorded-run")
+    run = {}
+    try:
+        run = record(broker, workdir)
+        yield run
+    finally:
+        for name in ("faust", "sink"):
+            proc = run.get(name)
+            if proc is not None:
+                proc.stop() if name == "faust" else proc.terminate()
+
+
+@pytest.fixture
+def otel_collector(tmp_path):
+    """Start OpenTelemetry Collectors (infra/otel: OTLP receiver, file exporter) on
+    free loopback ports: ``otel_collector()`` -> a started
+    :class:`otel_support.Collector` (``http_endpoint``, ``grpc_endpoint``,
+    ``spans()``, ``logs()``); ``otel_collector(start=False, http_port=P)`` one to
+    start later. Each is stopped at the end of the test. Without the built collector
+    the test is skipped (CI: fails), saying how to build it."""
+    from otel_support import BUILD, Collector, collector_binary
+
+    binary = collector_binary()
+    if binary is None:
+        reason = f"the OpenTelemetry Collector is not built: {BUILD}"
+        pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
+    made = []
+
+    def make(start: bool = True, **ports):
+        collector = Collector(binary, tmp_path / f"collector-{len(made)}", **ports)
+        made.append(collector)
+        return collector.start() if start else collector
+
+    yield make
+    for collector in made:
+        collector.stop()
+
+
 #: Modules of the fast tier: no cluster, pipeline or broker of their own (a test in
 #: them that asks for a broker is still integration).
 FAST_MODULES = frozenset({
     "test_layers", "test_formatting", "test_span_state", "test_prefix_windows",
     "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
-    "test_cli_errors", "test_packed_runs", "test_buffer", "test_causes",
+    "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
+    "test_export_journal", "test_causes",
 })
 
 

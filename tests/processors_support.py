@@ -9,6 +9,7 @@ import os
 import pathlib
 import signal
 import subprocess
+import sys
 import time
 import types
 import typing
@@ -37,7 +38,9 @@ class FaustWorker:
         self.proc: subprocess.Popen | None = None
 
     def start(self) -> FaustWorker:
-        cmd = ["faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", str(self.datadir),
+        # this interpreter's faust: the dask_blackbox it imports is the one under test
+        cmd = [sys.executable, "-m", "faust", "-A", "dask_blackbox.stream_processors.app",
+               "--datadir", str(self.datadir),
                "-l", "info", "worker", "--web-port", str(self.port),
                "--web-host", "127.0.0.1"]
         with open(self.log, "a") as log:

@@ -22,7 +22,10 @@ ROOT = pathlib.Path(__file__).parent.parent
 COMPOSE = ROOT / "infra" / "docker-compose.yml"
 SASL = ROOT / "infra" / "docker-compose.sasl.yml"
 SECRETS = {"CLICKHOUSE_PASSWORD": "pw", "KAFKA_EXTERNAL_HOST": "kafka.example.org",
-           "KAFKA_SASL_PASSWORD": "sasl-pw", "KAFKA_SSL_PASSWORD": "ssl-pw"}
+           "KAFKA_SASL_PASSWORD": "sasl-pw", "KAFKA_SSL_PASSWORD": "ssl-pw",
+           "GRAFANA_ADMIN_PASSWORD": "grafana-pw"}
+#: What every run of compose needs (no default passwords).
+REQUIRED = {"CLICKHOUSE_PASSWORD": "pw", "GRAFANA_ADMIN_PASSWORD": "grafana-pw"}
 
 
 def compose_config(*files, **env):
@@ -31,7 +34,7 @@ def compose_config(*files, **env):
     tool = shutil.which("docker-compose")
     assert tool, "docker-compose (Debian package) is needed to lint the compose file"
     base = {k: v for k, v in os.environ.items() if k not in SECRETS and k not in (
-        "KAFKA_BIND", "CLICKHOUSE_BIND")}
+        "KAFKA_BIND", "CLICKHOUSE_BIND", "GRAFANA_BIND")}
     args = [a for f in files for a in ("-f", str(f))]
     out = subprocess.run([tool, *args, "config"], capture_output=True, text=True,
                          env={**base, **env})
@@ -48,17 +51,19 @@ def _our_services(compose):
 
 
 def test_compose_is_valid_for_compose_itself():
-    code, _, err = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw")
+    code, _, err = compose_config(COMPOSE, **REQUIRED)
     assert code == 0, err
     code, _, err = compose_config(COMPOSE, SASL, **SECRETS)
     assert code == 0, err
 
 
 def test_no_default_clickhouse_password():
-    code, _, err = compose_config(COMPOSE)
+    code, _, err = compose_config(COMPOSE, GRAFANA_ADMIN_PASSWORD="g")
     assert code != 0 and "set CLICKHOUSE_PASSWORD" in err
     assert "blackbox}" not in COMPOSE.read_text()  # no fallback value anywhere
-    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="s3cret")
+    code, _, err = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw")
+    assert code != 0 and "set GRAFANA_ADMIN_PASSWORD" in err
+    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="s3cret", GRAFANA_ADMIN_PASSWORD="g")
     assert resolved["services"]["clickhouse"]["environment"]["CLICKHOUSE_PASSWORD"] == "s3cret"
     assert "blackbox:s3cret@" in resolved["services"]["sink"]["environment"][
         "DASK_BLACKBOX__CLICKHOUSE__DSN"]
@@ -77,10 +82,11 @@ def _published(resolved):
 
 
 def test_only_what_users_reach_is_published_and_on_loopback_by_default():
-    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw")
+    _, resolved, _ = compose_config(COMPOSE, **REQUIRED)
     published = _published(resolved)
-    assert published == {("kafka", 29092): "127.0.0.1", ("clickhouse", 8123): "127.0.0.1"}
-    _, resolved, _ = compose_config(COMPOSE, CLICKHOUSE_PASSWORD="pw", KAFKA_BIND="0.0.0.0")
+    assert published == {("kafka", 29092): "127.0.0.1", ("clickhouse", 8123): "127.0.0.1",
+                         ("grafana", 3000): "127.0.0.1"}
+    _, resolved, _ = compose_config(COMPOSE, **REQUIRED, KAFKA_BIND="0.0.0.0")
     assert _published(resolved)[("kafka", 29092)] == "0.0.0.0"  # when the user says so
 
 
@@ -98,8 +104,9 @@ def test_external_listener_with_sasl_ssl():
     assert env["KAFKA_SSL_KEYSTORE_PASSWORD"] == "ssl-pw"
     # Only the external listener is published; the internal plaintext one is not.
     assert _published(resolved) == {("kafka", 29092): "127.0.0.1",
-                                    ("clickhouse", 8123): "127.0.0.1"}
-    code, _, err = compose_config(COMPOSE, SASL, CLICKHOUSE_PASSWORD="pw")
+                                    ("clickhouse", 8123): "127.0.0.1",
+                                    ("grafana", 3000): "127.0.0.1"}
+    code, _, err = compose_config(COMPOSE, SASL, **REQUIRED)
     assert code != 0 and "KAFKA_" in err  # no secret, no start
 
 
@@ -124,6 +131,27 @@ def test_ci_runs_exactly_readme_command_two():
     for needed in ("chromium", "openjdk-17-jre-headless", "maven", "sudo",
                    "pip install -q -e '.[test]'", "exec python -m pytest"):
         assert needed in installer, needed
+
+
+def test_run_tests_builds_the_collector_the_export_tests_use():
+    """README command 2 builds infra/otel (the OTLP receiver of the export tests) into
+    the cache the tests look in, and says so in one line when Go is missing."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "tests"))
+    from otel_support import VERSION
+
+    script = (ROOT / "run-tests").read_text()
+    assert "infra/otel" in script and "otelcol-$OTELCOL_VERSION" in script
+    assert 'die "Go is missing' in script
+    main_go = (ROOT / "infra" / "otel" / "main.go").read_text()
+    assert f'Version:     "{VERSION}"' in main_go
+    go_mod = (ROOT / "infra" / "otel" / "go.mod").read_text()
+    assert f"go.opentelemetry.io/collector/receiver/otlpreceiver v{VERSION}" in go_mod
+    assert f"opentelemetry-collector-contrib/exporter/fileexporter v{VERSION}" in go_mod
+    # every collector module of the 0.x line at the one release
+    zero = re.findall(r"go\.opentelemetry\.io/collector/\S+ (v0\.\d+\.\d+)", go_mod)
+    assert zero and set(zero) == {f"v{VERSION}"}
 
 
 def test_services_run_the_commands_the_tests_run(compose):
@@ -163,8 +191,33 @@ def test_every_environment_name_is_a_real_setting(compose):
 
 def test_dockerfile_copies_every_layer():
     text = (ROOT / "infra" / "Dockerfile").read_text()
-    for package in ("dask_blackbox", "producers", "stream_processors", "sinks"):
+    for package in ("dask_blackbox", "producers", "stream_processors", "sinks", "exporters",
+                    "read", "cli"):
         assert f"COPY {package} " in text
+
+
+def test_grafana_provisions_the_dashboards_as_code(compose):
+    """The grafana service mounts the provisioning files and the dashboards that
+    infra/grafana/dashboards.py builds, for the ClickHouse service's database."""
+    grafana = compose["services"]["grafana"]
+    assert "build" not in grafana and grafana["image"].startswith("grafana/grafana-oss:")
+    mounts = {v.split(":")[1]: v.split(":")[0] for v in grafana["volumes"] if v.startswith("./")}
+    provisioning = (COMPOSE.parent / mounts["/etc/grafana/provisioning"]).resolve()
+    boards = (COMPOSE.parent / mounts["/var/lib/grafana/dashboards/dask-blackbox"]).resolve()
+    assert provisioning == ROOT / "infra" / "grafana" / "provisioning"
+    assert boards == ROOT / "infra" / "grafana" / "dashboards"
+    assert "grafana-clickhouse-datasource" in grafana["environment"]["GF_INSTALL_PLUGINS"]
+    [source] = yaml.safe_load((provisioning / "datasources" / "clickhouse.yaml").read_text())["datasources"]
+    assert source["type"] == "grafana-clickhouse-datasource"
+    assert source["jsonData"]["host"] == "clickhouse" and source["jsonData"]["port"] == 8123
+    assert source["jsonData"]["username"] == compose["services"]["clickhouse"]["environment"]["CLICKHOUSE_USER"]
+    assert source["secureJsonData"]["password"] == "$CLICKHOUSE_PASSWORD"
+    [provider] = yaml.safe_load((provisioning / "dashboards" / "blackbox.yaml").read_text())["providers"]
+    assert provider["options"]["path"] == "/var/lib/grafana/dashboards/dask-blackbox"
+    import json
+
+    uids = {json.loads(p.read_text())["uid"] for p in boards.glob("*.json")}
+    assert uids == {"blackbox-clusters", "blackbox-run", "blackbox-failures", "blackbox-pipeline"}
 
 
 def test_every_benchmark_is_in_the_suite_and_has_a_quick_size():

@@ -4,8 +4,9 @@ Parses every module's imports (including those inside functions) and checks:
 
 - the ground (``dask_blackbox/``: contract, config, Kafka and ClickHouse helpers, run
   files) imports no other part of the project;
-- the stages (``producers/``, ``stream_processors/``, ``sinks/``, ``alerts/``) import
-  the ground and themselves, never each other, the read side or the roof;
+- the stages (``producers/``, ``stream_processors/``, ``sinks/``, ``exporters/``,
+  ``alerts/``) import the ground and themselves, never each other, the read side or
+  the roof;
 - the read side (``read/``) imports the ground and itself only;
 - nothing imports the roof (``cli/``) but the roof;
 - no module imports, directly or through others, itself (no import circle).
@@ -24,6 +25,7 @@ PARTS = {
     "stream_processors": ("dask_blackbox.stream_processors", 1),
     "sinks": ("dask_blackbox.sinks", 1),
     "alerts": ("dask_blackbox.alerts", 1),
+    "exporters": ("dask_blackbox.exporters", 1),
     "read": ("dask_blackbox.read", 2),
     "cli": ("dask_blackbox.cli", 3),
 }
@@ -127,14 +129,15 @@ def test_a_users_own_modules_named_like_our_stages_do_not_shadow_them(tmp_path):
     import subprocess
     import sys
 
-    for name in ("producers", "sinks", "stream_processors", "read", "cli"):
+    for name in ("producers", "sinks", "stream_processors", "exporters", "read", "cli"):
         (tmp_path / f"{name}.py").write_text("raise ImportError('the user s own module')\n")
     def run(code):
         return subprocess.run([sys.executable, "-c", code], cwd=tmp_path,
                               capture_output=True, text=True, timeout=120)
 
     ours = run("import dask_blackbox.producers, dask_blackbox.sinks.service, "
-               "dask_blackbox.stream_processors.cluster, dask_blackbox.read.queries, "
+               "dask_blackbox.stream_processors.cluster, dask_blackbox.exporters.traces, "
+               "dask_blackbox.read.queries, "
                "dask_blackbox.cli.main")
     assert ours.returncode == 0, ours.stderr
     # the bare names are the user's, as they should be

@@ -1,0 +1,371 @@
+"""The continuous exporter's journal: a SQLite database in ``<data-dir>/exporter/``
+that holds, in one place and under one transaction at a time, everything between
+Kafka and the OTLP receiver. It is what makes the exporter survive a SIGKILL
+without losing or repeating a span.
+
+The protocol:
+
+1. A batch of Kafka messages is **applied** in one transaction (:meth:`Journal.apply`):
+   what it derives -- task spans and log records ready to send (the *outbox*),
+   span snapshots, erred tasks and worker removals waiting for their span or run
+   to end, per-prefix summaries beyond the cap -- and the partitions' next offsets.
+   The Kafka offsets live here, not only in the consumer group: a message is read
+   again after a crash exactly when its effects were not committed, so nothing is
+   derived twice and nothing is skipped. (The consumer group's committed offsets
+   follow, for lag monitoring.)
+2. Finished spans (a cluster that ended, a span done and quiet) move from their
+   tables to the outbox in one transaction (:meth:`Journal.finish_ready`).
+3. The outbox is sent in order; an item leaves it (:meth:`Journal.done`) only after
+   the receiver acknowledged it. A crash before that sends it again after the
+   restart: the one window where a span can be sent twice is between the
+   receiver's acknowledgement and that one transaction, and the span's id is
+   deterministic (:mod:`.ids`), so a backend can tell it is the same span.
+
+Each transaction is durable when it returns (WAL, ``synchronous=FULL``). One exporter
+owns a journal at a time (an exclusive ``flock`` on ``journal.lock``): a second one
+on the same data directory is refused.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import pathlib
+import sqlite3
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any, NamedTuple
+
+import msgspec
+import orjson
+
+from dask_blackbox import config, deaths
+
+from . import traces
+from .model import Item, SpanData, SpanEvent, decode, encode
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS offsets (topic TEXT, partition INTEGER, next_offset INTEGER,
+                                    PRIMARY KEY (topic, partition));
+CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT,
+                                   item BLOB);
+CREATE TABLE IF NOT EXISTS producers (producer_id TEXT PRIMARY KEY, last_seq INTEGER);
+CREATE TABLE IF NOT EXISTS clusters (cluster_id TEXT PRIMARY KEY, name TEXT,
+    first_ns INTEGER, last_ns INTEGER, closed_at REAL, touched REAL,
+    task_spans INTEGER DEFAULT 0, ended INTEGER DEFAULT 0);
+CREATE TABLE IF NOT EXISTS spans (cluster_id TEXT, span_id TEXT, version INTEGER,
+    state BLOB, done INTEGER, touched REAL, exported INTEGER DEFAULT 0,
+    PRIMARY KEY (cluster_id, span_id));
+CREATE TABLE IF NOT EXISTS events (cluster_id TEXT, span_id TEXT, kind TEXT, event BLOB);
+CREATE INDEX IF NOT EXISTS events_by_span ON events (cluster_id, span_id);
+CREATE TABLE IF NOT EXISTS summaries (cluster_id TEXT, prefix TEXT, action TEXT,
+    actions INTEGER, seconds REAL, first_ns INTEGER, last_ns INTEGER,
+    PRIMARY KEY (cluster_id, prefix, action));
+"""
+
+_events = msgspec.msgpack.Encoder()
+_event = msgspec.msgpack.Decoder(SpanEvent)
+
+
+class Record(NamedTuple):
+    """A Kafka message for :meth:`Journal.apply`: its topic's contract name (raw or
+    span-state), where it was, and its value decoded (None: not JSON)."""
+
+    topic: str
+    kafka_topic: str
+    partition: int
+    offset: int
+    value: Any
+
+
+class Applied(NamedTuple):
+    """What :meth:`Journal.apply` did with a batch."""
+
+    task_spans: int
+    summarised: int
+    logs: int
+    late: int
+    skipped: int
+
+
+class JournalBusy(config.ConfigError):
+    """Another exporter owns this journal."""
+
+
+class Journal:
+    """The journal in ``directory`` (created 0700)."""
+
+    def __init__(self, directory: pathlib.Path, max_task_spans: int, logs: bool = True) -> None:
+        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        self.path = directory / "journal.sqlite"
+        self._lock = open(directory / "journal.lock", "a")
+        try:
+            fcntl.flock(self._lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._lock.close()
+            raise JournalBusy(f"another exporter owns the journal in {directory} "
+                              "(blackbox.data-dir): one exporter per data directory") from None
+        self.db = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(_SCHEMA)
+        self.max_task_spans = max_task_spans
+        self.logs = logs
+
+    def close(self) -> None:
+        self.db.close()
+        self._lock.close()
+
+    # ----------------------------------------------------------------- reads
+
+    def offsets(self) -> dict[tuple[str, int], int]:
+        return {(t, p): o for t, p, o in self.db.execute("SELECT topic, partition, next_offset FROM offsets")}
+
+    def backlog(self) -> int:
+        """Items in the outbox (not yet acknowledged by the receiver)."""
+        return self.db.execute("SELECT count() FROM outbox").fetchone()[0]
+
+    def pending(self, limit: int) -> list[tuple[int, Item]]:
+        """The oldest items of the outbox (at most ``limit``, all of one signal:
+        spans or log records, so one request carries them), with their sequence
+        numbers."""
+        out, kind = [], None
+        for seq, item_kind, item in self.db.execute(
+                "SELECT seq, kind, item FROM outbox ORDER BY seq LIMIT ?", (limit,)):
+            if kind is not None and item_kind != kind:
+                break
+            kind = item_kind
+            out.append((seq, decode(item)))
+        return out
+
+    # ---------------------------------------------------------------- writes
+
+    def done(self, seqs: Iterable[int]) -> None:
+        """The receiver acknowledged these items: forget them."""
+        with self._transaction():
+            self.db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
+
+    def _transaction(self):
+        db = self.db
+
+        class _Tx:
+            def __enter__(self):
+                db.execute("BEGIN IMMEDIATE")
+
+            def __exit__(self, kind, value, tb):
+                db.execute("COMMIT" if kind is None else "ROLLBACK")
+
+        return _Tx()
+
+    def _put(self, kind: str, item: Item) -> None:
+        self.db.execute("INSERT INTO outbox (kind, item) VALUES (?, ?)", (kind, encode(item)))
+
+    def apply(self, records: list[Record], now: float | None = None) -> Applied:
+        """Apply a batch of Kafka messages and record their partitions' next offsets,
+        in one transaction. Messages that are not what the contract says are skipped
+        (the processors and the sink dead-letter them)."""
+        now = time.time() if now is None else now
+        counts = dict(task_spans=0, summarised=0, logs=0, late=0, skipped=0)
+        with self._transaction():
+            for r in records:
+                try:
+                    if r.topic == "raw":
+                        self._apply_envelope(r.value, now, counts)
+                    else:
+                        self._apply_span_state(r.value, now, counts)
+                except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                    counts["skipped"] += 1
+                self.db.execute(
+                    "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
+                    "DO UPDATE SET next_offset = excluded.next_offset",
+                    (r.kafka_topic, r.partition, r.offset + 1))
+        return Applied(**counts)
+
+    def _cluster(self, cluster_id: str, name: str | None, now: float) -> tuple:
+        row = self.db.execute("SELECT name, task_spans, ended FROM clusters WHERE cluster_id = ?",
+                              (cluster_id,)).fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO clusters (cluster_id, name, touched) VALUES (?, ?, ?)",
+                            (cluster_id, name or cluster_id, now))
+            return name or cluster_id, 0, 0
+        self.db.execute("UPDATE clusters SET touched = ?, name = coalesce(?, name) "
+                        "WHERE cluster_id = ?", (now, name, cluster_id))
+        return name or row[0], row[1], row[2]
+
+    def _seen(self, cluster_id: str, *times_ns: int) -> None:
+        lo, hi = min(times_ns), max(times_ns)
+        self.db.execute("UPDATE clusters SET first_ns = min(coalesce(first_ns, ?), ?), "
+                        "last_ns = max(coalesce(last_ns, ?), ?) WHERE cluster_id = ?",
+                        (lo, lo, hi, hi, cluster_id))
+
+    def _apply_envelope(self, env: Mapping, now: float, counts: dict) -> None:
+        from dask_blackbox import contract
+
+        contract.validate_envelope(env)
+        producer, seq = env["producer_id"], env["seq"]
+        last = self.db.execute("SELECT last_seq FROM producers WHERE producer_id = ?",
+                               (producer,)).fetchone()
+        if last is not None and seq <= last[0]:
+            counts["skipped"] += 1  # a producer's envelope seen before (a resend)
+            return
+        self.db.execute("INSERT INTO producers VALUES (?, ?) ON CONFLICT (producer_id) "
+                        "DO UPDATE SET last_seq = excluded.last_seq", (producer, seq))
+        cluster_id = env["cluster_id"]
+        name, task_spans, ended = self._cluster(cluster_id, env.get("cluster_name"), now)
+        resource = traces.resource(cluster_id, name)
+        cap = traces.TaskCap(self.max_task_spans, task_spans)
+        scheduler = env["source"] == "scheduler"
+        for ev in contract.expand_events(env["events"]):
+            try:
+                self._apply_event(ev, cluster_id, resource, cap, scheduler and not ended,
+                                  env["source"], counts)
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                counts["skipped"] += 1  # an event the contract does not allow
+        for (prefix, action), (n, seconds, first, last_ns) in cap.summaries.items():
+            self.db.execute(
+                "INSERT INTO summaries VALUES (?, ?, ?, ?, ?, ?, ?) "
+                "ON CONFLICT (cluster_id, prefix, action) DO UPDATE SET "
+                "actions = actions + excluded.actions, seconds = seconds + excluded.seconds, "
+                "first_ns = min(first_ns, excluded.first_ns), last_ns = max(last_ns, excluded.last_ns)",
+                (cluster_id, prefix, action, n, seconds, first, last_ns))
+            counts["summarised"] += n
+        self.db.execute("UPDATE clusters SET task_spans = ? WHERE cluster_id = ?",
+                        (cap.admitted, cluster_id))
+
+    def _apply_event(self, ev: Mapping, cluster_id: str, resource, cap: traces.TaskCap,
+                     live: bool, source: str, counts: dict) -> None:
+        """One event of an envelope; ``live``: from the scheduler of a cluster whose
+        run has not ended (a late event of an ended run sends its task spans, which
+        stand on their own, and nothing that would wait for the run's end)."""
+        from dask_blackbox import contract
+
+        kind = ev.get("kind")
+        if kind == contract.TRANSITION and source == "scheduler":
+            for span in traces.task_spans(cluster_id, ev):
+                self._seen(cluster_id, span.start_ns, span.end_ns)
+                if cap.admit(span):
+                    self._put("span", Item(resource, span=span))
+                    counts["task_spans"] += 1
+            if ev.get("finish") == "erred":
+                if live:
+                    self._event(cluster_id, ev.get("span_id") or "", "exception",
+                                traces.error_event(ev))
+                else:
+                    counts["late"] += 1
+        elif kind == contract.LIFECYCLE:
+            self._seen(cluster_id, traces.ns(ev["ts"]))
+            if ev.get("action") == "worker_removed" and live:
+                self._event(cluster_id, "", "removal", {k: ev.get(k) for k in (
+                    "ts", "worker", "reason", "stimulus_id", "detail")})
+            elif ev.get("action") == "scheduler_close":
+                self.db.execute("UPDATE clusters SET closed_at = ? WHERE cluster_id = ?",
+                                (ev["ts"], cluster_id))
+        elif kind == contract.LOG and self.logs:
+            self._put("log", Item(resource, log=traces.log_data(cluster_id, ev, source)))
+            counts["logs"] += 1
+
+    def _event(self, cluster_id: str, span_id: str, kind: str, event) -> None:
+        blob = _events.encode(event) if isinstance(event, SpanEvent) else orjson.dumps(event)
+        self.db.execute("INSERT INTO events VALUES (?, ?, ?, ?)", (cluster_id, span_id, kind, blob))
+
+    def _apply_span_state(self, state: Mapping, now: float, counts: dict) -> None:
+        cluster_id, span_id, version = state["cluster_id"], state["span_id"], int(state["version"])
+        if self._cluster(cluster_id, state.get("cluster_name"), now)[2]:
+            counts["late"] += 1  # its run ended and was exported
+            return
+        row = self.db.execute("SELECT version, exported FROM spans WHERE cluster_id = ? "
+                              "AND span_id = ?", (cluster_id, span_id)).fetchone()
+        if row is not None and (row[1] or version <= row[0]):
+            counts["late"] += bool(row[1] and version > row[0])
+            return
+        self.db.execute(
+            "INSERT INTO spans (cluster_id, span_id, version, state, done, touched) "
+            "VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT (cluster_id, span_id) DO UPDATE SET "
+            "version = excluded.version, state = excluded.state, done = excluded.done, "
+            "touched = excluded.touched",
+            (cluster_id, span_id, version, orjson.dumps(state), int(bool(state.get("done"))), now))
+
+    # ------------------------------------------------------------- finishing
+
+    def finish_ready(self, settle: float, idle_timeout: float, span_quiet: float | None,
+                     now: float | None = None) -> int:
+        """Move finished spans to the outbox, in one transaction: every span of a
+        cluster that ended -- its scheduler closed and nothing of it arrived for
+        ``settle`` seconds, or nothing at all for ``idle_timeout`` -- with its
+        summaries and its run span; and every span whose tasks are all done and whose
+        snapshot has not changed for ``span_quiet`` seconds. Returns how many."""
+        now = time.time() if now is None else now
+        moved = 0
+        with self._transaction():
+            ended = self.db.execute(
+                "SELECT cluster_id, name, first_ns, last_ns, task_spans FROM clusters "
+                "WHERE NOT ended AND ((closed_at IS NOT NULL AND ? - touched >= ?) "
+                "OR ? - touched >= ?)", (now, settle, now, idle_timeout)).fetchall()
+            for cluster_id, name, first_ns, last_ns, task_spans in ended:
+                moved += self._finish_cluster(cluster_id, name, first_ns, last_ns, task_spans)
+            if span_quiet is not None:
+                for cluster_id, span_id, state in self.db.execute(
+                        "SELECT s.cluster_id, s.span_id, s.state FROM spans AS s JOIN clusters AS c "
+                        "USING (cluster_id) WHERE NOT s.exported AND s.done AND NOT c.ended "
+                        "AND ? - s.touched >= ?", (now, span_quiet)).fetchall():
+                    name = self.db.execute("SELECT name FROM clusters WHERE cluster_id = ?",
+                                           (cluster_id,)).fetchone()[0]
+                    self._finish_span(cluster_id, name, span_id, orjson.loads(state))
+                    moved += 1
+        return moved
+
+    def _span_events(self, cluster_id: str, span_id: str) -> list[SpanEvent]:
+        rows = self.db.execute("SELECT event FROM events WHERE cluster_id = ? AND span_id = ? "
+                               "AND kind = 'exception'", (cluster_id, span_id)).fetchall()
+        self.db.execute("DELETE FROM events WHERE cluster_id = ? AND span_id = ? AND kind = 'exception'",
+                        (cluster_id, span_id))
+        return [_event.decode(r[0]) for r in rows]
+
+    def _finish_span(self, cluster_id: str, name: str, span_id: str, state: dict) -> SpanData:
+        span = traces.dask_span(cluster_id, state, self._span_events(cluster_id, span_id))
+        self._put("span", Item(traces.resource(cluster_id, name), span=span))
+        self.db.execute("UPDATE spans SET exported = 1 WHERE cluster_id = ? AND span_id = ?",
+                        (cluster_id, span_id))
+        self._seen(cluster_id, span.start_ns, span.end_ns)
+        return span
+
+    def _finish_cluster(self, cluster_id: str, name: str, first_ns, last_ns,
+                        task_spans: int) -> int:
+        moved = 0
+        resource = traces.resource(cluster_id, name)
+        for span_id, state in self.db.execute(
+                "SELECT span_id, state FROM spans WHERE cluster_id = ? AND NOT exported",
+                (cluster_id,)).fetchall():
+            self._finish_span(cluster_id, name, span_id, orjson.loads(state))
+            moved += 1
+        summaries = {(p, a): [n, s, f, l] for p, a, n, s, f, l in self.db.execute(
+            "SELECT prefix, action, actions, seconds, first_ns, last_ns FROM summaries "
+            "WHERE cluster_id = ?", (cluster_id,))}
+        for span in traces.summary_spans(cluster_id, summaries):
+            self._put("span", Item(resource, span=span))
+            moved += 1
+        # the run span: worker deaths, and the erred tasks of spans never described or
+        # already exported
+        closed = self.db.execute("SELECT closed_at FROM clusters WHERE cluster_id = ?",
+                                 (cluster_id,)).fetchone()[0]
+        closes = [closed] if closed is not None else []
+        events = []
+        for kind, blob in self.db.execute("SELECT kind, event FROM events WHERE cluster_id = ?",
+                                          (cluster_id,)).fetchall():
+            if kind == "exception":
+                events.append(_event.decode(blob))
+            else:
+                removal = orjson.loads(blob)
+                if deaths.is_death(removal.get("detail"), removal["ts"], closes):
+                    events.append(traces.death_event(removal))
+        self.db.execute("DELETE FROM events WHERE cluster_id = ?", (cluster_id,))
+        first_ns, last_ns = self.db.execute("SELECT first_ns, last_ns FROM clusters WHERE "
+                                            "cluster_id = ?", (cluster_id,)).fetchone()
+        if first_ns is None:  # nothing with a time but logs: the run is its close
+            first_ns = last_ns = traces.ns(closed if closed is not None else time.time())
+        self._put("span", Item(resource, span=traces.run_span(
+            cluster_id, name, first_ns or 0, last_ns or 0, events, self.max_task_spans,
+            task_spans, sum(s[0] for s in summaries.values()))))
+        self.db.execute("UPDATE clusters SET ended = 1 WHERE cluster_id = ?", (cluster_id,))
+        self.db.execute("DELETE FROM spans WHERE cluster_id = ?", (cluster_id,))
+        self.db.execute("DELETE FROM summaries WHERE cluster_id = ?", (cluster_id,))
+        return moved + 1

@@ -1,0 +1,300 @@
+"""A recorded run as a trace file in the Chrome Trace Event Format (the JSON that
+Perfetto, ``chrome://tracing`` and ``about:tracing`` open): ``dask-blackbox trace
+--cluster X [--span S] -o run.json.gz``.
+
+The file is one JSON object, gzipped when the name ends in ``.gz``::
+
+    {"traceEvents": [...], "displayTimeUnit": "ms",
+     "otherData": {"cluster_id", "cluster_name", "span", "epoch_us", "threads"}}
+
+Times (``ts``, ``dur``) are whole microseconds since ``otherData.epoch_us`` (the
+run's first recorded moment, in microseconds since the Unix epoch).
+
+- **One process per worker** (``pid`` 1, 2, ... in address order; its name is the
+  worker's address), **one thread row per worker thread**: a compute goes on the
+  row of the thread that ran it ("thread <ident>": the ``thread`` column, Dask's
+  ``TaskFinishedMsg.thread``), and the worker's other actions (transfers, disk; and
+  computes whose thread was not recorded) are packed onto the fewest rows of their
+  own on which none overlap ("other actions #k", or "row #k" when no thread was
+  recorded at all; ``otherData.threads`` says which: "recorded" or "packed"). Every action Dask reported in ``startstops`` is one
+  complete event (``ph: "X"``): ``name`` the task's prefix (the action for
+  transfers and disk), ``cat`` the action, ``args`` the key, ``erred: true`` for
+  a task that erred, and a compute's ``thread``. (Dask shifts a
+  compute's times by the worker's estimated clock offset, an estimate that moves: a
+  compute that then seems to begin before the previous one on its thread ended goes
+  on an "other actions" row, its times unchanged.)
+- **The spans on a process of their own** (``pid`` 0, "dask spans"): each Dask span
+  is a begin/end pair (``ph: "B"`` / ``"E"``) from its start to its stop, nested
+  under its parent; spans that overlap without nesting go on another row. A span
+  none of whose tasks finished in memory (Dask's ``Span.start`` unset) is a
+  zero-length complete event at its ``enqueued`` time.
+- **Deaths and errors as instant events** (``ph: "i"``): a worker's death
+  (:func:`dask_blackbox.deaths.is_death`) on its process (``s: "p"``), an erred
+  task on the spans' process (``s: "p"``) with its key and exception.
+
+Metadata events (``ph: "M"``) name every process and thread. The rows are read from
+ClickHouse with the times already in microseconds, and the file is written with
+orjson and zlib at level 1 (the events are very alike: see bench/trace_file.py).
+"""
+
+from __future__ import annotations
+
+import gzip
+import heapq
+import pathlib
+from typing import Any, NamedTuple
+
+import orjson
+
+from dask_blackbox import deaths
+from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.panels import resolve
+from dask_blackbox.read.runs import has_column
+
+#: The process of the spans' rows.
+SPANS_PID = 0
+#: Task actions read in one query, at most (pages of whole workers; a worker with
+#: more is read alone, and then blackbox.query.max-result-rows must allow it).
+PAGE_ROWS = 900_000
+#: Rows of actions without a recorded thread are numbered from here (a worker's
+#: thread rows from 1).
+PACKED_TID = 1000
+
+
+class _Lanes:
+    """Packs one worker's actions, in order of start, onto the fewest rows on which
+    none overlap: each goes on the lowest row free at its start."""
+
+    def __init__(self) -> None:
+        self.busy: list[tuple[int, int]] = []  # (end, row), a heap
+        self.free: list[int] = []              # rows free now, a heap
+        self.rows = 0
+
+    def place(self, start: int, stop: int) -> int:
+        busy, free = self.busy, self.free
+        while busy and busy[0][0] <= start:
+            heapq.heappush(free, heapq.heappop(busy)[1])
+        if free:
+            row = heapq.heappop(free)
+        else:
+            row = self.rows
+            self.rows += 1
+        heapq.heappush(busy, (stop, row))
+        return row
+
+
+def _span_lanes(spans: list[tuple[int, int, str, str | None]]) -> dict[str, tuple[int, int]]:
+    """A row for each span (start, stop, id, parent) such that on every row the
+    spans nest: a span goes on the first row where, once the spans that ended by its
+    start are closed, the innermost open one contains it. Returns span id -> (row,
+    order), ``order`` the place of the span in the order rows were filled: of spans
+    that begin (or end) at one time on one row, the one placed first is the outer."""
+    parent_of = {span_id: parent for _, _, span_id, parent in spans}
+
+    def depth(span_id: str) -> int:
+        n, seen = 0, set()
+        while (span_id := parent_of.get(span_id)) is not None and span_id not in seen:
+            seen.add(span_id)
+            n += 1
+        return n
+
+    stacks: list[list[tuple[int, int]]] = []
+    placed = {}
+    ordered = sorted(spans, key=lambda s: (s[0], -s[1], depth(s[2]), s[2]))
+    for order, (start, stop, span_id, _) in enumerate(ordered):
+        for i, stack in enumerate(stacks):
+            while stack and stack[-1][1] <= start and stack[-1][0] < start:
+                stack.pop()
+            if not stack or stack[-1][1] >= stop:
+                stack.append((start, stop))
+                placed[span_id] = (i, order)
+                break
+        else:
+            stacks.append([(start, stop)])
+            placed[span_id] = (len(stacks) - 1, order)
+    return placed
+
+
+class TraceFile(NamedTuple):
+    """A trace: ``events`` (metadata, spans, instants) as dicts, ``slices`` (the
+    task actions' complete events) as JSON text, and ``other`` (``otherData``)."""
+
+    events: list[dict]
+    slices: list[str]
+    other: dict
+
+
+def trace_events(backend: Backend, cluster: str, span: str | None = None) -> TraceFile:
+    """The trace of ``cluster``'s latest run (or of the span ``span`` and its
+    sub-spans); NotFound for an unknown cluster or span."""
+    scope = resolve(backend, cluster, span)
+    p: dict[str, Any] = {"c": scope.cluster_id}
+    in_span = ""
+    if scope.span_ids is not None:
+        p["ids"] = scope.span_ids
+        in_span = " AND span_id IN {ids:Array(String)}"
+    recorded = has_column(backend, "transitions", "thread")
+    thread = "thread" if recorded else "NULL"
+    # the thread in a compute's args, where recorded
+    thread_arg = ("if(isNull(thread) OR ss.action != 'compute', '', "
+                  "concat(',\"thread\":', toString(thread))), " if recorded else "")
+    where = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
+             f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span}")
+    # a page of workers at a time: one answer may hold at most blackbox.query.max-result-rows
+    _, per_worker = backend.query(
+        f"SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) {where} "
+        "GROUP BY worker ORDER BY worker", p)
+    pages: list[list[str]] = [[]]
+    rows_in_page = 0
+    for worker, n, _ in per_worker:
+        if pages[-1] and rows_in_page + n > PAGE_ROWS:
+            pages.append([])
+            rows_in_page = 0
+        pages[-1].append(worker)
+        rows_in_page += n
+    _, span_rows = backend.query(
+        "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
+        "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
+        "arraySum(mapValues(states)), duration "
+        f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
+    _, erred = backend.query(
+        "SELECT toInt64(toUnixTimestamp64Micro(ts)), key, prefix, worker, exception "
+        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
+        f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
+    _, removals = backend.query(
+        "SELECT toFloat64(ts), toInt64(toUnixTimestamp64Micro(ts)), action, worker, reason, "
+        f"stimulus_id, detail FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+        "AND action IN ('worker_removed', 'scheduler_close') ORDER BY ts", p)
+
+    spans = []
+    for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
+        begin = start if start > 0 else enqueued
+        spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
+    starts = ([s[0] for s in spans] + [e[0] for e in erred] + [r[1] for r in removals]
+              + [first for _, _, first in per_worker])
+    epoch = min(starts) if starts else 0
+
+    workers = sorted({w for w, _, _ in per_worker} | {r[3] for r in removals if r[3]})
+    pid_of = {w: i + 1 for i, w in enumerate(workers)}
+    events: list[dict] = [
+        {"name": "process_name", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"name": "dask spans"}},
+        {"name": "process_sort_index", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"sort_index": 0}},
+    ]
+    for w, pid in pid_of.items():
+        events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": w}})
+        events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
+                       "args": {"sort_index": pid}})
+
+    # task actions: X events, one row per worker thread. ClickHouse writes each
+    # event's JSON but for its row (pid, tid), which is known only here.
+    thread_names: dict[tuple[int, int], str] = {}
+    thread_rows: dict[tuple[str, int], int] = {}
+    slices: list[str] = []
+    append = slices.append
+    p["epoch"] = epoch
+    for page in pages:
+        if not page:
+            continue
+        _, rows = backend.query(
+            f"SELECT worker, {thread}, ss.action = 'compute', "
+            "toInt64(toUnixTimestamp64Micro(ss.start)) - {epoch:Int64} AS s, "
+            "toInt64(toUnixTimestamp64Micro(ss.stop)) - {epoch:Int64} AS e, "
+            "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
+            "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
+            "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
+            f"if(finish = 'erred', ',\"erred\":true', ''), {thread_arg}'}}') "
+            f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
+            {**p, "page": page})
+        lanes: _Lanes | None = None
+        current = None
+        for worker, thread_id, is_compute, start, stop, text in rows:
+            if worker != current:
+                current, lanes, pid, ends = worker, _Lanes(), pid_of[worker], {}
+            # Dask adds the worker's estimated clock offset to its computes' times, and
+            # the estimate moves: a compute may seem to begin before the one before it
+            # on its thread ended. It then goes on another row (a slice of a row never
+            # overlaps another), its times as recorded.
+            if thread_id is not None and is_compute and start >= ends.get(thread_id, start):
+                ends[thread_id] = stop
+                tid = thread_rows.get((worker, thread_id))
+                if tid is None:
+                    tid = thread_rows[(worker, thread_id)] = 1 + sum(
+                        1 for k in thread_rows if k[0] == worker)
+                    thread_names[(pid, tid)] = f"thread {thread_id}"
+            else:
+                lane = lanes.place(start, stop)
+                tid = PACKED_TID + lane
+                if (pid, tid) not in thread_names:
+                    thread_names[(pid, tid)] = f"{'other actions' if thread_rows else 'row'} #{lane}"
+            append(f'{text},"pid":{pid},"tid":{tid}}}')
+    for (pid, tid), name in sorted(thread_names.items()):
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
+
+    # spans: B/E pairs on rows where they nest
+    placed = _span_lanes([(s[0], s[1], s[2], s[3]) for s in spans])
+    for lane in sorted({lane for lane, _ in placed.values()}):
+        events.append({"name": "thread_name", "ph": "M", "pid": SPANS_PID, "tid": lane + 1,
+                       "args": {"name": f"spans #{lane}"}})
+    span_events = []
+    for begin, stop, span_id, parent, name, tasks, task_s in spans:
+        lane, order = placed[span_id]
+        tid = lane + 1
+        label = name[-1] if name else span_id
+        args = {"span_id": span_id, "path": "/".join(name), "parent_id": parent,
+                "tasks": tasks, "task_seconds": task_s}
+        if stop == begin:  # no task finished: an instant-long slice, not a B/E pair
+            span_events.append((begin, 0.5, order, {"name": label, "cat": "span", "ph": "X",
+                                "ts": begin - epoch, "dur": 0, "pid": SPANS_PID, "tid": tid,
+                                "args": args}))
+            continue
+        span_events.append((begin, 1, order, {"name": label, "cat": "span", "ph": "B",
+                            "ts": begin - epoch, "pid": SPANS_PID, "tid": tid, "args": args}))
+        span_events.append((stop, 0, -order, {"name": label, "cat": "span", "ph": "E",
+                            "ts": stop - epoch, "pid": SPANS_PID, "tid": tid}))
+    # at one time, ends before begins; inner spans begin after and end before outer ones
+    span_events.sort(key=lambda e: e[:3])
+    events.extend(e[3] for e in span_events)
+
+    closes = [r[0] for r in removals if r[2] == "scheduler_close"]
+    for ts, ts_us, action, worker, reason, stimulus_id, detail in removals:
+        if action != "worker_removed" or worker not in pid_of:
+            continue
+        try:
+            info = orjson.loads(detail) if detail else None
+        except orjson.JSONDecodeError:
+            info = None
+        if deaths.is_death(info, ts, closes):
+            events.append({"name": "worker died", "cat": "death", "ph": "i", "s": "p",
+                           "ts": ts_us - epoch, "pid": pid_of[worker], "tid": 0,
+                           "args": {"worker": worker, "reason": reason or stimulus_id,
+                                    **deaths.lost(info)}})
+    for ts_us, key, prefix, worker, exception in erred:
+        events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
+                       "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,
+                       "args": {"key": key, "worker": worker, "exception": exception}})
+    return TraceFile(events, slices, {
+        "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
+        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed"})
+
+
+def write(trace: TraceFile, path: str | pathlib.Path) -> int:
+    """Write ``trace`` to ``path`` (gzipped if it ends in .gz); returns the bytes written."""
+    head = orjson.dumps({"displayTimeUnit": "ms", "otherData": trace.other})
+    parts = [b'{"traceEvents":[', b",".join(orjson.dumps(e) for e in trace.events)]
+    if trace.slices:
+        parts += [b"," if trace.events else b"", ",".join(trace.slices).encode()]
+    parts += [b"],", head[1:]]
+    path = pathlib.Path(path)
+    if path.suffix == ".gz":
+        with open(path, "wb") as raw, gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=1,
+                                                     mtime=0) as f:
+            for part in parts:
+                f.write(part)
+    else:
+        with open(path, "wb") as f:
+            for part in parts:
+                f.write(part)
+    return path.stat().st_size

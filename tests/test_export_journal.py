@@ -1,0 +1,161 @@
+"""The continuous exporter's journal (exporters/journal.py) on contract records, with
+no broker and no receiver: what it derives is the trace ``export otlp`` builds from
+the same records (exporters.traces.build_run: same ids, names, times, attributes and
+events), whenever the spans finish; a run past the cap is summarised the same way; a
+resent envelope adds nothing; a snapshot after its span was exported is counted late;
+a second exporter on the same journal is refused. Reopening the journal after a
+"crash" (closing it mid-way) keeps offsets and the outbox."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from dask_blackbox import contract
+from dask_blackbox.exporters import traces
+from dask_blackbox.exporters.journal import Journal, JournalBusy, Record
+
+T0 = 1_790_000_000.0
+CLUSTER = "Scheduler-journal"
+
+
+def envelope(seq: int, events: list, source: str = "scheduler") -> dict:
+    return {"schema": contract.SCHEMA_VERSION, "cluster_id": CLUSTER, "cluster_name": "journal",
+            "source": source, "producer_id": f"{source}-1", "seq": seq, "sent_at": T0 + seq,
+            "events": events}
+
+
+def transition(key, finish, t, span_id, actions=(), **extra):
+    return {"kind": "transition", "ts": t, "key": key, "prefix": key.split("-")[0],
+            "group": key, "span_id": span_id, "start": "processing", "finish": finish,
+            "stimulus_id": f"s-{key}", "worker": "tcp://w:1", "nbytes": 8, "typename": "int",
+            "startstops": [{"action": a, "start": s, "stop": e} for a, s, e in actions] or None,
+            "exception": None, "traceback": None, "cause": None, **extra}
+
+
+def span_state(span_id, name, parent, version, done, start, stop, tasks):
+    return {"cluster_id": CLUSTER, "cluster_name": "journal", "span_id": span_id, "name": name,
+            "parent_id": parent, "version": version, "enqueued": T0, "start": start,
+            "stop": stop, "duration": stop - start, "nbytes_total": 8 * tasks,
+            "states": {"memory": tasks}, "all_durations": {"compute": stop - start},
+            "cumulative_worker_metrics": [], "done": done, "updated_at": T0,
+            "nthreads_intervals": [], "active_cpu_seconds": 1.0}
+
+
+def records():
+    """(raw envelopes, span states, the transitions and lifecycle events in them)."""
+    trs = [transition(f"inc-{i}", "memory", T0 + 1 + i, "s-load",
+                      [("transfer", T0 + i, T0 + i + 0.25), ("compute", T0 + i + 0.25, T0 + 1 + i)])
+           for i in range(6)]
+    trs.append(transition("div-0", "erred", T0 + 8, "s-fail", [("compute", T0 + 7.5, T0 + 8)],
+                          exception="ZeroDivisionError('division by zero')", traceback="tb",
+                          cause="div-0"))
+    death = {"kind": "lifecycle", "ts": T0 + 9, "action": "worker_removed", "worker": "tcp://w:2",
+             "client": None, "reason": "worker-handle-scheduler-connection-broken",
+             "stimulus_id": "handle-worker-cleanup-1", "detail": {"expected": False,
+                                                                  "processing_tasks": 2}}
+    close = {"kind": "lifecycle", "ts": T0 + 30, "action": "scheduler_close", "worker": None,
+             "client": None, "reason": None, "stimulus_id": None, "detail": None}
+    log = {"kind": "log", "ts": T0 + 3, "logger": "distributed.worker", "level": "WARNING",
+           "message": "careful", "process": "tcp://w:1", "exc_text": None}
+    raw = [envelope(0, trs[:3] + [log]), envelope(1, trs[3:] + [death]), envelope(2, [close])]
+    states = [span_state("s-etl", ["etl"], None, 1, False, T0, T0 + 3, 3),
+              span_state("s-load", ["etl", "load"], "s-etl", 1, False, T0, T0 + 3, 3),
+              span_state("s-load", ["etl", "load"], "s-etl", 2, True, T0, T0 + 7, 6),
+              span_state("s-etl", ["etl"], None, 2, True, T0, T0 + 7, 6),
+              span_state("s-fail", ["failing"], None, 1, True, 0.0, 0.0, 1)]
+    return raw, states, trs, [death, close]
+
+
+def as_records(raw, states):
+    out = [Record("raw", "bb.raw", 0, i, orjson.loads(orjson.dumps(e))) for i, e in enumerate(raw)]
+    out += [Record("span-state", "bb.span-state", 1, i, s) for i, s in enumerate(states)]
+    return out
+
+
+def outbox(journal):
+    """Every item waiting in the outbox, in order."""
+    from dask_blackbox.exporters.model import decode
+
+    return [decode(item) for item, in journal.db.execute("SELECT item FROM outbox ORDER BY seq")]
+
+
+def sent(journal):
+    return {item.span.span_id: item.span for item in outbox(journal) if item.span}
+
+
+@pytest.mark.parametrize("cap", [100, 4])
+def test_the_journal_derives_the_trace_export_otlp_builds(tmp_path, cap):
+    raw, states, trs, lifecycle = records()
+    journal = Journal(tmp_path / "j", max_task_spans=cap)
+    applied = journal.apply(as_records(raw, states), now=100.0)
+    assert applied.task_spans == min(cap, 13) and applied.summarised == 13 - min(cap, 13)
+    assert applied.logs == 1
+    assert journal.offsets() == {("bb.raw", 0): 3, ("bb.span-state", 1): 5}
+    # not yet: closed at T0 + 30, but the cluster's records arrived just now
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=101.0) == 0
+    moved = journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=106.0)
+    got = sent(journal)
+    finals = {s["span_id"]: s for s in states}  # the latest version of each
+    expected = {s.span_id: s for s in traces.build_run(CLUSTER, "journal", finals.values(),
+                                                       trs, lifecycle, cap)}
+    # the Dask spans, the summaries and the run span waited for the run's end
+    assert moved == sum(1 for s in expected.values() if "dask.task.key" not in s.attributes)
+    assert set(got) == set(expected)
+    for span_id, want in expected.items():
+        assert got[span_id] == want, want.name
+    [run] = [s for s in got.values() if s.parent_id is None]
+    assert [e.name for e in run.events] == ["dask.worker.death"] + (
+        ["dask.task_spans.capped"] if cap < 13 else [])
+    logs = [item.log for item in outbox(journal) if item.log]
+    # a request carries one signal: the oldest items up to the first of another kind
+    first = journal.pending(10_000)
+    assert len({item.log is None for _, item in first}) == 1
+    assert [log.body for log in logs] == ["careful"] and logs[0].trace_id == run.trace_id
+
+
+def test_quiet_spans_late_snapshots_resends_and_restarts(tmp_path):
+    raw, states, trs, _ = records()
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.apply(as_records(raw[:2], states[:4]), now=100.0)  # no close yet
+    with pytest.raises(JournalBusy, match="another exporter owns the journal"):
+        Journal(tmp_path / "j", max_task_spans=100)
+    # done and quiet for span-quiet: exported before the run ends
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=60, now=130.0) == 0
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=60, now=161.0) == 2
+    names = {s.name for s in sent(journal).values()}
+    assert {"etl", "load"} <= names and "run journal" not in names
+    # a resent envelope adds nothing; a later snapshot of an exported span is late
+    later = span_state("s-load", ["etl", "load"], "s-etl", 3, True, T0, T0 + 9, 7)
+    again = journal.apply([Record("raw", "bb.raw", 0, 5, orjson.loads(orjson.dumps(raw[1]))),
+                           Record("span-state", "bb.span-state", 1, 9, later)], now=170.0)
+    assert again.task_spans == 0 and again.skipped == 1 and again.late == 1
+    backlog = journal.backlog()
+    journal.close()  # a crash between transactions loses nothing journalled
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    assert journal.backlog() == backlog
+    assert journal.offsets() == {("bb.raw", 0): 6, ("bb.span-state", 1): 10}
+    # no scheduler_close: the run ends after idle-timeout
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=60, now=3000.0) == 0
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=60, now=3771.0) == 1
+    [run] = [s for s in sent(journal).values() if s.parent_id is None]
+    # the erred task's span was never described: its exception goes to the run
+    assert [e.name for e in run.events] == ["exception", "dask.worker.death"]
+    assert run.error == "1 worker(s) died"
+    done = [seq for seq, _ in journal.pending(5)]
+    journal.done(done)
+    assert journal.backlog() == backlog + 1 - len(done)
+    journal.close()
+
+
+def test_a_span_keeps_its_first_events_and_counts_the_rest():
+    """However many tasks of a span erred, its span stays a small request."""
+    erred = [transition(f"div-{i}", "erred", T0 + i, "s-fail", exception="E('x' * 16384)",
+                        traceback="t" * 16384) for i in range(300)]
+    [state] = [s for s in records()[1] if s["span_id"] == "s-fail"]
+    spans = traces.build_run(CLUSTER, "journal", [state], erred, [], 10)
+    [failing] = [s for s in spans if s.name == "failing"]
+    assert len(failing.events) == traces.MAX_EVENTS
+    assert failing.attributes["dask.events.dropped"] == 300 - traces.MAX_EVENTS
+    assert failing.events[0].attributes["dask.task.key"] == "div-0"  # the earliest kept
+    assert failing.error == "300 task(s) erred"
