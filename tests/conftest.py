@@ -130,6 +130,7 @@ def pipeline_settings(broker: str, prefix: str, data_dir) -> tuple[dict, dict[st
         "blackbox.data-dir": str(data_dir),
         "blackbox.processors.app-id": f"app-{prefix}",
         "blackbox.sink.group-id": f"sink-{prefix}",
+        "blackbox.alerts.group-id": f"alerts-{prefix}",
     }
     env = {
         "DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)

@@ -41,6 +41,7 @@ class AlerterProcess:
         for key, value in settings.items():
             env["DASK_BLACKBOX__ALERTS__" + key.upper()] = value
         self.state_dir = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]) / "alerts"
+        self.checkpoint = self.state_dir / f"{bb_env['DASK_BLACKBOX__ALERTS__GROUP_ID']}.json"
         self.log = pathlib.Path(bb_env["DASK_BLACKBOX__DATA_DIR"]).parent / f"alerts-{uuid.uuid4().hex[:6]}.log"
         self.log.parent.mkdir(parents=True, exist_ok=True)
         self._err = open(self.log, "wb")
@@ -144,7 +145,7 @@ def test_a_sigkill_mid_stream_loses_and_repeats_nothing(bb_config, hook):
         wait_for(lambda: len(hook.received) >= 4, 30, "some deliveries")
     finally:
         alerter.kill()  # mid-stream: some delivered, some in the outbox, some unread
-    checkpoint = orjson.loads((alerter.state_dir / "dask-blackbox-alerts.json").read_bytes())
+    checkpoint = orjson.loads(alerter.checkpoint.read_bytes())
     recorded = set(checkpoint["settled"])  # what the killed alerter had recorded as delivered
     publish(deaths(cluster, 8, first=12))
     alerter = AlerterProcess(bb_config, rules)
