@@ -260,9 +260,12 @@ class Watcher:
         detail = ev.get("detail") if isinstance(ev.get("detail"), dict) else {}
         worker = ev.get("worker")
         if action == "worker_added" and isinstance(worker, str):
-            nanny = detail.get("nanny")
-            c.workers[worker] = [_int(detail.get("pid")), nanny if isinstance(nanny, str) else None,
-                                 "nanny" in detail, ts]
+            c.workers[worker] = _joined(detail, ts)
+        elif action == "scheduler_start":  # the workers there before the recording
+            there = detail.get("workers")
+            for address, info in (there.items() if isinstance(there, dict) else ()):
+                if isinstance(info, dict):
+                    c.workers[str(address)] = _joined(info, None)
         elif action == "worker_removed" and isinstance(worker, str):
             pid, nanny, known, added = c.workers.get(worker, [None, None, False, None])
             expected = detail.get("expected")
@@ -390,6 +393,12 @@ class Watcher:
 
 _TRANSITION_FIELDS = ("key", "start", "finish", "stimulus_id", "ts", "prefix", "span_id", "worker",
                       "exception")
+
+
+def _joined(detail: dict, ts: float | None) -> list:
+    """[pid, nanny, nanny_known, when it joined] from a worker's lifecycle detail."""
+    nanny = detail.get("nanny")
+    return [_int(detail.get("pid")), nanny if isinstance(nanny, str) else None, "nanny" in detail, ts]
 
 
 def _in_span(path: str, span: str) -> bool:

@@ -28,6 +28,7 @@ BENCHMARKS = [
     "processor_throughput.py",
     "processor_ttl.py",
     "query_latency.py",
+    "critical_path.py",
     "trace_file.py",
     "freshness.py",
     "alerts.py",

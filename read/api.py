@@ -12,8 +12,12 @@ Endpoints (GET; every answer is JSON):
     each worker died and each KilledWorker; also takes ``key``).
 ``/api/task?cluster=&key=``
     a task's story, the metrics and logs around it, its dependencies/dependents.
+``/api/run/critical_path?cluster=&span=&since=&until=``, ``/api/run/cost?...``
+    the run's (or span's) critical path, and what each span and prefix cost.
 ``/api/compare?span=&cluster=&since=&until=``
-    the span in every run and cluster, side by side.
+    the latest run of the span (or, with only ``cluster``, of the clusters of that
+    name) against the one before it, verdicts first; and the span in every run and
+    cluster, side by side.
 
 Filters: ``cluster`` a name or id (several runs with one name: the latest),
 ``span`` a span tag or '/'-joined name (its sub-spans included), ``since`` and
@@ -44,7 +48,8 @@ ENDPOINTS = [
        (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
       for name, fn in panels.RUN_PANELS.items()],
     ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
-    ("/api/compare?span=&cluster=&since=&until=", "a span across runs and clusters"),
+    ("/api/compare?span=&cluster=&since=&until=",
+     "regressions beyond the noise, latest run against the one before; a span across runs"),
 ]
 
 
@@ -139,8 +144,9 @@ def task(backend: Backend, params: Mapping) -> dict:
 
 def compare(backend: Backend, params: Mapping) -> dict:
     f = filters(params)
-    if not f["span"]:
-        raise BadParameter("span is required: a span tag or a path like etl/load")
+    if not f["span"] and not f["cluster"]:
+        raise BadParameter("span is required: a span tag or a path like etl/load "
+                           "(or cluster alone, to compare the whole runs of that name)")
     return panels.compare(backend, f["span"], f["cluster"], f["since"], f["until"])
 
 

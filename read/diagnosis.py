@@ -152,12 +152,14 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
            until: TimeBound = None) -> list[Death]:
     """Every worker removal of the clusters ``ids`` (None: all) in [since, until),
     oldest first, each with its verdict. Five queries, whatever the number of
-    clusters."""
+    clusters. A worker's process id and nanny come from its ``worker_added`` record,
+    or from ``scheduler_start``'s list of the workers there before the recording."""
     where, p = _clusters_condition(ids)
     _, life = backend.query(
         "SELECT cluster_id, toFloat64(ts), action, worker, reason, stimulus_id, detail "
         f"FROM {table(backend, 'lifecycle')} WHERE {where} AND action IN "
-        "('worker_added', 'worker_removed', 'restart', 'scheduler_close') ORDER BY cluster_id, ts", p)
+        "('scheduler_start', 'worker_added', 'worker_removed', 'restart', 'scheduler_close') "
+        "ORDER BY cluster_id, ts", p)
     removed = sorted({w for _, _, a, w, *_ in life if a == "worker_removed" and w})
     if not removed:
         return []
@@ -207,6 +209,11 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
             closes[c].append(ts)
         elif action == "worker_added":
             added[(c, worker)] = (ts, _detail(detail))
+        elif action == "scheduler_start":  # the workers there before the recording
+            there = _detail(detail).get("workers")
+            for address, info in (there.items() if isinstance(there, dict) else ()):
+                if isinstance(info, dict):
+                    added[(c, address)] = (None, info)
         elif (start is None or ts >= start) and (stop is None or ts < stop):
             info = _detail(detail)
             joined, joined_detail = added.get((c, worker), (None, {}))

@@ -33,7 +33,9 @@ import datetime
 from collections import defaultdict
 from typing import Any
 
-from dask_blackbox.read import diagnosis, queries
+from dask_blackbox.read import cost as costs
+from dask_blackbox.read import critical_path as paths
+from dask_blackbox.read import diagnosis, queries, regressions
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
@@ -51,6 +53,9 @@ MEMORY_WORKERS = 32
 #: released without a transition, so its count is not known from transitions alone;
 #: forgotten tasks are gone.
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
+#: The Run page computes the critical path and the cost of a scope of at most this
+#: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
+SLOWNESS_MAX_TASKS = 20_000
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = queries.LEVELS
 
@@ -500,7 +505,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
 def spans(backend: Backend, scope: Scope) -> dict:
     """The span tree (depth-first) with Dask's numbers: ``task_s`` is Span.duration
     (seconds of every task action in the tree), ``elapsed_s`` stop - start."""
-    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id)
+    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id, cost=False)
     out = []
     for row in rows:
         r = dict(zip(columns, row))
@@ -614,24 +619,71 @@ def span_names(backend: Backend, scope: Scope) -> list[str]:
     return [r[0] for r in rows]
 
 
+def critical_path(backend: Backend, scope: Scope) -> dict:
+    """The critical path of the run or span (:mod:`.critical_path`): ``links`` (first
+    first) with each link's ``parts`` (seconds waiting on the client, dependencies,
+    the scheduler, transfers, disk, a thread, and computing), the window ``t0``..``t1``
+    they add up to, ``basis`` (graph, actions, or both) and ``notes``. When no task of
+    the scope finished with recorded actions: ``available`` false and the ``reason``."""
+    try:
+        path = paths.critical_path(backend, scope.cluster_id, scope.span_ids, scope.since,
+                                   scope.until, span=scope.span)
+    except paths.NoActions as e:
+        return {"available": False, "reason": str(e)}
+    return {"available": True, **path.as_dict()}
+
+
+def cost(backend: Backend, scope: Scope) -> dict:
+    """What the run (or span) cost (:mod:`.cost`): ``spans`` (each span tree of the
+    scope: thread CPU seconds, thread-seconds occupied and offered, idle and who was
+    idle, bytes moved and spilled, memory byte-seconds), ``prefixes`` (the additive
+    measures per prefix) and ``totals`` (the scope's sum; for the whole run, the
+    cluster's)."""
+    found = costs.measures(backend, [scope.cluster_id])
+    in_scope = set(scope.span_ids) if scope.span_ids is not None else None
+    spans_ = [c for c in costs.span_costs(backend, [scope.cluster_id], found, windows_for=in_scope)
+              if in_scope is None or c.span_id in in_scope]
+    prefixes_ = costs.by_prefix(found, in_scope)
+    kept = [m for (_, s, _), m in found.items() if in_scope is None or s in in_scope]
+    # parents before children, siblings by time, each with its depth
+    nodes = [{"cluster_id": c.cluster_id, "span_id": c.span_id, "parent_id": c.parent_id,
+              "enqueued": c.enqueued or 0.0, "cost": c} for c in spans_]
+    tree = [{**n["cost"].as_dict(), "depth": depth} for depth, n in queries.tree_order(nodes)]
+    return {"spans": tree,
+            "prefixes": {p: m._asdict() for p, m in sorted(
+                prefixes_.items(), key=lambda kv: (-(kv[1].busy_s or 0.0), -kv[1].memory_byte_s,
+                                                   kv[0]))},
+            "totals": costs.total(kept)._asdict()}
+
+
 #: The Run page's panels, by the name the JSON API serves them under.
 RUN_PANELS = {
     "summary": summary, "task_stream": task_stream, "progress": progress,
     "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
     "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
-    "diagnosis": diagnosis_panel,
+    "diagnosis": diagnosis_panel, "critical_path": critical_path, "cost": cost,
 }
 
 
 def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, level: str | None = None, worker: str | None = None,
-             text: str | None = None, max_bars: int = MAX_BARS, logger: str | None = None) -> dict:
-    """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
+             text: str | None = None, max_bars: int = MAX_BARS,
+             slowness: bool | None = None, logger: str | None = None) -> dict:
+    """Every panel of the Run page (what :mod:`.report` and the web page draw).
+    ``slowness``: compute the critical path and the cost (default: when the scope
+    holds at most :data:`SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say
+    ``{"deferred": n_tasks}``)."""
     scope = resolve(backend, cluster, span, since, until)
     found = diagnosis.deaths(backend, [scope.cluster_id])
     marks = markers(backend, scope, found)
     prog = progress(backend, scope)
+    n_tasks = sum(c["tasks"] for c in prog["counts"].values())
+    if slowness is None:
+        slowness = n_tasks <= SLOWNESS_MAX_TASKS
+    deferred = {"deferred": n_tasks}
     return {
+        "critical_path": critical_path(backend, scope) if slowness else deferred,
+        "cost": cost(backend, scope) if slowness else deferred,
         "scope": scope,
         "diagnosis": diagnosis_panel(backend, scope, found=found),
         "summary": summary(backend, scope, prog),
@@ -785,19 +837,35 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
             "dependents": [r[0] for r in dependents]}
 
 
-def compare(backend: Backend, span: str, cluster: str | None = None, since: TimeBound = None,
-            until: TimeBound = None) -> dict:
-    """:func:`queries.compare`: the span ``span`` in every run and cluster, side by
-    side. ``runs`` are the column labels; ``metrics`` maps a metric to one value per
-    run."""
-    if not span:
-        raise NotFound("no span name given: pass span=NAME")
+def compare(backend: Backend, span: str | None, cluster: str | None = None,
+            since: TimeBound = None, until: TimeBound = None) -> dict:
+    """The latest run against the one before it (:func:`regressions.compare`):
+    ``verdict`` (the comparison's dict, its ``sentences`` first; or ``{"error":
+    reason}`` when the runs cannot be compared), and for a span, :func:`queries.compare`
+    side by side: ``runs`` are the column labels; ``metrics`` maps a metric to one
+    value per run. Without ``span``, the whole runs of the clusters named ``cluster``."""
+    if not span and not cluster:
+        raise NotFound("no span name given: pass span=NAME (or cluster=NAME to compare "
+                       "its whole runs)")
     try:
-        columns, rows = queries.compare(backend, span, cluster=cluster, since=since, until=until)
+        if span:
+            columns, rows = queries.compare(backend, span, cluster=cluster, since=since,
+                                            until=until)
+        else:
+            queries.cluster_ids(backend, cluster)
+            columns, rows = ["metric"], []
     except UnknownCluster as e:
         raise NotFound(str(e)) from None
-    if not rows:
+    if span and not rows:
         where = f" in cluster {cluster}" if cluster else ""
         raise UnknownSpan(f"no span named {span!r} was recorded{where}")
-    return {"span": span, "runs": columns[1:],
-            "metrics": {row[0]: list(row[1:]) for row in rows}}
+    try:
+        verdict = regressions.compare(backend, span, cluster, since, until).as_dict()
+    except regressions.NotComparable as e:
+        verdict = {"error": str(e)}
+    runs, metrics = columns[1:], {row[0]: list(row[1:]) for row in rows}
+    if "table" in verdict and all(v is None for values in metrics.values() for v in values):
+        # no span snapshots (the processors did not run): the runs as their tasks tell
+        runs, metrics = verdict["runs"], {row[0]: list(row[1:]) for row in verdict["table"]}
+    return {"span": span, "cluster": cluster, "runs": runs, "verdict": verdict,
+            "metrics": metrics}

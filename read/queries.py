@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from dask_blackbox.read import diagnosis
+from dask_blackbox.read import cost as costs
 from dask_blackbox.read.backends import Backend, QueryError, QueryRejected, Result, connect
 from dask_blackbox.read.failures import failures
 from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build, cluster_ids,
@@ -24,10 +25,16 @@ from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build
 
 __all__ = ["Backend", "QueryError", "QueryRejected", "Result", "TimeBound", "UnknownCluster",
            "connect", "cluster_ids", "story", "spans", "prefixes", "metrics", "clusters", "failures",
-           "compare", "table_counts", "gaps_and_drops", "logs", "logs_count", "LEVELS"]
+           "compare", "table_counts", "gaps_and_drops", "SPAN_COST_COLUMNS", "PREFIX_COST_COLUMNS",
+           "logs", "logs_count", "LEVELS"]
 
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: The cost columns ``spans`` and ``prefixes`` add (see :mod:`dask_blackbox.read.cost`).
+SPAN_COST_COLUMNS = ["cpu_s", "busy_s", "offered_s", "idle_s", "who_idle_s",
+                     "moved_bytes", "spilled_bytes", "memory_byte_s"]
+PREFIX_COST_COLUMNS = ["cpu_s", "busy_s", "moved_bytes", "spilled_bytes", "memory_byte_s"]
 
 #: Tables where the latest version / one copy per key wins (read with FINAL).
 _REPLACING = frozenset({"span_state", "prefix_stats", "gaps", "schema_migrations"})
@@ -78,7 +85,7 @@ def _span_rows(backend: Backend, f: Filter) -> list[dict]:
     return [dict(zip(columns, row)) for row in rows]
 
 
-def _tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
+def tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
     """(depth, span) in tree order: per cluster, roots then children depth-first,
     siblings by enqueued time."""
     children = defaultdict(list)
@@ -99,22 +106,34 @@ def _tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
 
 
 def spans(backend: Backend, tree: bool = False, cluster: str | None = None,
-          since: TimeBound = None, until: TimeBound = None) -> Result:
+          since: TimeBound = None, until: TimeBound = None, cost: bool | None = None) -> Result:
     """Span trees: per span its name, times, ``elapsed_s`` (stop - start),
     ``task_s`` (Dask's Span.duration: seconds of all task actions in the tree),
     ``tasks``, ``nbytes`` and seconds per action (compute, transfer, ...).
 
     ``tree=True`` orders spans as a tree (depth-first, siblings by time) and indents
     each name by its depth; otherwise spans come in order of enqueued time.
+
+    ``cost`` (default: when a ``cluster`` is named; a cost reads every task of the
+    clusters involved) adds the span tree's cost, :data:`SPAN_COST_COLUMNS` (see
+    :mod:`~dask_blackbox.read.cost`): thread CPU seconds, thread-seconds occupied,
+    offered (Dask's ``active_cpu_seconds``), idle in its window and who was idle,
+    bytes moved between workers and spilled, and memory held (byte-seconds).
     """
     f = build(backend, cluster, since, until, "enqueued")
     found = _span_rows(backend, f)
     names = cluster_names(backend)
-    ordered = _tree_order(found) if tree else [
+    ordered = tree_order(found) if tree else [
         (0, s) for s in sorted(found, key=lambda s: (s["enqueued"], s["cluster_id"], s["span_id"]))
     ]
     columns = ["cluster", "name", "span_id", "parent_id", "enqueued", "start", "stop", "elapsed_s",
                "task_s", "tasks", "nbytes", "by_action", "done", "depth"]
+    priced = {}
+    with_cost = cost if cost is not None else cluster is not None
+    if with_cost:
+        involved = sorted({s["cluster_id"] for s in found})
+        priced = {(c.cluster_id, c.span_id): c for c in costs.span_costs(backend, involved)}
+        columns += SPAN_COST_COLUMNS
     rows = []
     for depth, s in ordered:
         name = list(s["name"])
@@ -126,8 +145,16 @@ def spans(backend: Backend, tree: bool = False, cluster: str | None = None,
             s["enqueued"], started, s["stop"], elapsed, s["duration"], s["tasks"],
             s["nbytes_total"], dict(s["all_durations"]) if s["all_durations"] else {},
             s["done"], depth,
-        ))
+        ) + (_span_cost(priced.get((s["cluster_id"], s["span_id"]))) if with_cost else ()))
     return columns, rows
+
+
+def _span_cost(c: costs.SpanCost | None) -> tuple:
+    if c is None:
+        return (None,) * len(SPAN_COST_COLUMNS)
+    m = c.measures
+    return (m.cpu_s, m.busy_s, c.offered_s, c.idle_s, c.idle_by_worker, m.moved_bytes,
+            m.spilled_bytes, m.memory_byte_s)
 
 
 def _span_match(backend: Backend, f: Filter, span: str) -> str:
@@ -143,19 +170,22 @@ def _span_match(backend: Backend, f: Filter, span: str) -> str:
 
 def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
              cluster: str | None = None, since: TimeBound = None,
-             until: TimeBound = None) -> Result:
+             until: TimeBound = None, cost: bool | None = None) -> Result:
     """Top task prefixes by compute time, from the processors' per-minute partials
     (each partial counted once): compute seconds, seconds per action, tasks finished
     in memory, erred, bytes produced, the longest single compute, and in how many
     clusters. ``span``: only within spans whose name contains that tag (or equals
-    that '/'-joined path), sub-spans included."""
+    that '/'-joined path), sub-spans included.
+
+    ``cost`` (default: when a ``cluster`` is named) adds each prefix's cost in the
+    clusters involved, :data:`PREFIX_COST_COLUMNS` (see :mod:`~dask_blackbox.read.cost`)."""
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     f = build(backend, cluster, since, until, "window_start")
     if span is not None:
         f.add(f"span_id IN {_span_match(backend, f, span)}")
     f.parameters["limit"] = limit
-    return backend.query(
+    columns, rows = backend.query(
         "SELECT prefix, sum(durations['compute']) AS compute_s, sumMap(durations) AS by_action, "
         "sum(finished['memory']) AS tasks, sum(n_erred) AS erred, sum(nbytes) AS nbytes, "
         "max(max_duration) AS longest_s, uniqExact(cluster_id) AS clusters "
@@ -163,6 +193,24 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
         "GROUP BY prefix ORDER BY compute_s DESC, prefix LIMIT {limit:UInt32}",
         f.parameters,
     )
+    if not (cost if cost is not None else cluster is not None):
+        return columns, rows
+    involved = cluster_ids(backend, cluster)
+    if involved is None:
+        g = build(backend, None, since, until, "window_start")
+        _, found = backend.query(
+            f"SELECT DISTINCT cluster_id FROM {table(backend, 'prefix_stats')} {g.where()}",
+            g.parameters)
+        involved = sorted(r[0] for r in found)
+    in_span = None
+    if span is not None:
+        _, matched = backend.query(f"SELECT span_id FROM {_span_match(backend, Filter(), span)}",
+                                   {"span": span})
+        in_span = {r[0] for r in matched}
+    per_prefix = costs.by_prefix(costs.measures(backend, involved), in_span)
+    return columns + PREFIX_COST_COLUMNS, [
+        tuple(row) + tuple(per_prefix.get(row[0], costs.Measures(moved_bytes=None)))
+        for row in rows]
 
 
 def metrics(backend: Backend, context: str | None = None, limit: int = 50,
