@@ -255,3 +255,17 @@ def test_a_killed_workers_chain_spans_more_than_the_fact_window():
     [kw] = [i for i in w.take() if i.rule == "kw"]
     assert [d["worker"] for d in kw.detail["deaths"]] == ["tcp://w:7", "tcp://w:8"]
     assert [d["cause"] for d in kw.detail["deaths"]] == ["crashed", "crashed"]
+
+
+def test_workers_there_before_the_recording_are_known_from_scheduler_start():
+    c = Cluster()
+    w = Watcher(rules(), evidence_wait=1.0)
+    start = {"kind": "lifecycle", "ts": 1.0, "action": "scheduler_start", "worker": None,
+             "client": None, "reason": None, "stimulus_id": None,
+             "detail": {"workers": {"tcp://w:9": {"name": "0", "nthreads": 1, "pid": 19, "nanny": None}}}}
+    w.feed(c.envelope([start]), 1.0)
+    w.feed(c.envelope([c.removed("tcp://w:9", "handle-worker-cleanup-x", processing=0)]), 1.0)
+    w.tick(2.5)
+    [incident] = w.take()
+    assert incident.detail["cause"] == "unknown" and "had no nanny" in incident.summary
+    assert incident.detail["pid"] == 19
