@@ -32,6 +32,7 @@ BENCHMARKS = [
     "critical_path.py",
     "trace_file.py",
     "freshness.py",
+    "alerts.py",
     "ui_latency.py",
     "read_guard.py",
     "fuzz.py",

@@ -145,11 +145,16 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cost", action=argparse.BooleanOptionalAction, default=None,
                            help="add what each one cost: thread CPU and thread-seconds, idle, "
                                 "bytes moved and spilled, memory held (default: with --cluster)")
-    from dask_blackbox.cli import export, slowness, ui
+    from dask_blackbox.cli import diagnose, export, slowness, ui
 
     ui.add_commands(sub, [common])
     export.add_commands(sub, [common])
     slowness.add_commands(sub, [common, fmt, filters])
+    diagnose.add_commands(sub, [common], fmt, filters)
+    alerts = sub.add_parser("alerts", parents=[common],
+                            help="deliver notifications for the rules in blackbox.alerts.rules")
+    alerts.add_argument("--check", action="store_true",
+                        help="check the rules and exit (0: valid; 1: the first problem, named)")
     return parser
 
 
@@ -309,6 +314,14 @@ def main(argv: list[str] | None = None) -> int:
                 return command(args, backend)
             finally:
                 backend.close()
+        if args.command in ("why", "logs"):
+            from dask_blackbox.cli import diagnose
+
+            return diagnose.why(args) if args.command == "why" else diagnose.logs(args)
+        if args.command == "alerts":
+            from dask_blackbox.alerts import service
+
+            return service.main(check=args.check)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
             QueryError, UnknownCluster, NotFound, ExportFailed) as e:

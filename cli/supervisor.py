@@ -78,6 +78,14 @@ EXPORTER_ARGS = ("exporter",)
 _EXPORTER_READY = re.compile(r"^exporter ready")
 
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
+_ALERTS_READY = re.compile(r"^dask-blackbox alerts: ready")
+
+
+def alert_rules() -> tuple:
+    """The alert rules configured (validated: a bad rule is a ConfigError naming it)."""
+    from dask_blackbox.alerts.settings import AlertSettings, rules_configured
+
+    return AlertSettings.from_config().rules if rules_configured() else ()
 _PR_SET_PDEATHSIG = 1
 
 #: Seconds before a dead child is started again: the first, the longest (each restart
@@ -307,6 +315,7 @@ class LocalPipeline:
         try:
             data = self._data = prepare_data_dir()
             config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
+            alert_rules()  # and so does a bad alert rule
             self._max_bytes = config.get_bytes("local.log-max-bytes")
             self._lock = lock_data_dir(data)
         except BaseException:
@@ -341,6 +350,12 @@ class LocalPipeline:
                 self._wait(exporter, timeout, lambda: _exporter_ready(exporter))
                 progress(f"exporter   OpenTelemetry traces to "
                          f"{config.redact(config.get('exporter.endpoint'))}")
+            if alert_rules():  # the alerter, when there is something to alert on
+                alerts = self._start(Recipe(
+                    "alerts", lambda: [sys.executable, "-m", "dask_blackbox.cli", "alerts"],
+                    ready=_alerts_ready))
+                self._wait(alerts, timeout, lambda: _alerts_ready(alerts))
+                progress(f"alerts     {len(alert_rules())} rule(s), log {alerts.log}")
             self._starting = False
         except BaseException:
             self.stop(drain_timeout=0)
@@ -590,7 +605,7 @@ class LocalPipeline:
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
             drained = wait_drained(drain_timeout, settle=0.5) and drained
-        for name in ("exporter", "sink", "broker"):
+        for name in ("exporter", "alerts", "sink", "broker"):
             for child in self.children:
                 if child.name == name:
                     # Kafka's clean shutdown closes its logs (no recovery next start).
@@ -638,3 +653,8 @@ def _faust_ready(child: Child) -> bool:
 def _exporter_ready(child: Child) -> bool:
     """The exporter ``child`` printed its ready line in this run."""
     return child.seen(_EXPORTER_READY)
+
+
+def _alerts_ready(child: Child) -> bool:
+    """The alerter ``child`` printed its ready line in this run."""
+    return child.seen(_ALERTS_READY)

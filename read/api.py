@@ -8,7 +8,9 @@ Endpoints (GET; every answer is JSON):
 ``/api/run/{panel}?cluster=&span=&since=&until=``
     one panel of the Run page, ``panel`` one of :data:`panels.RUN_PANELS`: summary,
     task_stream, progress, task_states, markers, memory, spans, fine_metrics,
-    failures, logs (which also takes ``level``, ``worker``, ``text``, ``limit``).
+    failures, logs (which also takes ``level``, ``worker``: a worker's address for
+    its records and its nanny's, ``logger``, ``text``, ``limit``), diagnosis (why
+    each worker died and each KilledWorker; also takes ``key``).
 ``/api/task?cluster=&key=``
     a task's story, the metrics and logs around it, its dependencies/dependents.
 ``/api/run/critical_path?cluster=&span=&since=&until=``, ``/api/run/cost?...``
@@ -44,7 +46,8 @@ from dask_blackbox.read.backends import Backend, QueryError
 ENDPOINTS = [
     ("/api/clusters?name=&since=&until=&limit=&offset=",
      "one page of the recorded clusters, newest first, and how each ended"),
-    *[(f"/api/run/{name}?cluster=&span=&since=&until=" + ("&level=&worker=&text=&limit=" if name == "logs" else ""),
+    *[(f"/api/run/{name}?cluster=&span=&since=&until="
+       + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key="}.get(name, ""),
        (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
       for name, fn in panels.RUN_PANELS.items()],
     ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
@@ -130,7 +133,9 @@ def run_panel(backend: Backend, panel: str, params: Mapping) -> dict:
         if level and level.upper() not in panels.LEVELS:
             raise BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
         return panels.logs(backend, scope, level, _opt(params, "worker"), _opt(params, "text"),
-                           _int(params, "limit", 500, high=10_000))
+                           _int(params, "limit", 500, high=10_000), _opt(params, "logger"))
+    if panel == "diagnosis":
+        return panels.diagnosis_panel(backend, scope, _opt(params, "key"))
     if panel == "memory":
         dead = [d["worker"] for d in panels.markers(backend, scope)["deaths"]]
         return panels.memory(backend, scope, dead)

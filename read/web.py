@@ -155,6 +155,7 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
             raise api.BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
         return panels.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
                                level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"),
+                               logger=api._opt(q, "logger"),
                                slowness=True if api._opt(q, "slowness") else None)
 
     async def run_page_wrapped(request: Request) -> Response:
