@@ -27,6 +27,7 @@ BENCHMARKS = [
     "scheduler_overhead.py",
     "processor_throughput.py",
     "processor_ttl.py",
+    "flood.py",
     "query_latency.py",
     "critical_path.py",
     "trace_file.py",

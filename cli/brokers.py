@@ -342,7 +342,9 @@ class KafkaBroker(LocalBroker):
         self._jars, self.version = find_kafka_jars(self.home)
         super().prepare()
         self.controller_port = free_port()
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        from dask_blackbox import runfiles
+
+        runfiles.private_dir(self.data_dir)
         self._check_data_dir()
         (self.data_dir / "server.properties").write_text(self._properties())
         (self.data_dir / "log4j2.properties").write_text(_LOG4J)
