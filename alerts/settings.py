@@ -17,9 +17,12 @@ from dask_blackbox import config
 from dask_blackbox.causes import Cause
 from dask_blackbox.config import ConfigError, KafkaSettings
 
-#: What a rule watches for.
+#: What a rule watches for: the alerter watches the stream for the first three;
+#: ``dask-blackbox compare --alert`` raises a regression (the runs are in ClickHouse).
 WORKER_DIED, KILLED_WORKER, TASK_ERRED = "worker-died", "killed-worker", "task-erred"
-KINDS = (WORKER_DIED, KILLED_WORKER, TASK_ERRED)
+REGRESSION = "regression"
+STREAM_KINDS = (WORKER_DIED, KILLED_WORKER, TASK_ERRED)
+KINDS = (*STREAM_KINDS, REGRESSION)
 #: The causes a worker-died rule matches when it names none: every death.
 DEATH_CAUSES = tuple(c.value for c in Cause if c.is_death)
 #: Points where ``blackbox.alerts.debug-pause-at`` can stop the alerter (crash tests).
@@ -36,7 +39,8 @@ class Rule:
     when: str
     #: worker-died: the causes that match (Cause values)
     causes: tuple[str, ...] = DEATH_CAUSES
-    #: task-erred: task prefixes, and/or a span (a tag, or a '/'-joined path)
+    #: task-erred: task prefixes, and/or a span (a tag, or a '/'-joined path);
+    #: regression: only comparisons of this span (None: any comparison)
     prefixes: tuple[str, ...] = ()
     span: str | None = None
     #: only clusters with this name or id (None: every cluster)
@@ -92,8 +96,10 @@ class Rule:
         span = raw.get("span")
         if span is not None and (not isinstance(span, str) or not span):
             raise ConfigError(f"{where}.span: {span!r} must be a span tag or a path like etl/load")
-        if (prefixes or span) and when != TASK_ERRED:
-            raise ConfigError(f"{where}: prefix and span belong to a {TASK_ERRED} rule")
+        if prefixes and when != TASK_ERRED:
+            raise ConfigError(f"{where}: prefix belongs to a {TASK_ERRED} rule")
+        if span and when not in (TASK_ERRED, REGRESSION):
+            raise ConfigError(f"{where}: span belongs to a {TASK_ERRED} or {REGRESSION} rule")
         if when == TASK_ERRED and not (prefixes or span):
             raise ConfigError(f"{where}: a {TASK_ERRED} rule names a prefix or a span")
         cluster = raw.get("cluster")
@@ -167,9 +173,12 @@ class AlertSettings:
 
 
 def rules_configured() -> bool:
-    """Whether ``blackbox.alerts.rules`` holds any rule (what makes ``up`` run the
-    alerter)."""
-    return bool(config.get("alerts.rules", None))
+    """Whether ``blackbox.alerts.rules`` holds a rule the alerter watches the stream
+    for (what makes ``up`` run it); regression rules alone do not."""
+    raw = config.get("alerts.rules", None) or []
+    if not isinstance(raw, (list, tuple)):
+        return True  # the alerter names the problem when it starts
+    return any(not isinstance(r, Mapping) or r.get("when") != REGRESSION for r in raw)
 
 
 def _group(value: Any) -> str:

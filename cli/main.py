@@ -141,6 +141,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("span_name", nargs="?",
                            help="a span tag, or a path of tags like 'etl/load'; without it, "
                                 "the whole runs of the --cluster name")
+            p.add_argument("--alert", action="store_true",
+                           help="on a regression, notify the 'regression' rules of "
+                                "blackbox.alerts.rules (exit 1 if one cannot be delivered)")
         if name in ("spans", "prefixes"):
             p.add_argument("--cost", action=argparse.BooleanOptionalAction, default=None,
                            help="add what each one cost: thread CPU and thread-seconds, idle, "

@@ -10,7 +10,9 @@ in path order; all of them in json/csv/wide).
 the span (or, with only ``--cluster``, the whole runs of that cluster name) with the
 one before it (:mod:`dask_blackbox.read.regressions`): the verdicts first, in words,
 then the changes per prefix and action, then, for a span, its numbers in every run
-side by side. Durations, bytes and shares always carry their units.
+side by side. Durations, bytes and shares always carry their units. With ``--alert``,
+a regression is delivered to the ``regression`` rules of ``blackbox.alerts.rules``
+(:mod:`dask_blackbox.alerts.regression`), one line per rule on stderr.
 """
 
 from __future__ import annotations
@@ -149,10 +151,11 @@ def compare(args: argparse.Namespace, backend) -> int:
         runs = (["metric"] + verdict["runs"], verdict["table"])
     else:
         runs = (["metric"] + data["runs"], [[m, *v] for m, v in data["metrics"].items()])
+    code = _alert(verdict, span) if getattr(args, "alert", False) else 0
     if args.format == "json":
         print(json.dumps({"verdict": verdict, "runs": [dict(zip(runs[0], r)) for r in runs[1]]},
                          indent=1, default=str))
-        return 0
+        return code
     sections = {}
     if "error" not in verdict:
         sections["changes per prefix and action (baseline -> candidate)"] = change_rows(verdict)
@@ -164,7 +167,38 @@ def compare(args: argparse.Namespace, backend) -> int:
     print(_wrap([verdict["error"]] if "error" in verdict else verdict["sentences"], width))
     print()
     print_result(sections, args.format)
-    return 0
+    return code
+
+
+def _alert(verdict: dict, span: str | None) -> int:
+    """Notify the regression rules of a regression (one line each on stderr); 1 if
+    one could not be delivered or the rules are invalid."""
+    from dask_blackbox import config
+    from dask_blackbox.alerts import regression
+    from dask_blackbox.alerts.settings import AlertSettings
+
+    if verdict.get("verdict") != "regression":
+        return 0
+    try:
+        settings = AlertSettings.from_config()
+    except config.ConfigError as e:
+        print(f"dask-blackbox: error: {e}", file=sys.stderr)
+        return 1
+    pending = regression.incidents(verdict, span, settings.rules)
+    if not pending:
+        print("dask-blackbox: a regression, but no 'regression' rule in blackbox.alerts.rules "
+              "matches it: nobody was notified", file=sys.stderr)
+        return 0
+    code = 0
+    for done in regression.deliver_all(pending, settings):
+        if done.outcome.delivered:
+            print(f"alert {done.rule.name}: delivered to {done.rule.target}", file=sys.stderr)
+        else:
+            code = 1
+            print(f"dask-blackbox: error: alert {done.rule.name}: not delivered to "
+                  f"{done.rule.target} after {done.outcome.attempts} attempt(s): "
+                  f"{done.outcome.reason}", file=sys.stderr)
+    return code
 
 
 def change_rows(verdict: dict) -> tuple[list[str], list[list]]:

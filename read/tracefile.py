@@ -28,6 +28,12 @@ run's first recorded moment, in microseconds since the Unix epoch).
   under its parent; spans that overlap without nesting go on another row. A span
   none of whose tasks finished in memory (Dask's ``Span.start`` unset) is a
   zero-length complete event at its ``enqueued`` time.
+- **The critical path as flows** (``ph: "s"`` / ``"f"``, ``cat`` "critical-path",
+  the ``id`` the link's place on the path): an arrow from each link's compute slice
+  (bound at its end) to the next link's (bound at its start, ``bp: "e"``), ``args``
+  naming both keys; ``otherData.critical_path`` gives the links in order, the basis
+  (graph or actions, :func:`dask_blackbox.read.critical_path.critical_path`) and
+  the path's seconds (``null`` when no task finished with recorded actions).
 - **Deaths and errors as instant events** (``ph: "i"``): a worker's death (a
   removal whose cause, :func:`dask_blackbox.read.diagnosis.deaths`, is not an
   expected end) on its process (``s: "p"``) with its cause, an erred task on the
@@ -47,7 +53,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from dask_blackbox.read import diagnosis
+from dask_blackbox.read import critical_path, diagnosis
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.panels import resolve
@@ -164,6 +170,13 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
         f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
     removals = [d for d in diagnosis.deaths(backend, [scope.cluster_id]) if d.is_death]
+    try:
+        path = critical_path.critical_path(backend, scope.cluster_id, scope.span_ids,
+                                           span=span, check_graph=False)
+    except critical_path.NoActions:
+        path = None
+    on_path = {link.key: i for i, link in enumerate(path.links)} if path else {}
+    placed_links: dict[int, tuple[int, int, int, int]] = {}  # link -> (pid, tid, start, stop)
 
     spans = []
     for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
@@ -195,7 +208,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         if not page:
             continue
         _, rows = backend.query(
-            f"SELECT worker, {thread}, ss.action = 'compute', "
+            f"SELECT worker, {thread}, ss.action = 'compute', key, "
             "toInt64(toUnixTimestamp64Micro(ss.start)) - {epoch:Int64} AS s, "
             "toInt64(toUnixTimestamp64Micro(ss.stop)) - {epoch:Int64} AS e, "
             "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
@@ -206,7 +219,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
             {**p, "page": page})
         lanes: _Lanes | None = None
         current = None
-        for worker, thread_id, is_compute, start, stop, text in rows:
+        for worker, thread_id, is_compute, key, start, stop, text in rows:
             if worker != current:
                 current, lanes, pid, ends = worker, _Lanes(), pid_of[worker], {}
             # Dask adds the worker's estimated clock offset to its computes' times, and
@@ -226,6 +239,12 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
                 if (pid, tid) not in thread_names:
                     thread_names[(pid, tid)] = f"{'other actions' if thread_rows else 'row'} #{lane}"
             append(f'{text},"pid":{pid},"tid":{tid}}}')
+            if is_compute and key in on_path:  # a retried task: the compute on the path
+                i = on_path[key]
+                was = placed_links.get(i)
+                at = path.links[i].compute_start * 1e6 - epoch
+                if was is None or abs(start - at) < abs(was[2] - at):
+                    placed_links[i] = (pid, tid, start, stop)
     for (pid, tid), name in sorted(thread_names.items()):
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -265,13 +284,24 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
                                     "processing_tasks": d.processing_tasks,
                                     "lost_computed_tasks": d.lost_computed_tasks,
                                     "lost_scattered_tasks": d.lost_scattered_tasks}})
+    links = path.links if path else ()
+    for i in range(len(links) - 1):
+        if i in placed_links and i + 1 in placed_links:
+            (pid, tid, start, stop), (npid, ntid, nstart, _) = placed_links[i], placed_links[i + 1]
+            args = {"from": links[i].key, "to": links[i + 1].key}
+            events.append({"name": "critical path", "cat": "critical-path", "ph": "s", "id": i,
+                           "ts": max(start, stop - 1), "pid": pid, "tid": tid, "args": args})
+            events.append({"name": "critical path", "cat": "critical-path", "ph": "f", "bp": "e",
+                           "id": i, "ts": nstart, "pid": npid, "tid": ntid, "args": args})
     for ts_us, key, prefix, worker, exception in erred:
         events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
                        "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,
                        "args": {"key": key, "worker": worker, "exception": exception}})
     return TraceFile(events, slices, {
         "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
-        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed"})
+        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed",
+        "critical_path": {"links": [link.key for link in links], "basis": path.basis,
+                          "seconds": path.wall} if path else None})
 
 
 def write(trace: TraceFile, path: str | pathlib.Path) -> int:

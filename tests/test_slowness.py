@@ -355,6 +355,42 @@ def test_command_line_answers_in_units_within_120_columns(recorded):
     assert out.returncode == 0, out.stderr
 
 
+def test_a_regression_is_delivered_to_its_rules_once_per_comparison(recorded, tmp_path):
+    """compare --alert hands the planted regression to a command rule, with the culprit;
+    the same comparison twice carries the same idempotency key; a rule for another
+    span and a comparison without a regression notify nobody."""
+    inbox = tmp_path / "inbox"
+    inbox.mkdir()
+    write = ("import os, pathlib, sys; d = pathlib.Path(sys.argv[1]); "
+             "(d / str(len(list(d.iterdir())))).write_bytes(sys.stdin.buffer.read())")
+    rules = [{"name": "etl-slower", "when": "regression", "cluster": "reg-slow", "span": "etl",
+              "command": [sys.executable, "-c", write, str(inbox)]},
+             {"name": "other-span", "when": "regression", "span": "elsewhere",
+              "command": [sys.executable, "-c", write, str(inbox)]}]
+    since = datetime.datetime.fromtimestamp(recorded["after_first_slow"], datetime.timezone.utc)
+    with dask.config.set({"blackbox.alerts.rules": rules}):
+        first = _cli(recorded, "compare", "etl", "--since", since.isoformat(), "--alert")
+        again = _cli(recorded, "compare", "etl", "--since", since.isoformat(), "--alert",
+                     "--format", "json")
+        calm = _cli(recorded, "compare", "--cluster", "reg-base", "--alert")
+    assert first.returncode == 0 and again.returncode == 0, first.stderr + again.stderr
+    assert "alert etl-slower: delivered to command" in first.stderr
+    assert "other-span" not in first.stderr + again.stderr
+    assert calm.returncode == 0 and "alert" not in calm.stderr
+    sent = [json.loads(p.read_bytes()) for p in sorted(inbox.iterdir())]
+    assert len(sent) == 2
+    assert sent[0]["kind"] == "regression" and sent[0]["rule"] == "etl-slower"
+    assert sent[0]["culprit"]["prefix"] == "transform" and sent[0]["culprit"]["action"] == "compute"
+    assert sent[0]["candidate"]["cluster_name"] == "reg-slow"
+    assert sent[0]["summary"].startswith("REGRESSION: span 'etl' took ")
+    assert sent[0]["idempotency_key"] == sent[1]["idempotency_key"]
+    with dask.config.set({"blackbox.alerts.rules": [{"name": "bad", "when": "regression",
+                                                     "prefix": "x", "command": "true"}]}):
+        bad = _cli(recorded, "compare", "etl", "--since", since.isoformat(), "--alert")
+    assert bad.returncode == 1
+    assert "blackbox.alerts.rules[0] (bad): prefix belongs to a task-erred rule" in bad.stderr
+
+
 def test_run_page_api_and_compare_page(recorded):
     backend = recorded["backend"]
     data = api.run_panel(backend, "critical_path", {"cluster": "chain", "span": "planted"})

@@ -13,12 +13,12 @@ import subprocess
 import sys
 from collections import Counter, defaultdict
 
-from dask_blackbox.read import panels, queries
+from dask_blackbox.read import critical_path, panels, queries
 
 from conftest import subprocess_env
 from recording_support import CLUSTER_NAME
 
-PHASES = {"X", "B", "E", "i", "M"}
+PHASES = {"X", "B", "E", "i", "M", "s", "f"}
 
 
 def write_trace(run, tmp_path, *args):
@@ -39,6 +39,7 @@ def validate(trace: dict) -> None:
     assert trace.get("displayTimeUnit") in (None, "ms", "ns")
     named_processes, named_threads, used = set(), set(), set()
     stacks: dict[tuple, list] = defaultdict(list)
+    flows: dict[int, list] = defaultdict(list)
     rows: dict[tuple, list] = defaultdict(list)
     last_ts: dict[tuple, float] = {}
     for i, e in enumerate(trace["traceEvents"]):
@@ -70,6 +71,9 @@ def validate(trace: dict) -> None:
             rows[row].append((e["ts"], e["ts"] + e["dur"], e.get("args")))
         elif e["ph"] == "i":
             assert e.get("s") in ("g", "p", "t"), where
+        elif e["ph"] in ("s", "f"):  # flows: an id, bound to a slice of their row
+            assert type(e.get("id")) is int and e.get("cat"), where
+            flows[e["id"]].append(e)
         else:  # B / E: in time order on their row, E closing the innermost B
             assert e["ts"] >= last_ts.get(row, 0), where
             last_ts[row] = e["ts"]
@@ -80,6 +84,11 @@ def validate(trace: dict) -> None:
                 begun = stacks[row].pop()
                 assert begun["name"] == e["name"] and begun["ts"] <= e["ts"], where
     assert not any(stacks.values()), "begins without an end"
+    for flow_id, ends in flows.items():  # a start, then a finish, each inside a slice
+        assert [e["ph"] for e in ends] == ["s", "f"], f"flow {flow_id}: {ends}"
+        for e in ends:
+            assert any(a <= e["ts"] <= b for a, b, _ in rows[(e["pid"], e["tid"])]), \
+                f"flow {flow_id}: {e} is bound to no slice of its row"
     for row, intervals in rows.items():  # complete events on one row never overlap
         intervals.sort(key=lambda i: i[:2])
         for (_, end, a), (start, _, b) in zip(intervals, intervals[1:]):
@@ -148,6 +157,20 @@ def test_trace_file_is_valid_and_is_the_run(recorded_run, tmp_path):
     assert deaths[0]["args"]["cause"] == "killed by the OS"  # the planted SIGKILL
     errors = {e["args"]["key"] for e in events if e["ph"] == "i" and e["cat"] == "error"}
     assert errors == {"div-bad", "inc-after-bad"}
+    # the critical path as flows: link to link, the same path the critical-path command finds
+    assert_flows_are_the_critical_path(trace, recorded_run)
+
+
+def assert_flows_are_the_critical_path(trace: dict, run: dict, span: str | None = None) -> int:
+    """The trace's flows go link to link along the path the critical-path command
+    finds; how many links it has."""
+    scope = panels.resolve(run["backend"], run["cluster_id"], span)
+    found = critical_path.critical_path(run["backend"], run["cluster_id"], scope.span_ids, span=span)
+    keys = [link.key for link in found.links]
+    assert trace["otherData"]["critical_path"]["links"] == keys
+    starts = sorted((e for e in trace["traceEvents"] if e["ph"] == "s"), key=lambda e: e["id"])
+    assert [(e["args"]["from"], e["args"]["to"]) for e in starts] == list(zip(keys, keys[1:]))
+    return len(keys)
 
 
 def test_trace_file_of_one_span(recorded_run, tmp_path):
@@ -157,6 +180,9 @@ def test_trace_file_of_one_span(recorded_run, tmp_path):
     assert names == {"etl", "load", "reduce"}
     prefixes = {e["name"] for e in trace["traceEvents"] if e["ph"] == "X" and e["cat"] == "compute"}
     assert "inc" not in prefixes and "random_sample" in prefixes
+    reduced = write_trace(recorded_run, tmp_path, "--span", "reduce")
+    validate(reduced)  # flows bound to slices of their rows
+    assert assert_flows_are_the_critical_path(reduced, recorded_run, "reduce") >= 3
     out = subprocess.run([sys.executable, "-m", "dask_blackbox.cli", "trace", "--cluster",
                           CLUSTER_NAME, "--span", "nope", "-o", str(tmp_path / "x.json")],
                          env=subprocess_env(recorded_run["env"]), capture_output=True, text=True)
