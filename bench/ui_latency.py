@@ -7,7 +7,7 @@ prefix partials, log lines), loads it through the sink's own loading path
 (``sinks.batch.Batch`` + ``sinks.loader.Loader``) into a fresh chDB directory, then
 measures, each the median of ``--repeat`` runs:
 
-- Run page data: every panel of the Run page (:func:`panels.run_data`, the
+- Run page data: every panel of the Run page (:func:`views.run_data`, the
   ClickHouse side, reduced to what a screen shows);
 - Run page served: the same plus the Bokeh page rendered by the web UI's handler
   (what a browser waits for before it draws; "cluster opening");
@@ -39,7 +39,7 @@ from query_latency import ClusterRun  # noqa: E402  (the generator, reused)
 from report import report  # noqa: E402
 
 from dask_blackbox import clickhouse, contract  # noqa: E402
-from dask_blackbox.read import backends, panels  # noqa: E402
+from dask_blackbox.read import backends, views  # noqa: E402
 from dask_blackbox.read import report as html_report  # noqa: E402
 from dask_blackbox.sinks.loader import Loader  # noqa: E402
 from dask_blackbox.sinks.batch import Batch  # noqa: E402
@@ -117,10 +117,10 @@ def main() -> None:
             computes = backend.query(
                 "SELECT countIf(ss.action = 'compute') FROM blackbox.transitions "
                 "ARRAY JOIN startstops AS ss WHERE cluster_id = {c:String}", {"c": cluster_id})[1][0][0]
-            panels.run_data(backend, cluster_id)  # warm: first reads of each column's parts
-            data_s, data_cpu, data = median_s(lambda: panels.run_data(backend, cluster_id), args.repeat)
+            views.run_data(backend, cluster_id)  # warm: first reads of each column's parts
+            data_s, data_cpu, data = median_s(lambda: views.run_data(backend, cluster_id), args.repeat)
             page_s, page_cpu, page = median_s(
-                lambda: html_report.render_run(panels.run_data(backend, cluster_id), web=True),
+                lambda: html_report.render_run(views.run_data(backend, cluster_id), web=True),
                 args.repeat)
             out = root / f"report-{label}.html"
             report_s, report_cpu, written = median_s(

@@ -33,6 +33,7 @@ import dask.config
 import orjson
 import pytest
 from distributed import Client, LocalCluster, span, wait
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.scheduler import KilledWorker
 
 from dask_blackbox import producers
@@ -50,7 +51,11 @@ CHROMIUM = "/usr/bin/chromium"
 HTML_KEY = "<script>alert(1)</script>"
 HTML_LOG = "<b>not bold</b><img src=x onerror=alert(2)>"
 KILLER = "complex-computation-0bad"
+HTML_SPAN = "<i>graph</i>&span=etl"
 LIMIT = 400 * 2**20
+THREADS = 2
+#: The workers' target fraction: above it, managed memory spills to disk.
+SPILL_AT = 0.05
 
 
 def inc(x):
@@ -95,32 +100,93 @@ def _span_truth(cluster: LocalCluster) -> dict[tuple, dict]:
             for s in ext.spans.values()}
 
 
+class WorkerCensus(SchedulerPlugin):
+    """What Dask's scheduler says of each worker as it joins (``Scheduler.workers``,
+    what its ``/workers`` page shows): threads, memory limit and name, captured while
+    the cluster runs."""
+
+    name = "ui-test-census"
+
+    def __init__(self) -> None:
+        self.workers: dict[str, dict] = {}
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        ws = scheduler.workers[worker]
+        self.workers[worker] = {"nthreads": ws.nthreads, "memory_limit": ws.memory_limit,
+                                "name": str(ws.name)}
+
+
+def _tree_graph() -> tuple:
+    """A delayed reduction tree (8 leaves, pairwise sums): its keys and dependencies
+    as Dask itself lists them."""
+    import dask
+    from dask.core import get_dependencies
+
+    leaves = [dask.delayed(inc, pure=True)(i, dask_key_name=f"leaf-{i}") for i in range(8)]
+    level, depth = leaves, 0
+    while len(level) > 1:
+        depth += 1
+        level = [dask.delayed(add, pure=True)(a, b, dask_key_name=f"sum-{depth}-{i}")
+                 for i, (a, b) in enumerate(zip(level[::2], level[1::2]))]
+    total = level[0]
+    graph = dict(total.__dask_graph__())
+    edges = {(dep, key) for key in graph for dep in get_dependencies(graph, key)}
+    return total, set(graph), edges
+
+
+def add(a, b):
+    return a + b
+
+
 def _record_killed(truth: dict) -> None:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=LIMIT,
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import get_task_stream
+
+    census = WorkerCensus()
+    with LocalCluster(n_workers=2, threads_per_worker=THREADS, processes=True, memory_limit=LIMIT,
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        cluster.scheduler.add_plugin(census)
+        census.workers.update({w: {"nthreads": ws.nthreads, "memory_limit": ws.memory_limit,
+                                   "name": str(ws.name)}
+                               for w, ws in cluster.scheduler.workers.items()})
         truth["killed_id"] = producers.attach(client, cluster_name="ui-killed", **{
             "producer.flush-interval": "20ms", "producer.metrics-interval": "200ms"})["cluster_id"]
-        with span("etl"):
-            with span("load"):
-                x = client.persist(da.ones((400, 400), chunks=100) + 1)
-                wait(x)
-            with span("reduce"):
-                assert client.compute(x.sum()).result() == 2 * 400 * 400
-        client.gather(client.map(inc, range(8)))
-        client.gather(client.map(slow_inc, range(10)))
-        assert client.submit(inc, 1, key=HTML_KEY).result() == 2
-        assert client.submit(shout, 3, key="shout-1").result() == 3
-        bad = client.submit(div, 1, 0, key="div-bad")
-        wait([bad])
-        with span("nightly"):
-            doomed = client.submit(exceed_memory, LIMIT, key=KILLER)
-        with pytest.raises(KilledWorker):
-            doomed.result(timeout=120)
+        with get_task_stream(client) as stream:
+            with span("etl"):
+                with span("load"):
+                    x = client.persist(da.ones((400, 400), chunks=100) + 1)
+                    wait(x)
+                with span("reduce"):
+                    assert client.compute(x.sum()).result() == 2 * 400 * 400
+            with span(HTML_SPAN):
+                total, nodes, edges = _tree_graph()
+                assert client.compute(total).result() == sum(range(1, 9))
+                truth["tree_nodes"], truth["tree_edges"] = nodes, edges
+            # spilled: more managed memory than the workers' target fraction
+            spill = client.persist(da.random.random((6, 2**20), chunks=(1, 2**20)))
+            wait(spill)
+            df = dd.from_pandas(pd.DataFrame({"a": range(4000), "b": range(4000)}), npartitions=4)
+            assert len(df.shuffle("a", shuffle_method="p2p").compute()) == 4000
+            del spill
+            client.gather(client.map(inc, range(8)))
+            client.gather(client.map(slow_inc, range(10)))
+            assert client.submit(inc, 1, key=HTML_KEY).result() == 2
+            assert client.submit(shout, 3, key="shout-1").result() == 3
+            bad = client.submit(div, 1, 0, key="div-bad")
+            wait([bad])
+            with span("nightly"):
+                doomed = client.submit(exceed_memory, LIMIT, key=KILLER)
+            with pytest.raises(KilledWorker):
+                doomed.result(timeout=120)
+        truth["task_stream"] = [{"worker": t["worker"], "thread": t["thread"], "key": t["key"]}
+                                for t in stream.data]
         del doomed, bad, x
         removals = [(ts, msg["worker"]) for ts, msg in cluster.scheduler.get_events("all")
                     if msg.get("action") == "remove-worker" and msg.get("expected") is False]
         truth["deaths"] = sorted(ts for ts, _ in removals)
         truth["dead_workers"] = sorted(w for _, w in removals)
+        truth["census"] = dict(census.workers)
         client.close()
         time.sleep(0.5)
         truth["killed_spans"] = _span_truth(cluster)
@@ -153,7 +219,8 @@ def recorded(broker, tmp_path_factory):
     env = {**os.environ, **bb_env}
     truth: dict = {"root": root, "env": env}
     with dask.config.set({**settings, "optimization.fuse.active": False,
-                          "distributed.scheduler.allowed-failures": 1}):
+                          "distributed.scheduler.allowed-failures": 1,
+                          "distributed.worker.memory.target": SPILL_AT}):
         pipeline = LocalPipeline(kafka=broker)
         pipeline.start(progress=lambda m: None)
         ui = None
@@ -216,16 +283,24 @@ class Page:
             self.page.route("**/*", route)
 
     def goto(self, url: str, charts: bool = True):
+        """Open ``url``; with ``charts``, every panel loaded (a web page loads them as
+        they scroll into view: all of them here) and its charts drawn."""
         response = self.page.goto(url)
         if charts:
-            self.page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0",
-                                        timeout=30_000)
+            self.load_all()
         return response
 
+    def load_all(self) -> None:
+        self.page.evaluate("() => window.blackbox ? window.blackbox.loadAll() : null")
+        self.page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0",
+                                    timeout=60_000)
+
     def model(self, name: str) -> dict:
-        """The data of the Bokeh data source named ``name`` (JSON-able columns)."""
+        """The data of the Bokeh data source named ``name`` (JSON-able columns), in
+        whichever of the page's Bokeh documents holds it."""
         return self.page.evaluate(
-            """(name) => { const m = Bokeh.documents[0].get_model_by_name(name);
+            """(name) => { let m = null;
+                 for (const d of Bokeh.documents) { m = d.get_model_by_name(name); if (m) break; }
                  if (!m) return null; const out = {};
                  const entries = m.data instanceof Map ? [...m.data.entries()] : Object.entries(m.data);
                  for (const [k, v] of entries) out[k] = Array.from(v); return out; }""", name)
@@ -270,7 +345,7 @@ def _check_run_page(page: Page, recorded: dict) -> None:
     # The same marks are drawn on every time axis.
     drawn = page.page.evaluate(
         """() => { let n = 0;
-             for (const m of Bokeh.documents[0].all_models)
+             for (const d of Bokeh.documents) for (const m of d.all_models)
                if (m.data_source && m.data_source.name === 'markers') n++;
              return n; }""")
     assert drawn >= 6  # task stream, progress, states, memory (2), spans
