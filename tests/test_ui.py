@@ -179,8 +179,10 @@ def _record_killed(truth: dict) -> None:
                 doomed = client.submit(exceed_memory, LIMIT, key=KILLER)
             with pytest.raises(KilledWorker):
                 doomed.result(timeout=120)
-        truth["task_stream"] = [{"worker": t["worker"], "thread": t["thread"], "key": t["key"]}
-                                for t in stream.data]
+        truth["task_stream"] = [
+            {"worker": t["worker"], "thread": t["thread"], "key": t["key"], "status": t["status"],
+             "start": min((s["start"] for s in t["startstops"] if s["action"] == "compute"), default=None)}
+            for t in stream.data]
         del doomed, bad, x
         removals = [(ts, msg["worker"]) for ts, msg in cluster.scheduler.get_events("all")
                     if msg.get("action") == "remove-worker" and msg.get("expected") is False]
@@ -487,5 +489,86 @@ def test_report_renders_offline(recorded, browser):
         page.goto(copy.as_uri())
         assert [u for u in page.requests if not u.startswith("file:")] == []
         _check_run_page(page, recorded)
+    finally:
+        page.close()
+
+
+def _rows_of(page: Page, selector: str, attrs: list[str]) -> dict[str, dict]:
+    return page.page.eval_on_selector_all(
+        selector, "(rows, attrs) => Object.fromEntries(rows.map(r => [r.dataset.worker, "
+        "Object.fromEntries(attrs.map(a => [a, r.dataset[a]]))]))", attrs)
+
+
+def test_workers_threads_and_graph_against_dask(recorded, browser):
+    """The Workers panel against what Dask's scheduler said of each worker while the
+    cluster ran (its ``/workers`` figures: threads, memory limit) and against Dask's own
+    task stream (tasks each worker ran); the task stream's rows against the threads
+    that ran tasks (``get_task_stream``'s ``thread``), ordered by each worker's first
+    task, dead workers labelled; a worker's page reached from its address; the task
+    graph of the span named like HTML against the graph Dask built (nodes and edges)."""
+    census, ran = recorded["census"], recorded["task_stream"]
+    tasks_of: dict[str, int] = {}
+    erred_of: dict[str, int] = {}
+    threads_of: dict[str, list] = {}
+    first_of: dict[str, float] = {}
+    for t in ran:
+        tasks_of[t["worker"]] = tasks_of.get(t["worker"], 0) + 1
+        erred_of[t["worker"]] = erred_of.get(t["worker"], 0) + (t["status"] == "error")
+        if t["thread"] not in threads_of.setdefault(t["worker"], []):
+            threads_of[t["worker"]].append(t["thread"])
+        if t["start"] is not None:
+            first_of[t["worker"]] = min(first_of.get(t["worker"], t["start"]), t["start"])
+    assert len(census) >= 3 and sum(erred_of.values()) == 1  # 2 dead, a replacement (or two); div-bad
+    page = Page(browser)
+    try:
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": recorded["killed_id"]}))
+        rows = _rows_of(page, "#workers-table tr.worker", ["threads", "memoryLimit", "tasks", "died"])
+        assert set(census) <= set(rows)
+        for worker, live in census.items():
+            assert int(rows[worker]["threads"]) == live["nthreads"] == THREADS, worker
+            assert int(rows[worker]["memoryLimit"]) == live["memory_limit"] == LIMIT, worker
+            assert int(rows[worker]["tasks"]) == tasks_of.get(worker, 0), worker
+        assert sorted(w for w, r in rows.items() if r["died"] == "true") == recorded["dead_workers"]
+        # Task-stream rows: one per thread that ran a task, workers in the order they began.
+        labels = page.page.evaluate(
+            """() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('task_stream');
+                 if (f) { const o = f.left[0].major_label_overrides;
+                          return o instanceof Map ? Object.fromEntries(o) : o; } } return null; }""")
+        assert labels is not None
+        rows_in_order = [labels[str(i)] for i in range(len(labels))]
+        expected = []
+        for worker in sorted(threads_of, key=lambda w: first_of[w]):
+            died = " (died)" if worker in recorded["dead_workers"] else ""
+            expected += [f"{worker} thread {i + 1}{died}" for i in range(len(threads_of[worker]))]
+            assert len(threads_of[worker]) <= census[worker]["nthreads"]
+        assert rows_in_order == expected
+        # A worker's page, from its address: its facts and its own task stream.
+        dead = recorded["dead_workers"][0]
+        page.page.click(f"#workers-table tr.worker[data-worker='{dead}'] a.worker-link")
+        page.page.wait_for_url("**/worker?**")
+        page.load_all()
+        assert page.page.inner_text("#worker-address") == dead
+        facts = page.page.eval_on_selector("#worker-panel", "p => ({...p.dataset})")
+        assert int(facts["threads"]) == THREADS and int(facts["memoryLimit"]) == LIMIT
+        assert int(facts["tasks"]) == tasks_of[dead]
+        assert "died" in page.page.inner_text("#worker-ended")
+        stream = page.model("task-stream")
+        assert set(stream["worker"]) == {dead}
+        assert stream["action"].count("compute") == tasks_of[dead]
+        # The task graph of the span named like HTML: Dask's own graph, as text.
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode(
+            {"cluster": recorded["killed_id"], "span": HTML_SPAN}))
+        assert page.page.inner_text("#span-name") == HTML_SPAN
+        panel = page.page.eval_on_selector("#graph-panel", "p => ({...p.dataset})")
+        nodes, edges = recorded["tree_nodes"], recorded["tree_edges"]
+        assert panel["level"] == "task"
+        assert int(panel["tasks"]) == int(panel["nodes"]) == len(nodes) == 15
+        assert int(panel["edges"]) == int(panel["drawnEdges"]) == len(edges) == 14
+        drawn = page.model("graph-nodes")
+        assert set(drawn["key"]) == nodes
+        assert set(drawn["state"]) == {"memory"}
+        lines = page.model("graph-edges")
+        assert set(zip(lines["source"], lines["target"])) == edges
+        assert not page.dialogs and not page.errors, (page.dialogs, page.errors)
     finally:
         page.close()
