@@ -187,6 +187,20 @@ def in_chromium(browser, backend, cluster_id: str) -> dict:
     return {"first_screen": first_screen, "every": every, "panels": {v: ms for v, _, ms in states}}
 
 
+def panel_costs(backend, cluster_id: str) -> dict[str, float]:
+    """Each Run page panel served alone (its data and its HTML and Bokeh document, on
+    a context of its own: nothing shared with the other panels), in ms."""
+    costs = {}
+    scope = None
+    for view in views.RUN_VIEWS:
+        t = time.perf_counter()
+        ctx = views.context(backend, {"cluster": cluster_id}, views.Memo())
+        scope = scope or ctx.scope
+        views.render_view(view.name, ctx)
+        costs[view.name] = (time.perf_counter() - t) * 1000
+    return costs
+
+
 COLD = """
 import sys, time
 t = time.perf_counter()
@@ -251,6 +265,9 @@ def main() -> None:
                 screen_ms = statistics.median(r["first_screen"] for r in loads)
                 every_ms = statistics.median(r["every"] for r in loads)
                 slowest = sorted(loads[-1]["panels"].items(), key=lambda kv: -kv[1])[:5]
+                costs = panel_costs(backend, cluster_id)
+                print("  each panel alone (ms, one run): " + ", ".join(
+                    f"{v} {ms:.0f}" for v, ms in costs.items()), flush=True)
                 out = root / f"report-{label}.html"
                 report_s, _, written = median_s(
                     lambda: html_report.write_report(out, cluster_id, backend=backend), args.repeat)

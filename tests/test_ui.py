@@ -292,6 +292,14 @@ class Page:
             self.load_all()
         return response
 
+    def load(self, *views: str) -> None:
+        """Load these panels of a web page (its sections ``data-view``) and wait for them."""
+        self.page.evaluate("""(views) => Promise.all(views.map(v => window.blackbox.load(
+            document.querySelector(`section.view[data-view="${v}"]`))))""", list(views))
+        states = self.page.eval_on_selector_all(
+            "section.view", "ss => Object.fromEntries(ss.map(s => [s.dataset.view, s.dataset.state]))")
+        assert all(states[v] == "loaded" for v in views), states
+
     def load_all(self) -> None:
         self.page.evaluate("() => window.blackbox ? window.blackbox.loadAll() : null")
         self.page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0",
@@ -521,7 +529,9 @@ def test_workers_threads_and_graph_against_dask(recorded, browser):
     assert len(census) >= 3 and sum(erred_of.values()) == 1  # 2 dead, a replacement (or two); div-bad
     page = Page(browser)
     try:
-        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": recorded["killed_id"]}))
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": recorded["killed_id"]}),
+                  charts=False)
+        page.load("workers", "task_stream")
         rows = _rows_of(page, "#workers-table tr.worker", ["threads", "memoryLimit", "tasks", "died"])
         assert set(census) <= set(rows)
         for worker, live in census.items():
@@ -557,7 +567,8 @@ def test_workers_threads_and_graph_against_dask(recorded, browser):
         assert stream["action"].count("compute") == tasks_of[dead]
         # The task graph of the span named like HTML: Dask's own graph, as text.
         page.goto(recorded["url"] + "run?" + urllib.parse.urlencode(
-            {"cluster": recorded["killed_id"], "span": HTML_SPAN}))
+            {"cluster": recorded["killed_id"], "span": HTML_SPAN}), charts=False)
+        page.load("graph")
         assert page.page.inner_text("#span-name") == HTML_SPAN
         panel = page.page.eval_on_selector("#graph-panel", "p => ({...p.dataset})")
         nodes, edges = recorded["tree_nodes"], recorded["tree_edges"]
