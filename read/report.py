@@ -18,6 +18,7 @@ containing HTML is shown as text.
 
 from __future__ import annotations
 
+import html
 import pathlib
 import time
 
@@ -57,8 +58,11 @@ def _bokeh_resources(web: bool, root_url: str):
 
 def web_resources(root_url: str = "./") -> str:
     """The script tags of BokehJS for a web page that draws panels as they load:
-    Bokeh and its widgets (the graph's colour choice), from the UI's ``/static``."""
-    return Resources(mode="server", root_url=root_url, components=["bokeh", "bokeh-widgets"]).render_js()
+    Bokeh and its widgets (the graph's colour choice), from the UI's ``/static``,
+    deferred: the page's script asks for its first panels while BokehJS loads, and
+    draws them once it has run (``ui/loader.html``)."""
+    tags = Resources(mode="server", root_url=root_url, components=["bokeh", "bokeh-widgets"]).js_files
+    return "\n".join(f'<script defer src="{html.escape(src)}"></script>' for src in tags)
 
 
 def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,

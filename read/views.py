@@ -29,11 +29,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dask_blackbox.read import aggregates, diagnosis, panels, queries, templates
+from dask_blackbox.read import aggregates, diagnosis, panels, templates
 from dask_blackbox.read import graph as graphs
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.figures import Figures
+from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.params import BadParameter, filters
 from dask_blackbox.read.queries import TimeBound
 
@@ -199,10 +200,16 @@ def _fine_metrics(ctx: Context) -> dict:
 
 def _failures(ctx: Context) -> dict:
     fail = panels.failures(ctx.backend, ctx.scope)
-    stories = {}
-    for t in fail["erred_tasks"][:STORIES]:
-        columns, rows = queries.story(ctx.backend, t["key"], cluster=ctx.scope.cluster_id, source=None)
-        stories[t["key"]] = [dict(zip(columns, r)) for r in rows]
+    keys = list(dict.fromkeys(t["key"] for t in fail["erred_tasks"][:STORIES]))
+    stories: dict[str, list] = {k: [] for k in keys}
+    if keys:  # the stories of queries.story (scheduler and workers), in one query
+        columns, rows = ctx.backend.query(
+            "SELECT key, start, finish, stimulus_id, toFloat64(ts) AS ts, cluster_id, worker, source "
+            f"FROM {_t(ctx.backend, 'transitions')} WHERE cluster_id = {{c:String}} "
+            "AND key IN {keys:Array(String)} ORDER BY ts, seq, idx",
+            {"c": ctx.scope.cluster_id, "keys": keys})
+        for r in rows:
+            stories[r[0]].append(dict(zip(columns, r)))
     fail["stories"] = stories
     return {"failures": fail}
 
