@@ -52,6 +52,7 @@ HTML_KEY = "<script>alert(1)</script>"
 HTML_LOG = "<b>not bold</b><img src=x onerror=alert(2)>"
 KILLER = "complex-computation-0bad"
 HTML_SPAN = "<i>graph</i>&span=etl"
+SMALL = "ui-small<img src=x onerror=alert(3)>"  # a cluster named like HTML
 LIMIT = 400 * 2**20
 THREADS = 2
 #: The workers' target fraction: above it, managed memory spills to disk.
@@ -204,7 +205,7 @@ def _record_small(truth: dict) -> None:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         settings = producers.ProducerSettings.resolve({"producer.flush-interval": "20ms"},
-                                                      cluster_name="ui-small")
+                                                      cluster_name=SMALL)
         client.register_plugin(producers.BlackboxSchedulerPlugin(settings), name=producers.PLUGIN_NAME)
         truth["small_id"] = client.run_on_scheduler(_scheduler_id)
         with span("etl"):
@@ -414,7 +415,8 @@ def test_clusters_and_run_page_in_a_browser(recorded, browser):
         story = page.page.inner_text("#story")
         assert "erred" in story and "about to load the whole partition" in story
         # A cluster without metrics shows the panels it can.
-        page.goto(recorded["url"] + "run?cluster=ui-small")
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": SMALL}))
+        assert page.page.inner_text("#cluster-name") == SMALL
         assert page.page.query_selector("#no-memory") is not None
         assert page.model("task-stream")["action"].count("compute") == _computes(
             recorded["backend"], recorded["small_id"])
@@ -565,6 +567,22 @@ def test_workers_threads_and_graph_against_dask(recorded, browser):
         stream = page.model("task-stream")
         assert set(stream["worker"]) == {dead}
         assert stream["action"].count("compute") == tasks_of[dead]
+        # The page of the worker that logged HTML: the line is its own, shown as text.
+        shouter = next(t["worker"] for t in ran if t["key"] == "shout-1")
+        page.goto(recorded["url"] + "worker?" + urllib.parse.urlencode(
+            {"cluster": recorded["killed_id"], "worker": shouter}), charts=False)
+        page.load("worker", "worker_logs")
+        assert HTML_LOG in page.page.inner_text("#logs-table")
+        # A cluster named like HTML: its Workers panel and a worker's page show the name as text.
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": SMALL}), charts=False)
+        page.load("workers")
+        small = page.page.eval_on_selector_all("#workers-table tr.worker", "rs => rs.map(r => r.dataset.worker)")
+        assert len(small) == 1
+        page.page.click("#workers-table a.worker-link")
+        page.page.wait_for_url("**/worker?**")
+        page.load("worker")
+        assert SMALL in page.page.inner_text("#run-header")
+        assert page.page.inner_text("#worker-address") == small[0]
         # The task graph of the span named like HTML: Dask's own graph, as text.
         page.goto(recorded["url"] + "run?" + urllib.parse.urlencode(
             {"cluster": recorded["killed_id"], "span": HTML_SPAN}), charts=False)
