@@ -115,6 +115,26 @@ class Context:
             return {"deferred": self.n_tasks()}
         return self._shared("critical_path", lambda: panels.critical_path(self.backend, self.scope))
 
+    def count_bytes(self) -> bool:
+        """Whether bytes moved between workers are counted for this page: asked for
+        (``slowness``), or a run of at most :data:`workers.MOVED_MAX_TASKS` tasks."""
+        if self._slowness or self.params.get("slowness"):
+            return True
+        return self.n_tasks() <= worker_data.MOVED_MAX_TASKS
+
+    def moved(self) -> dict | None:
+        """The run's bytes moved per (sender, receiver) (:func:`workers.moved_bytes`),
+        None when not counted (:meth:`count_bytes`) or without a recorded graph."""
+        if not self.count_bytes():
+            return None
+        return self.memo.get(("moved", self.scope.cluster_id),
+                             lambda: worker_data.moved_bytes(self.backend, self.scope.cluster_id))
+
+    def workers(self) -> dict:
+        return self.memo.get(("workers", self.scope.cluster_id, self.count_bytes()),
+                             lambda: worker_data.workers(self.backend, self.scope, self.deaths(),
+                                                         self.moved(), not self.count_bytes()))
+
     def critical_keys(self) -> set[str] | None:
         path = self.critical_path()
         if path.get("deferred") is not None or not path.get("available"):
@@ -177,7 +197,7 @@ def _graph(ctx: Context) -> dict:
 
 
 def _workers(ctx: Context) -> dict:
-    return {"workers": worker_data.workers(ctx.backend, ctx.scope, ctx.deaths())}
+    return {"workers": ctx.workers()}
 
 
 def _memory(ctx: Context) -> dict:
@@ -296,7 +316,7 @@ RUN_VIEWS: tuple[View, ...] = (
 
 
 def _worker_summary(ctx: Context) -> dict:
-    rows = worker_data.workers(ctx.backend, ctx.scope, ctx.deaths())["workers"]
+    rows = ctx.workers()["workers"]
     row = next((r for r in rows if r["worker"] == ctx.worker), None)
     if row is None:
         raise panels.NotFound(f"no worker {ctx.worker!r} was recorded in cluster "
@@ -319,7 +339,7 @@ def _worker_metrics(ctx: Context) -> dict:
 
 
 def _worker_transfers(ctx: Context) -> dict:
-    moved = worker_data.moved_bytes(ctx.backend, ctx.scope.cluster_id)
+    moved = ctx.moved()
     peers: dict[str, dict] = {}
     for (sender, receiver), n in (moved or {}).items():
         if receiver == ctx.worker:
@@ -334,6 +354,7 @@ def _worker_transfers(ctx: Context) -> dict:
     sent = [r for r in aggregates.digests(ctx.backend, ctx.scope.cluster_id, ctx.worker)
             if r[0] in ("get-data", "gather-dep")]
     return {"transfers": {"peers": dict(sorted(peers.items())), "graph": moved is not None,
+                          "bytes_deferred": not ctx.count_bytes(),
                           "digests": [dict(zip(("context", "prefix", "activity", "unit", "value"), r))
                                       for r in sorted(sent)]}}
 

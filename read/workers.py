@@ -23,6 +23,10 @@ The panel's columns, per worker, over the whole run:
                                  elsewhere, from the recorded graph (the rule of
                                  :mod:`.cost`'s ``moved_bytes``, which they add up to;
                                  None without a recorded graph);
+                                 Above :data:`MOVED_MAX_TASKS` tasks in the run
+                                 the count (a join of the whole graph with every
+                                 task's worker) is made only when asked for
+                                 (``count_bytes``): ``bytes_deferred`` says so;
 ``first_seen``, ``last_seen``    its joining (or first sample or task) and its removal
                                  (or last sample or task);
 ``ended``                        how it ended: the cause :mod:`.diagnosis` gives its
@@ -39,6 +43,10 @@ from typing import Any
 from dask_blackbox.read import aggregates
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+
+
+#: Tasks in a run above which bytes in and out are counted only when asked for.
+MOVED_MAX_TASKS = 200_000
 
 
 def _detail(text) -> dict:
@@ -130,17 +138,21 @@ def moved_bytes(backend: Backend, cluster_id: str) -> dict[tuple[str, str], int]
     return {(sender, receiver): int(n) for sender, receiver, n in rows}
 
 
-def workers(backend: Backend, scope, found: list | None = None) -> dict:
+def workers(backend: Backend, scope, found: list | None = None,
+            moved: dict | None = None, bytes_deferred: bool = False) -> dict:
     """The Workers panel of ``scope``'s run (see the module docstring): ``workers`` (one
-    row each, in the order they joined), and ``graph`` (whether bytes in and out could
-    be counted). ``found``: the run's :func:`diagnosis.deaths`, if already known."""
+    row each, in the order they joined), ``graph`` (whether bytes in and out could be
+    counted) and ``bytes_deferred``. ``found``: the run's :func:`diagnosis.deaths`, if
+    already known; ``moved``: its :func:`moved_bytes`, if already known, unless
+    ``bytes_deferred`` (then bytes in and out are None)."""
     from dask_blackbox.read import diagnosis
 
     cid = scope.cluster_id
     known = info(backend, cid)
     samples = _samples(backend, cid)
     ran = aggregates.per_worker(backend, cid)
-    moved = moved_bytes(backend, cid)
+    if not bytes_deferred and moved is None:
+        moved = moved_bytes(backend, cid)
     found = diagnosis.deaths(backend, [cid]) if found is None else found
     ended = {d.worker: d for d in found}
     _, closed = backend.query(
@@ -182,7 +194,8 @@ def workers(backend: Backend, scope, found: list | None = None) -> dict:
             "ended": how})
     rows.sort(key=lambda r: (r["first_seen"] if r["first_seen"] is not None else float("inf"),
                              r["worker"]))
-    return {"workers": rows, "graph": moved is not None, "n_workers": len(rows),
+    return {"workers": rows, "graph": moved is not None, "bytes_deferred": bytes_deferred,
+            "n_workers": len(rows),
             "deaths": sum(1 for r in rows if r["ended"]["died"])}
 
 
