@@ -16,6 +16,7 @@ kept from the run before: the app's memo of deaths, progress and scope is empty)
 - interactive in Chromium: from navigation start until every panel in the first
   screen (1400x1000) is loaded and drawn (``performance.now()`` in the page), the
   other panels loading as they scroll into view; and every panel of the page loaded;
+- each panel served alone (one run, a context of its own): which panels cost what;
 - report, warm: :func:`report.write_report` in this process;
 - report, cold (after the others, chDB closed): ``dask-blackbox report``'s work in a
   new Python process: imports, opening the chDB directory, the queries, the file.
@@ -191,11 +192,9 @@ def panel_costs(backend, cluster_id: str) -> dict[str, float]:
     """Each Run page panel served alone (its data and its HTML and Bokeh document, on
     a context of its own: nothing shared with the other panels), in ms."""
     costs = {}
-    scope = None
     for view in views.RUN_VIEWS:
         t = time.perf_counter()
         ctx = views.context(backend, {"cluster": cluster_id}, views.Memo())
-        scope = scope or ctx.scope
         views.render_view(view.name, ctx)
         costs[view.name] = (time.perf_counter() - t) * 1000
     return costs
