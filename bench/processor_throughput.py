@@ -106,7 +106,7 @@ def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
     port = free_port()
     with open(os.path.join(workdir, "faust.log"), "w") as log:
         worker = subprocess.Popen(
-            ["faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", os.path.join(workdir, "d"),
+            [sys.executable, "-m", "faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", os.path.join(workdir, "d"),
              "-l", "warn", "worker", "--web-port", str(port), "--web-host", "127.0.0.1"],
             env=env, stdout=log, stderr=subprocess.STDOUT)
     try:

@@ -8,8 +8,11 @@ For each batch of raw messages (all from partitions this worker owns):
 2. the gap records and closed prefix partials the batch produced are published, and
    the worker **waits until the broker has acknowledged them**;
 3. every cluster the batch touched is checkpointed to the changelog
-   (:mod:`.checkpoint`), and faust commits the batch's offsets only after flushing
-   those messages.
+   (:mod:`.checkpoint`), and the worker waits until the broker has acknowledged the
+   checkpoints before faust acks the batch (and later commits its offsets).
+
+Everything the worker writes to Kafka goes through its :class:`~.outbox.Outbox`
+(record batches per topic partition, on a producer of its own).
 
 A crash anywhere leaves a checkpoint no later than what was published: the raw
 messages after it are read again, their envelopes are applied again (those the
@@ -21,12 +24,12 @@ of a valid envelope that its cluster refuses (:class:`~.cluster.Rejection`: the
 reason names the event, its kind and the field), and the rest is applied.
 
 Every ``snapshot-interval`` (:meth:`Processor.tick`), the spans that changed are
-published as snapshots (a tick looks only at the clusters changed since the previous
-one, and at every cluster once per ``ProcessorSettings.sweep_interval``: the
-time-driven work below happens then, so its work follows what arrives, not how many
-clusters are held) (not awaited: a snapshot lost in a crash is published again
-after the restart, which re-publishes every span), the partials of producers silent
-for a whole window are closed, producers silent for ``idle-cluster-ttl`` are
+published as snapshots (a snapshot lost in a crash is published again after the
+restart, which re-publishes every span). A tick looks only at the clusters changed
+since the previous one; once per ``ProcessorSettings.sweep_interval`` it sweeps every
+cluster, for the time-driven work, so what a tick costs follows what arrives, not how
+many clusters are held. At a sweep the partials of producers silent for a whole
+window are closed, producers silent for ``idle-cluster-ttl`` are
 forgotten by their cluster, and clusters are forgotten (their checkpoint deleted):
 those whose scheduler_close this worker applied more than ``finished-cluster-ttl``
 ago, and those none of whose producers sent anything for ``idle-cluster-ttl`` (a

@@ -31,7 +31,6 @@ from collections import Counter
 import dask
 import dask.array as da
 import psutil
-import pytest
 from distributed import Client, LocalCluster, span, wait
 
 from dask_blackbox import producers
@@ -41,10 +40,11 @@ from dask_blackbox.read import queries
 from processors_support import dask_truth
 from up_process import Up
 
-pytestmark = pytest.mark.slow
-
+# Short prefix windows: a window's partials are published once it closes (or its
+# producer is silent for a window), which the comparison waits for.
 SETTINGS = ("processors.session-timeout=6s", "sink.session-timeout=6s",
-            "processors.snapshot-interval=200ms", "processors.commit-interval=1s")
+            "processors.snapshot-interval=200ms", "processors.commit-interval=1s",
+            "processors.prefix-window=2s")
 
 
 def slowinc(i):
