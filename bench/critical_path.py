@@ -41,7 +41,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from report import report  # noqa: E402
 
 from dask_blackbox import clickhouse  # noqa: E402
-from dask_blackbox.read import backends, cost, panels  # noqa: E402
+from dask_blackbox.read import backends, cost, views  # noqa: E402
 from dask_blackbox.read.critical_path import critical_path  # noqa: E402
 from dask_blackbox.sinks.schema import Target, migrate  # noqa: E402
 
@@ -367,9 +367,9 @@ def main() -> None:
                   f"{args.repeat}: {wall:.2f} s wall, {cpu:.2f} s CPU", flush=True)
             report(f"span cost, {label}-task run (median, wall)", round(wall, 2), "s", None)
             # A/B: the Run page's data without and with these two panels
-            without, _, _ = median_s(lambda: panels.run_data(backend, cluster_id, slowness=False),
+            without, _, _ = median_s(lambda: views.run_data(backend, cluster_id, slowness=False),
                                      args.repeat)
-            with_, _, _ = median_s(lambda: panels.run_data(backend, cluster_id, slowness=True),
+            with_, _, _ = median_s(lambda: views.run_data(backend, cluster_id, slowness=True),
                                    args.repeat)
             print(f"  Run page data without / with the critical path and cost panels: "
                   f"{without:.2f} / {with_:.2f} s (median of {args.repeat} each)", flush=True)

@@ -1,22 +1,29 @@
-"""How fast the UI opens a big run, and how big its report is.
+"""How fast the UI opens a big run: first panel, an interactive page, the report.
 
 Generates one cluster of ``--tasks`` tasks (default: a 100k-task run and a 1M-task
 run) with the generator of ``bench/query_latency.py`` (task stories with
 compute/transfer startstops, worker and scheduler metrics, spans, span snapshots,
 prefix partials, log lines), loads it through the sink's own loading path
-(``sinks.batch.Batch`` + ``sinks.loader.Loader``) into a fresh chDB directory, then
-measures, each the median of ``--repeat`` runs:
+(``sinks.batch.Batch`` + ``sinks.loader.Loader``, so migration 006's materialized
+views fill the page aggregates as they would in the sink) into a fresh chDB
+directory, serves the web UI over it (uvicorn in this process: chDB is in-process),
+then measures, each the median of ``--repeat`` runs, each run on a new app (nothing
+kept from the run before: the app's memo of deaths, progress and scope is empty):
 
-- Run page data: every panel of the Run page (:func:`panels.run_data`, the
-  ClickHouse side, reduced to what a screen shows);
-- Run page served: the same plus the Bokeh page rendered by the web UI's handler
-  (what a browser waits for before it draws; "cluster opening");
-- report: :func:`report.write_report` to a file, and the file's size.
+- first panel served: ``GET /run`` (the page's shell: heading, navigation, filters)
+  then ``GET /api/view/<first panel>`` (its HTML and Bokeh document), as the page's
+  script asks for it;
+- interactive in Chromium: from navigation start until every panel in the first
+  screen (1400x1000) is loaded and drawn (``performance.now()`` in the page), the
+  other panels loading as they scroll into view; and every panel of the page loaded;
+- each panel served alone (one run, a context of its own): which panels cost what;
+- report, warm: :func:`report.write_report` in this process;
+- report, cold (after the others, chDB closed): ``dask-blackbox report``'s work in a
+  new Python process: imports, opening the chDB directory, the queries, the file.
 
-Each time is given as wall clock and as this process's CPU time (chDB runs in it): on
-a shared machine the second is the steadier figure; the load average is printed.
+Times are wall clock; the load average is printed (the machine is shared).
 
-    python bench/ui_latency.py                 # 100k and 1M tasks (~10 min on 2 cores)
+    python bench/ui_latency.py                 # 100k and 1M tasks
     python bench/ui_latency.py --tasks 100000  # one size
 """
 
@@ -28,10 +35,15 @@ import os
 import pathlib
 import random
 import shutil
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
+import threading
 import time
+import urllib.parse
+import urllib.request
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -39,11 +51,13 @@ from query_latency import ClusterRun  # noqa: E402  (the generator, reused)
 from report import report  # noqa: E402
 
 from dask_blackbox import clickhouse, contract  # noqa: E402
-from dask_blackbox.read import backends, panels  # noqa: E402
+from dask_blackbox.read import backends, views, web  # noqa: E402
 from dask_blackbox.read import report as html_report  # noqa: E402
 from dask_blackbox.sinks.loader import Loader  # noqa: E402
 from dask_blackbox.sinks.batch import Batch  # noqa: E402
 from dask_blackbox.sinks.schema import Target, migrate  # noqa: E402
+
+CHROMIUM = "/usr/bin/chromium"
 
 TRANSITIONS_PER_TASK = 5.3  # the generator's stories: released..forgotten, 30% queued
 
@@ -79,17 +93,135 @@ def load_cluster(client, target, tasks: int, index: int, seed: int) -> tuple[str
     return cluster_id, n_transitions
 
 
-def median_s(fn, repeat: int) -> tuple[float, float, object]:
-    """Median wall-clock seconds, median CPU seconds of this process (chDB runs in it,
-    so its query threads count; less sensitive than wall clock to other processes
-    sharing the cores), and the last result."""
-    times, cpu, result = [], [], None
+def median_s(fn, repeat: int) -> tuple[float, list[float], object]:
+    """Median wall-clock seconds, every run's, and the last result."""
+    times, result = [], None
     for _ in range(repeat):
-        t, c = time.perf_counter(), time.process_time()
+        t = time.perf_counter()
         result = fn()
         times.append(time.perf_counter() - t)
-        cpu.append(time.process_time() - c)
-    return statistics.median(times), statistics.median(cpu), result
+    return statistics.median(times), times, result
+
+
+class Shared:
+    """The bench's backend, lent to each app (an app closes its backend when it stops)."""
+
+    def __init__(self, backend) -> None:
+        self.backend, self.database = backend, backend.database
+
+    def query(self, sql, parameters=None):
+        return self.backend.query(sql, parameters)
+
+    def close(self) -> None:
+        pass
+
+
+class Server:
+    """A new web app over ``backend`` served by uvicorn in a thread of this process."""
+
+    def __init__(self, backend) -> None:
+        import uvicorn
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        config = uvicorn.Config(web.create_app(lambda: Shared(backend)), host="127.0.0.1",
+                                port=self.port, log_level="warning", access_log=False, lifespan="on")
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+        self.url = f"http://127.0.0.1:{self.port}/"
+
+    def __enter__(self) -> "Server":
+        self.thread.start()
+        while not self.server.started:
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+
+def get(url: str) -> bytes:
+    with urllib.request.urlopen(url, timeout=300) as r:
+        return r.read()
+
+
+def first_panel(backend, cluster_id: str) -> tuple[float, float, int]:
+    """Seconds to the page's shell, to its first panel, and the shell's bytes (one new app)."""
+    query = urllib.parse.urlencode({"cluster": cluster_id})
+    with Server(backend) as server:
+        t = time.perf_counter()
+        shell = get(server.url + "run?" + query)
+        shell_s = time.perf_counter() - t
+        get(server.url + f"api/view/{views.RUN_VIEWS[0].name}?" + query)
+        return shell_s, time.perf_counter() - t, len(shell)
+
+
+def in_chromium(browser, backend, cluster_id: str) -> dict:
+    """One page load in a new browser context on a new app: ms to the first screen's
+    panels loaded and drawn, ms to every panel, each panel's own ms."""
+    query = urllib.parse.urlencode({"cluster": cluster_id})
+    with Server(backend) as server:
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
+        page = context.new_page()
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        try:
+            page.goto(server.url + "run?" + query)
+            page.wait_for_function(
+                """() => { const shown = [...document.querySelectorAll('section.view')].filter(s => {
+                     const r = s.getBoundingClientRect(); return r.top < window.innerHeight && r.bottom > 0; });
+                   return shown.length > 0 && shown.every(s => s.dataset.state === 'loaded'
+                                                          || s.dataset.state === 'failed'); }""",
+                timeout=300_000, polling=20)
+            first_screen = page.evaluate("() => performance.now()")
+            page.evaluate("() => window.blackbox.loadAll()")
+            every = page.evaluate("() => performance.now()")
+            states = page.eval_on_selector_all(
+                "section.view", "ss => ss.map(s => [s.dataset.view, s.dataset.state, Number(s.dataset.ms)])")
+        finally:
+            context.close()
+    failed = [v for v, state, _ in states if state != "loaded"]
+    if failed or errors:
+        raise SystemExit(f"panels failed to load: {failed}; page errors: {errors}")
+    return {"first_screen": first_screen, "every": every, "panels": {v: ms for v, _, ms in states}}
+
+
+def panel_costs(backend, cluster_id: str) -> dict[str, float]:
+    """Each Run page panel served alone (its data and its HTML and Bokeh document, on
+    a context of its own: nothing shared with the other panels), in ms."""
+    costs = {}
+    for view in views.RUN_VIEWS:
+        t = time.perf_counter()
+        ctx = views.context(backend, {"cluster": cluster_id}, views.Memo())
+        views.render_view(view.name, ctx)
+        costs[view.name] = (time.perf_counter() - t) * 1000
+    return costs
+
+
+COLD = """
+import sys, time
+t = time.perf_counter()
+from dask_blackbox import clickhouse
+from dask_blackbox.read import backends, report
+client = clickhouse.open_client("chdb://" + sys.argv[1])
+written = report.write_report(sys.argv[2], sys.argv[3], backend=backends.DirectBackend(client, "blackbox"))
+print(time.perf_counter() - t, written["bytes"])
+"""
+
+
+def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str) -> tuple[float, float, int]:
+    """A new process writes the report: (its own seconds from the first import, the
+    process's wall seconds, the file's bytes)."""
+    t = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", COLD, str(chdb), str(out), cluster_id],
+                          capture_output=True, text=True, timeout=600)
+    wall = time.perf_counter() - t
+    if done.returncode:
+        raise SystemExit(f"the cold report failed: {done.stderr[-2000:]}")
+    inner, size = done.stdout.split()[-2:]
+    return float(inner), wall, int(size)
 
 
 def main() -> None:
@@ -109,40 +241,64 @@ def main() -> None:
     target = Target("blackbox", 90 * 86400)
     migrate(client, target)
     backend = backends.DirectBackend(client, "blackbox")
+    import playwright.sync_api as playwright_sync
+
+    loaded: list[tuple[str, str]] = []
     try:
-        for index, tasks in enumerate(sizes):
-            label = f"{tasks // 1000}k" if tasks < 1_000_000 else f"{tasks / 1e6:g}M"
-            print(f"{label}-task cluster:", flush=True)
-            cluster_id, n_transitions = load_cluster(client, target, tasks, index, args.seed)
-            computes = backend.query(
-                "SELECT countIf(ss.action = 'compute') FROM blackbox.transitions "
-                "ARRAY JOIN startstops AS ss WHERE cluster_id = {c:String}", {"c": cluster_id})[1][0][0]
-            panels.run_data(backend, cluster_id)  # warm: first reads of each column's parts
-            data_s, data_cpu, data = median_s(lambda: panels.run_data(backend, cluster_id), args.repeat)
-            page_s, page_cpu, page = median_s(
-                lambda: html_report.render_run(panels.run_data(backend, cluster_id), web=True),
-                args.repeat)
-            out = root / f"report-{label}.html"
-            report_s, report_cpu, written = median_s(
-                lambda: html_report.write_report(out, cluster_id, backend=backend), args.repeat)
-            stream = data["task_stream"]
-            print(f"  {computes:,} computes recorded, {n_transitions:,} transitions; task stream "
-                  f"{stream['mode']} ({len(stream.get('bars') or stream.get('cells') or []):,} "
-                  f"{'bars' if stream['mode'] == 'bars' else 'cells'}); page {len(page) / 1e6:.2f} MB; "
-                  f"medians of {args.repeat} runs; load average {os.getloadavg()[0]:.1f} on "
-                  f"{os.cpu_count()} cores", flush=True)
-            big = tasks >= 1_000_000
-            report(f"Run page data, {label}-task run (median, wall)", round(data_s * 1000), "ms", 1000, 300)
-            report(f"Run page data, {label}-task run (median, CPU)", round(data_cpu * 1000), "ms", 1000, 300)
-            report(f"Run page served (data + Bokeh page), {label}-task run (median, wall)",
-                   round(page_s * 1000), "ms", 2000 if big else None, 2000 if big else None)
-            report(f"Run page served (data + Bokeh page), {label}-task run (median, CPU)",
-                   round(page_cpu * 1000), "ms", 2000 if big else None, 2000 if big else None)
-            report(f"report written, {label}-task run (median, wall)", round(report_s, 2), "s", 5, 2)
-            report(f"report written, {label}-task run (median, CPU)", round(report_cpu, 2), "s", 5, 2)
-            report(f"report size, {label}-task run", round(written["bytes"] / 1e6, 2), "MB", 10)
+        with playwright_sync.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+                "--no-sandbox", "--disable-gpu", "--disable-background-networking", "--headless"])
+            for index, tasks in enumerate(sizes):
+                label = f"{tasks // 1000}k" if tasks < 1_000_000 else f"{tasks / 1e6:g}M"
+                print(f"{label}-task cluster:", flush=True)
+                cluster_id, n_transitions = load_cluster(client, target, tasks, index, args.seed)
+                loaded.append((label, cluster_id))
+                computes = backend.query(
+                    "SELECT countIf(ss.action = 'compute') FROM blackbox.transitions "
+                    "ARRAY JOIN startstops AS ss WHERE cluster_id = {c:String}", {"c": cluster_id})[1][0][0]
+                first_panel(backend, cluster_id)  # warm: first reads of each column's parts
+                runs = [first_panel(backend, cluster_id) for _ in range(args.repeat)]
+                shell_s = statistics.median(r[0] for r in runs)
+                first_s = statistics.median(r[1] for r in runs)
+                loads = [in_chromium(browser, backend, cluster_id) for _ in range(args.repeat)]
+                screen_ms = statistics.median(r["first_screen"] for r in loads)
+                every_ms = statistics.median(r["every"] for r in loads)
+                slowest = sorted(loads[-1]["panels"].items(), key=lambda kv: -kv[1])[:5]
+                costs = panel_costs(backend, cluster_id)
+                print("  each panel alone (ms, one run): " + ", ".join(
+                    f"{v} {ms:.0f}" for v, ms in costs.items()), flush=True)
+                out = root / f"report-{label}.html"
+                report_s, _, written = median_s(
+                    lambda: html_report.write_report(out, cluster_id, backend=backend), args.repeat)
+                print(f"  {computes:,} computes recorded, {n_transitions:,} transitions; shell "
+                      f"{runs[-1][2] / 1e3:.0f} kB; first panel runs "
+                      f"{[round(r[1] * 1000) for r in runs]} ms; first screen runs "
+                      f"{[round(r['first_screen']) for r in loads]} ms; slowest panels (last run) "
+                      f"{', '.join(f'{v} {ms:.0f} ms' for v, ms in slowest)}; medians of {args.repeat} runs; "
+                      f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+                big = tasks >= 1_000_000
+                report(f"Run page shell served, {label}-task run (median)", round(shell_s * 1000), "ms", None)
+                report(f"Run page first panel served, {label}-task run (median)", round(first_s * 1000), "ms",
+                       1000 if big else 300)
+                report(f"Run page interactive in Chromium (first screen), {label}-task run (median)",
+                       round(screen_ms), "ms", None if big else 2000)
+                report(f"Run page, every panel loaded in Chromium, {label}-task run (median)",
+                       round(every_ms), "ms", None)
+                report(f"report written warm, {label}-task run (median)", round(report_s, 2), "s", None)
+                report(f"report size, {label}-task run", round(written["bytes"] / 1e6, 2), "MB", 10)
+            browser.close()
     finally:
         client.close()
+    try:
+        for label, cluster_id in loaded:
+            runs = [cold_report(root / "chdb", root / f"cold-{label}.html", cluster_id)
+                    for _ in range(args.repeat)]
+            print(f"  cold report, {label}: process wall runs {[round(r[1], 2) for r in runs]} s "
+                  f"(from its first import {[round(r[0], 2) for r in runs]} s); "
+                  f"{runs[-1][2] / 1e6:.2f} MB", flush=True)
+            report(f"report written cold (new process), {label}-task run (median)",
+                   round(statistics.median(r[1] for r in runs), 2), "s", None if label.endswith("M") else 3)
+    finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
 

@@ -81,9 +81,9 @@ def _t(ts: float | None, day: bool = False) -> str:
 
 
 def _bytes(n: int | None) -> str:
-    from dask.utils import format_bytes
+    from dask_blackbox.cli.formatting import nbytes
 
-    return format_bytes(n) if n else "?"
+    return nbytes(n) if n else "?"
 
 
 def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:

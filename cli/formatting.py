@@ -4,9 +4,14 @@ program (JSON, CSV, or the plain wide table).
 ``table`` (the default) is drawn by `rich`_ to fit :data:`DEFAULT_WIDTH` columns
 (or a narrower terminal): ids are shortened to :data:`ID_CHARS` characters, times
 shown as wall-clock times (with the date when it is not today, UTC), durations and
-bytes with units, mappings as their largest few entries, and a span tree (a result
+bytes with units (one spelling everywhere: ``µs``, ``ms``, ``s``; ``B``, ``KiB``,
+``MiB``, ``GiB``), mappings as their largest few entries, and a span tree (a result
 with a ``depth`` column) drawn as a tree. Columns a person rarely needs (a parent's
 id, raw start/stop times next to the elapsed time, tracebacks, depth) are left out.
+Free text (an exception, a log message, a stimulus id: :data:`_WRAP_COLUMNS`) is
+wrapped over lines rather than cut, and gives way first when the table is too wide;
+a column a result was filtered on (the same cluster, key, worker or span in every
+row) is said once above the table instead of in every row.
 ``wide`` prints every column and every value as it is, however wide; ``json`` and
 ``csv`` carry every column with full values, for programs.
 
@@ -31,7 +36,6 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 
-from dask.utils import format_bytes
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -45,7 +49,7 @@ DEFAULT_WIDTH = 120
 ID_CHARS = 8
 
 #: Columns only the wide table, JSON and CSV show.
-_DETAIL_COLUMNS = frozenset({"parent_id", "depth", "traceback", "exc_text", "stimulus_id",
+_DETAIL_COLUMNS = frozenset({"parent_id", "depth", "traceback", "exc_text",
                              "producer_id", "span_id"})
 _ID_COLUMNS = frozenset({"cluster_id", "span_id", "parent_id", "producer_id", "partial_id"})
 _BYTES_HINTS = ("nbytes", "bytes", "memory")
@@ -53,6 +57,13 @@ _BYTES_HINTS = ("nbytes", "bytes", "memory")
 _NAME_COLUMNS = frozenset({"name", "key", "cluster", "cluster_name", "prefix", "metric"})
 #: Columns at most this wide are never squeezed; wider ones shrink to it at least.
 _SHORT = 19
+#: Columns of free text: wrapped over lines, never cut; squeezed first (down to 16).
+_WRAP_COLUMNS = frozenset({"exception", "cause", "message", "msg", "text", "stimulus_id", "reason",
+                           "explanation", "error"})
+_WRAP_FLOOR = 16
+#: Columns a result is filtered on: one value in every row (of two or more) is said
+#: once, above the table.
+_SAID_ONCE = ("cluster", "cluster_name", "cluster_id", "span", "key", "worker")
 
 
 # --------------------------------------------------------------- plain values
@@ -115,14 +126,27 @@ def _count(n: int) -> str:
 # ------------------------------------------------------------ human values
 
 
+def nbytes(value: int) -> str:
+    """Bytes in binary units, one spelling: ``512 B``, ``2.00 KiB``, ``1.50 MiB``,
+    ``3.25 GiB``, ``1.00 TiB``."""
+    sign, n = ("-" if value < 0 else ""), abs(int(value))
+    if n < 1024:
+        return f"{sign}{n} B"
+    for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
+        n /= 1024
+        if n < 1024 or unit == "PiB":
+            return f"{sign}{n:.2f} {unit}"
+    raise AssertionError("unreachable")
+
+
 def seconds(value: float) -> str:
-    """A duration with its unit: ``850 us``, ``12.3 ms``, ``4.56 s``, ``3m 07s``,
+    """A duration with its unit: ``850 µs``, ``12.3 ms``, ``4.56 s``, ``3m 07s``,
     ``2h 05m``."""
     if not math.isfinite(value):
         return str(value)
     sign, value = ("-" if value < 0 else ""), abs(value)
     if value < 1e-3:
-        text = f"{value * 1e6:.0f} us"
+        text = f"{value * 1e6:.0f} µs"
     elif value < 1:
         text = f"{value * 1e3:.3g} ms"
     elif value < 60:
@@ -179,9 +203,9 @@ def _human(column: str, value, today: datetime.date) -> str:
         return _time(datetime.datetime.fromtimestamp(value, datetime.timezone.utc), today, True)
     if isinstance(value, (int, float)):
         if _is_byte_seconds(column):
-            return format_bytes(int(value)) + "·s"
+            return nbytes(int(value)) + "·s"
         if _is_bytes(column):
-            return format_bytes(int(value))
+            return nbytes(int(value))
         if _is_seconds(column):
             return seconds(float(value))
         return f"{value:.4g}" if isinstance(value, float) else str(value)
@@ -218,22 +242,34 @@ def _tree_labels(names: list[str], depths: list[int]) -> list[str]:
     return labels
 
 
-def _fit(naturals: list[int], names: list[bool], width: int) -> list[int]:
+def _fit(naturals: list[int], names: list[bool], width: int,
+         wraps: list[bool] | None = None) -> list[int]:
     """Column widths that fit ``width``: short columns (numbers, times, short ids) keep
-    their width; long text gives way, name-like columns last (down to 24), others
-    down to 8, the widest first."""
+    their width; long text gives way: free text that wraps first (down to 16), then
+    other text (down to 8), name-like columns last (down to 24), the widest first."""
+    wraps = wraps or [False] * len(naturals)
     budget = width - 3 * (len(naturals) - 1)  # a separator and padding between columns
     widths = list(naturals)
-    floors = [n if n <= _SHORT else (min(n, 24) if is_name else 8) for n, is_name in zip(naturals, names)]
+    floors = [min(n, _WRAP_FLOOR) if wrap else n if n <= _SHORT else (min(n, 24) if is_name else 8)
+              for n, is_name, wrap in zip(naturals, names, wraps)]
     while sum(widths) > budget:
         shrinkable = [j for j in range(len(widths)) if widths[j] > floors[j]]
         if not shrinkable:
             break
-        # the widest non-name column first; names only when nothing else can give
-        others = [j for j in shrinkable if not names[j]] or shrinkable
+        # wrapped text first, then the widest non-name column; names only when nothing else can give
+        others = ([j for j in shrinkable if wraps[j]] or [j for j in shrinkable if not names[j]]
+                  or shrinkable)
         j = max(others, key=lambda k: widths[k])
         widths[j] -= 1
     return widths
+
+
+def _said_once(columns: list[str], rows: Sequence[Sequence], keep: list[int]) -> list[int]:
+    """The kept columns a result was filtered on: the same value in each of its rows."""
+    if len(rows) < 2:
+        return []
+    return [i for i in keep if columns[i] in _SAID_ONCE
+            and all(r[i] == rows[0][i] for r in rows) and rows[0][i] not in (None, "")]
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
@@ -243,6 +279,12 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     # raw start/stop times are noise next to an elapsed time
     if "elapsed_s" in columns:
         keep = [i for i in keep if columns[i] not in ("start", "stop")]
+    once = _said_once(columns, rows, keep)
+    keep = [i for i in keep if i not in once]
+    heading = "   ".join(
+        f"{printable(columns[i])}: "
+        + printable(str(rows[0][i]) if columns[i] in _ID_COLUMNS else _human(columns[i], rows[0][i], today))
+        for i in once)
     names = None
     if "depth" in columns and "name" in columns:
         d, n = columns.index("depth"), columns.index("name")
@@ -250,28 +292,33 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     # A result of metric rows (``metric``, then one column per run): each value in
     # the unit of its row's metric.
     by_row = bool(columns) and columns[0] == "metric"
+    wraps = [columns[i] in _WRAP_COLUMNS for i in keep]
     cells = [
         [Text(printable(names[r_index] if names is not None and columns[i] == "name"
                         else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i],
                                     today)),
-              no_wrap=True, overflow="ellipsis")
-         for i in keep]
+              no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
+         for i, wrap in zip(keep, wraps)]
         for r_index, row in enumerate(rows)
     ]
     naturals = [max([len(printable(str(columns[i])))] + [c[j].cell_len for c in cells]) for j, i in enumerate(keep)]
-    widths = _fit(naturals, [columns[i] in _NAME_COLUMNS for i in keep], width)
+    widths = _fit(naturals, [columns[i] in _NAME_COLUMNS for i in keep], width, wraps)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
     for j, i in enumerate(keep):
         numeric = any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
         table.add_column(printable(str(columns[i])), justify="right" if numeric else "left",
-                         overflow="ellipsis", no_wrap=True, width=widths[j])
+                         overflow="fold" if wraps[j] else "ellipsis", no_wrap=not wraps[j],
+                         width=widths[j])
     for row_cells in cells:
         table.add_row(*row_cells)
     console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False,
                       emoji=False, highlight=False, soft_wrap=False)
     console.print(table)
     text = console.file.getvalue().rstrip("\n")
-    return "\n".join(line.rstrip() for line in text.splitlines()) + "\n" + _count(len(rows))
+    lines = [line.rstrip() for line in text.splitlines()]
+    if heading:
+        lines.insert(0, heading if len(heading) <= width else heading[:width - 1] + "…")
+    return "\n".join(lines) + "\n" + _count(len(rows))
 
 
 def terminal_width() -> int:

@@ -6,11 +6,16 @@ Endpoints (GET; every answer is JSON):
     one page of the recorded clusters, newest first, with how each ended and how
     many match (:func:`panels.clusters`: ``limit`` default 100, at most 1000).
 ``/api/run/{panel}?cluster=&span=&since=&until=``
-    one panel of the Run page, ``panel`` one of :data:`panels.RUN_PANELS`: summary,
-    task_stream, progress, task_states, markers, memory, spans, fine_metrics,
-    failures, logs (which also takes ``level``, ``worker``: a worker's address for
-    its records and its nanny's, ``logger``, ``text``, ``limit``), diagnosis (why
-    each worker died and each KilledWorker; also takes ``key``).
+    one panel of the Run page: a view of :data:`views.RUN_VIEWS` (diagnosis,
+    task_stream, critical_path, cost, progress, groups, graph (also ``max_nodes``),
+    workers, memory, activity, spans, fine_metrics, failures, logs) or summary,
+    task_states, markers. logs also takes ``level``, ``worker`` (a worker's address:
+    its records and its nanny's), ``logger``, ``text``, ``limit``; diagnosis ``key``
+    (that task's KilledWorker); task_stream ``max_bars``.
+``/api/view/{name}?cluster=&...``
+    one panel as the web page draws it: its HTML fragment and its Bokeh document
+    (``{"html", "bokeh"}``); the worker page's panels (worker, worker_stream,
+    worker_metrics, worker_transfers, worker_logs) take ``worker``.
 ``/api/task?cluster=&key=``
     a task's story, the metrics and logs around it, its dependencies/dependents.
 ``/api/run/critical_path?cluster=&span=&since=&until=``, ``/api/run/cost?...``
@@ -32,127 +37,79 @@ stack trace.
 
 from __future__ import annotations
 
-import datetime
-import math
-import re
 import threading
 from collections.abc import Callable, Mapping
 
 import orjson
 
-from dask_blackbox.read import panels
+from dask_blackbox.read import panels, views
 from dask_blackbox.read.backends import Backend, QueryError
+from dask_blackbox.read.params import BadParameter, filters, int_param, opt, parse_time
 
 ENDPOINTS = [
     ("/api/clusters?name=&since=&until=&limit=&offset=",
      "one page of the recorded clusters, newest first, and how each ended"),
     *[(f"/api/run/{name}?cluster=&span=&since=&until="
-       + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key="}.get(name, ""),
-       (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
-      for name, fn in panels.RUN_PANELS.items()],
+       + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key=",
+          "graph": "&max_nodes=", "task_stream": "&max_bars="}.get(name, ""), text)
+      for name, text in (
+          ("summary", "the run's heading: tasks, in memory, erred, workers, deaths, restarts"),
+          ("diagnosis", "why each worker died and each task failed with KilledWorker, with the evidence"),
+          ("task_stream", "Dask's task stream: a bar per action, a row per worker thread (or binned)"),
+          ("critical_path", "the chain of tasks that decided the wall time, each link's parts"),
+          ("cost", "what each span and prefix cost: CPU, occupied, idle, moved, spilled, memory held"),
+          ("progress", "per prefix, the fraction of its tasks finished over time; erred shares"),
+          ("task_states", "tasks in each state over time"),
+          ("groups", "task groups: tasks, erred, compute seconds, first and last compute"),
+          ("graph", "the executed task graph: nodes (by task, group or prefix) and edges, laid out"),
+          ("workers", "one row per worker: threads, memory limit and peaks, CPU, tasks, bytes, its end"),
+          ("memory", "memory per worker over time, with the memory limits"),
+          ("activity", "executing, ready, in flight, CPU and each action's threads over time"),
+          ("markers", "worker deaths, restarts and arrivals on the time axes"),
+          ("spans", "the span tree with Dask's numbers"),
+          ("fine_metrics", "fine performance metrics: execution, sending and gathering data, idle"),
+          ("failures", "erred tasks with their stories, dead workers with their last metrics and logs"),
+          ("logs", "the newest log records matching the filters"))],
+    ("/api/view/{name}?cluster=&span=&since=&until=&worker=",
+     "one panel as the web page draws it: its HTML and its Bokeh document"),
     ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
     ("/api/compare?span=&cluster=&since=&until=",
      "regressions beyond the noise, latest run against the one before; a span across runs"),
 ]
 
 
-class BadParameter(ValueError):
-    """A query parameter that cannot be used; the message names it."""
-
-
-#: The times ClickHouse's DateTime64 holds, in seconds since the epoch:
-#: 1900-01-01T00:00:00 .. 2299-12-31T23:59:59 UTC.
-EARLIEST, LATEST = -2208988800.0, 10413791999.0
-
-
-def parse_time(text: str | None, name: str) -> float | None:
-    """``since``/``until``: ISO date-time (UTC unless zoned), epoch seconds, or a
-    duration ago like 2h / 30m / 7d / 45s; a time between 1900 and 2299 (what
-    ClickHouse's DateTime64 holds). BadParameter naming ``name`` otherwise."""
-    if text is None or not str(text).strip():
-        return None
-    text = str(text).strip()
-    try:
-        value = _seconds(text)
-    except (ValueError, OverflowError):
-        raise BadParameter(f"{name}={text[:80]!r} is neither an ISO date-time, seconds since the "
-                           "epoch, nor a duration like 2h / 30m / 7d") from None
-    if not (math.isfinite(value) and EARLIEST <= value <= LATEST):
-        raise BadParameter(f"{name}={text[:80]!r} is not a time between 1900-01-01 and 2299-12-31")
-    return value
-
-
-def _seconds(text: str) -> float:
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        now = datetime.datetime.now(datetime.timezone.utc)
-        return (now - datetime.timedelta(**{unit: float(m[1])})).timestamp()
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    t = datetime.datetime.fromisoformat(text)
-    return (t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)).timestamp()
-
-
-def _int(params: Mapping, name: str, default: int, low: int = 1, high: int = 100_000) -> int:
-    value = params.get(name)
-    if value in (None, ""):
-        return default
-    try:
-        n = int(value)
-    except ValueError:
-        raise BadParameter(f"{name} must be an integer, not {str(value)[:80]!r}") from None
-    if not low <= n <= high:
-        raise BadParameter(f"{name} must be between {low} and {high}, not {n}")
-    return n
-
-
-def _opt(params: Mapping, name: str) -> str | None:
-    value = params.get(name)
-    return value if value not in (None, "") else None
-
-
-def filters(params: Mapping) -> dict:
-    """cluster/span/since/until from query parameters."""
-    return {"cluster": _opt(params, "cluster"), "span": _opt(params, "span"),
-            "since": parse_time(params.get("since"), "since"),
-            "until": parse_time(params.get("until"), "until")}
-
-
-def run_panel(backend: Backend, panel: str, params: Mapping) -> dict:
-    if panel not in panels.RUN_PANELS:
-        raise panels.NotFound(f"no panel {panel!r}; the panels are {', '.join(panels.RUN_PANELS)}")
-    f = filters(params)
-    if not f["cluster"]:
-        raise BadParameter("cluster is required: a cluster name or id")
-    scope = panels.resolve(backend, f["cluster"], f["span"], f["since"], f["until"])
-    if panel == "logs":
-        level = _opt(params, "level")
-        if level and level.upper() not in panels.LEVELS:
-            raise BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
-        return panels.logs(backend, scope, level, _opt(params, "worker"), _opt(params, "text"),
-                           _int(params, "limit", 500, high=10_000), _opt(params, "logger"))
-    if panel == "diagnosis":
-        return panels.diagnosis_panel(backend, scope, _opt(params, "key"))
-    if panel == "memory":
-        dead = [d["worker"] for d in panels.markers(backend, scope)["deaths"]]
-        return panels.memory(backend, scope, dead)
-    if panel == "task_stream":
-        return panels.task_stream(backend, scope, _int(params, "max_bars", panels.MAX_BARS, 0, 200_000))
-    return panels.RUN_PANELS[panel](backend, scope)
+def run_panel(backend: Backend, panel: str, params: Mapping, memo=None) -> dict:
+    """The data of one panel of the Run page (see the module docstring)."""
+    names = ["summary", "task_states", "markers", *(v.name for v in views.RUN_VIEWS)]
+    if panel not in names:
+        raise panels.NotFound(f"no panel {panel!r}; the panels are {', '.join(names)}")
+    int_param(params, "limit", 500, high=10_000)
+    int_param(params, "max_bars", panels.MAX_BARS, 0, 200_000)
+    int_param(params, "max_nodes", 1500, 1, 200_000)
+    level = opt(params, "level")
+    if level and level.upper() not in panels.LEVELS:
+        raise BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
+    ctx = views.context(backend, params, memo)
+    if panel == "summary":
+        return views.summary(ctx)
+    if panel == "markers":
+        return ctx.markers()
+    if panel == "task_states":
+        return panels.task_states(backend, ctx.scope)
+    if panel == "diagnosis" and opt(params, "key"):
+        return panels.diagnosis_panel(backend, ctx.scope, opt(params, "key"), found=ctx.deaths())
+    return views.VIEWS[panel].data(ctx)[panel]
 
 
 def clusters(backend: Backend, params: Mapping) -> dict:
-    return panels.clusters(backend, _opt(params, "name"), parse_time(params.get("since"), "since"),
+    return panels.clusters(backend, opt(params, "name"), parse_time(params.get("since"), "since"),
                            parse_time(params.get("until"), "until"),
-                           limit=_int(params, "limit", panels.CLUSTERS_PAGE, 1, panels.CLUSTERS_PAGE_MAX),
-                           offset=_int(params, "offset", 0, 0, 10**12))
+                           limit=int_param(params, "limit", panels.CLUSTERS_PAGE, 1, panels.CLUSTERS_PAGE_MAX),
+                           offset=int_param(params, "offset", 0, 0, 10**12))
 
 
 def task(backend: Backend, params: Mapping) -> dict:
-    cluster, key = _opt(params, "cluster"), params.get("key")
+    cluster, key = opt(params, "cluster"), params.get("key")
     if not cluster:
         raise BadParameter("cluster is required: a cluster name or id")
     if key is None or key == "":

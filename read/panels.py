@@ -35,7 +35,7 @@ from typing import Any
 
 from dask_blackbox.read import cost as costs
 from dask_blackbox.read import critical_path as paths
-from dask_blackbox.read import diagnosis, queries, regressions
+from dask_blackbox.read import aggregates, diagnosis, queries, regressions
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import Filter
 from dask_blackbox.read.filters import epoch as _epoch
@@ -89,6 +89,8 @@ class Scope:
     until: float | None = None
     #: other runs with the same name: (cluster_id, first_seen, last_seen)
     others: list[tuple] = dataclasses.field(default_factory=list)
+    #: the scheduler's transitions in the run or span (None: not counted, a window)
+    n_transitions: int | None = None
 
     @property
     def bucket(self) -> float:
@@ -98,6 +100,7 @@ class Scope:
         return {"cluster_id": self.cluster_id, "cluster_name": self.cluster_name,
                 "t0": self.t0, "t1": self.t1, "span": self.span, "since": self.since,
                 "until": self.until, "span_ids": self.span_ids,
+                "n_transitions": self.n_transitions,
                 "other_runs": [{"cluster_id": c, "first_seen": f, "last_seen": l}
                                for c, f, l in self.others]}
 
@@ -154,23 +157,22 @@ def resolve(backend: Backend, cluster: str, span: str | None = None, since: Time
     start, stop = _epoch(since, "since"), _epoch(until, "until")
     span_ids = _span_ids(backend, cluster_id, span) if span else None
     p = {"c": cluster_id}
+    first, last, n_transitions = aggregates.bounds(backend, cluster_id, span_ids)
     if span_ids is None:
         _, rows = backend.query(
             "SELECT min(a), max(b) FROM ("
-            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'transitions')} "
-            "WHERE cluster_id = {c:String} UNION ALL "
-            f"SELECT min(toFloat64(ts)), max(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} "
+            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'lifecycle')} "
             "WHERE cluster_id = {c:String} UNION ALL "
             f"SELECT min(toFloat64(sent_at)), max(toFloat64(sent_at)) FROM {_t(backend, 'envelopes')} "
             "WHERE cluster_id = {c:String}) WHERE a > 0", p)
     else:
         p["ids"] = span_ids
         _, rows = backend.query(
-            "SELECT min(a), max(b) FROM ("
-            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'transitions')} "
-            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)} UNION ALL "
             f"SELECT min(toFloat64(enqueued)), max(toFloat64(stop)) FROM {_t(backend, 'span_state')} "
-            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}) WHERE a > 0", p)
+            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)} AND enqueued > 0", p)
+    if first is not None:
+        a, b = rows[0] if rows and rows[0][0] is not None else (first, last)
+        rows = [(min(first, a or first), max(last, b or last))]
     t0, t1 = rows[0] if rows and rows[0][0] is not None else (0.0, 0.0)
     t0, t1 = float(t0 or 0.0), float(t1 or 0.0)
     if start is not None:
@@ -179,7 +181,8 @@ def resolve(backend: Backend, cluster: str, span: str | None = None, since: Time
         t1 = stop if t1 == 0 else min(t1, stop) if span_ids else stop
     if t1 <= t0:
         t1 = t0 + 1.0
-    return Scope(cluster_id, name, t0, t1, span, span_ids, start, stop, others)
+    return Scope(cluster_id, name, t0, t1, span, span_ids, start, stop, others,
+                 n_transitions if start is None and stop is None else None)
 
 
 def _where(scope: Scope, time_column: str = "ts", span: bool = True) -> tuple[str, dict]:
@@ -209,38 +212,46 @@ def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -
 
 
 def _nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
-    _, rows = backend.query(
-        "SELECT worker, max(JSONExtractInt(detail, 'nthreads')) "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} AND action = 'worker_added' "
-        "GROUP BY worker", {"c": scope.cluster_id})
-    return {w: int(n) for w, n in rows if n}
+    from dask_blackbox.read import workers
+
+    return workers.nthreads(backend, scope.cluster_id)
 
 
 def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
-                finished: int | None = None) -> dict:
+                finished: int | None = None, worker: str | None = None) -> dict:
     """Dask's task stream: ``mode="bars"`` with one bar per recorded startstop
     (``bars``: worker, row, key, prefix, action, start, stop, erred) and ``rows``
-    (one per worker thread, "worker #thread"), or ``mode="binned"`` (see the module
+    (one per worker thread, "worker thread N"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
+    ``worker``: that worker's rows only.
 
     Rows: one per worker thread that ran a task (the ``thread`` Dask passed with
     processing->memory/erred, what its own task stream draws a row for), a worker's
     threads in the order they first ran something, workers by when their first task
-    started. Tasks recorded without a thread (older recordings) are packed onto the
-    fewest rows of their worker where their compute intervals do not overlap.
+    started; ``row_workers`` names each row's worker. Tasks recorded without a
+    thread (older recordings) are packed onto the fewest rows of their worker where
+    their compute intervals do not overlap.
 
     ``finished``: the transitions into memory or erred in the scope, if known (each
     carries at least one bar); above ``max_bars`` the stream is binned without
-    counting its bars first.
+    counting its bars first. A whole run or span is counted and binned from the page
+    aggregates (:mod:`.aggregates`) when it holds more than ``max_bars`` bars.
     """
     where, p = _where(scope, time_column="", span=True)
     p.update(t0=scope.t0, t1=scope.t1)
+    if worker is not None:
+        where += " AND worker = {worker:String}"
+        p["worker"] = worker
     base = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss {where} "
             "AND source = 'scheduler' AND ss.stop >= toDateTime64({t0:Float64}, 6, 'UTC') "
             "AND ss.start <= toDateTime64({t1:Float64}, 6, 'UTC')")
     out: dict[str, Any] = {"max_bars": max_bars}
     n_bars = None
-    if finished is None or finished <= max_bars:
+    use_aggregates = worker is None and scope.since is None and scope.until is None
+    if use_aggregates:
+        n_bars, n_compute = aggregates.bars(backend, scope)
+        out.update(bars_recorded=n_bars, computes_recorded=n_compute)
+    elif finished is None or finished <= max_bars:
         _, counted = backend.query(f"SELECT count(), countIf(ss.action = 'compute') {base}", p)
         n_bars, n_compute = counted[0]
         out.update(bars_recorded=n_bars, computes_recorded=n_compute)
@@ -250,34 +261,41 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
             f"ss.source, finish = 'erred', toFloat64(ts), thread {base} ORDER BY worker, ts, key", p)
         out.update(mode="bars", **_lay_out(rows))
         return out
-    # Binned: per worker and bucket, busy seconds per prefix (or action), then the
-    # dominant one and the total, all in ClickHouse.
-    p.update(w=scope.bucket, n=BUCKETS)
-    _, cells = backend.query(
-        "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
-        " SELECT worker, what, b, sum(least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
-        "   - greatest(s, {t0:Float64} + b * {w:Float64})) AS busy, "
-        "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
-        "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
-        "   ss.action = 'compute' AS is_compute, "
-        "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
-        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS first_b, "
-        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
-        f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
-        " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
+    n = _n_buckets(scope)
+    if use_aggregates:
+        cells = aggregates.stream_cells(backend, scope, n)
+    else:
+        # Binned: per worker and bucket, busy seconds per prefix (or action), then the
+        # dominant one and the total, all in ClickHouse.
+        p.update(w=scope.bucket, n=BUCKETS)
+        _, cells = backend.query(
+            "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
+            " SELECT worker, what, b, sum(least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
+            "   - greatest(s, {t0:Float64} + b * {w:Float64})) AS busy, "
+            "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
+            "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
+            "   ss.action = 'compute' AS is_compute, "
+            "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
+            "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS first_b, "
+            "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
+            f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
+            " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
     threads = _nthreads(backend, scope)
-    workers = sorted({c[0] for c in cells})
-    peak = defaultdict(float)
-    for worker, _, busy, _, _, _ in cells:
-        peak[worker] = max(peak[worker], busy / scope.bucket)
+    first_cell: dict[str, int] = {}
+    peak: dict[str, float] = defaultdict(float)
+    for w, b, busy, _, _, _ in cells:
+        peak[w] = max(peak[w], busy / scope.bucket)
+        first_cell[w] = min(first_cell.get(w, b), b)
+    workers = sorted(first_cell, key=lambda w: (first_cell[w], w))  # by first seen
+    index = {w: i for i, w in enumerate(workers)}
     out.setdefault("bars_recorded", sum(c[5] for c in cells))
     out.setdefault("computes_recorded", sum(c[4] for c in cells))
-    out.update(mode="binned", bucket=scope.bucket, rows=workers, cells=[
-        {"worker": worker, "row": workers.index(worker), "start": scope.t0 + b * scope.bucket,
+    out.update(mode="binned", bucket=scope.bucket, rows=workers, row_workers=workers, cells=[
+        {"worker": w, "row": index[w], "start": scope.t0 + b * scope.bucket,
          "stop": scope.t0 + (b + 1) * scope.bucket,
-         "busy": min(1.0, busy / scope.bucket / max(threads.get(worker) or peak[worker], 1e-9)),
+         "busy": min(1.0, busy / scope.bucket / max(threads.get(w) or peak[w], 1e-9)),
          "prefix": what, "tasks": computes}
-        for worker, b, busy, what, computes, _ in cells
+        for w, b, busy, what, computes, _ in cells
     ])
     return out
 
@@ -294,7 +312,7 @@ def _lay_out(rows: list[tuple]) -> dict:
         start = min(a[1] for a in compute)
         stop = max(a[2] for a in compute)
         by_worker[worker].append((start, stop, key, thread, actions))
-    row_names, bars = [], []
+    row_names, row_workers, bars = [], [], []
     for worker in sorted(by_worker, key=lambda w: (min(t[0] for t in by_worker[w]), w)):
         tasks = sorted(by_worker[worker], key=lambda t: (t[0], t[1]))
         first = len(row_names)
@@ -320,7 +338,8 @@ def _lay_out(rows: list[tuple]) -> dict:
                              "source": source or "", "erred": bool(erred), "thread": thread})
         row_names += [f"{worker} thread {i + 1}" for i in range(len(threads))]
         row_names += [f"{worker} #{i}" for i in range(len(lanes_end))]
-    return {"rows": row_names, "bars": bars}
+        row_workers += [worker] * (len(threads) + len(lanes_end))
+    return {"rows": row_names, "row_workers": row_workers, "bars": bars}
 
 
 def _free_lane(lanes_end: list[float], start: float) -> int | None:
@@ -335,37 +354,52 @@ def _top(totals: dict[str, float], n: int) -> list[str]:
     return sorted(totals, key=lambda k: (-totals[k], k))[:n]
 
 
+def _n_buckets(scope: Scope) -> int:
+    return min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
+
+
 def progress(backend: Backend, scope: Scope) -> dict:
     """Per prefix, over time: the fraction of its tasks finished (in memory or
     erred), like Dask's progress bars. ``times`` are bucket ends; ``series`` maps
-    prefix -> fractions; ``totals`` the prefix's distinct keys (the top
-    :data:`TOP_PREFIXES`, the rest summed as "other"); ``counts`` per prefix: tasks,
-    transitions into memory, into erred."""
-    where, p = _where(scope)
-    p.update(w=scope.bucket, t0=scope.t0)
-    _, rows = backend.query(
-        "SELECT prefix, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, count() "
-        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
-        "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
-    _, totals_rows = backend.query(
-        # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
-        # million keys), and several times cheaper than comparing the strings
-        f"SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), countIf(finish = 'erred') "
-        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' GROUP BY prefix",
-        {k: v for k, v in p.items() if k != "w"})
-    totals = {prefix or "(none)": n for prefix, n, _, _ in totals_rows}
-    per_prefix = {prefix or "(none)": {"tasks": n, "memory": m, "erred": e}
-                  for prefix, n, m, e in totals_rows}
-    shown = _top(totals, TOP_PREFIXES)
+    prefix -> fractions; ``totals`` the prefix's distinct keys: the
+    :data:`TOP_PREFIXES` with the most tasks by name, and every prefix with an erred
+    task by name too (however few its tasks), the rest summed as "other";
+    ``counts`` per prefix: tasks, transitions into memory, into erred; ``erred`` per
+    series shown: its transitions into erred.
+
+    From the page aggregates (:mod:`.aggregates`) for a whole run or span."""
+    n = _n_buckets(scope)
+    if aggregates.usable(scope):
+        per_prefix = aggregates.prefix_counts(backend, scope)
+        rows = aggregates.finished_per_bucket(backend, scope, n)
+    else:
+        where, p = _where(scope)
+        p.update(w=scope.bucket, t0=scope.t0)
+        _, rows = backend.query(
+            "SELECT prefix, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, count() "
+            f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
+            "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
+        _, totals_rows = backend.query(
+            # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
+            # million keys), and several times cheaper than comparing the strings
+            "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
+            f"countIf(finish = 'erred') FROM {_t(backend, 'transitions')} {where} "
+            "AND source = 'scheduler' GROUP BY prefix",
+            {k: v for k, v in p.items() if k != "w"})
+        per_prefix = {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
+                      for prefix, t, m, e in totals_rows}
+    totals = {prefix: c["tasks"] for prefix, c in per_prefix.items()}
+    shown = set(_top(totals, TOP_PREFIXES)) | {pr for pr, c in per_prefix.items() if c["erred"]}
     label = {prefix: prefix if prefix in shown else "other" for prefix in totals}
-    n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
     counts: dict[str, list[float]] = {}
     for prefix, b, c in rows:
         name = label.get(prefix or "(none)", "other")
-        counts.setdefault(name, [0.0] * n)[min(b, n - 1)] += c
-    grouped_totals = defaultdict(int)
+        counts.setdefault(name, [0.0] * n)[min(int(b), n - 1)] += c
+    grouped_totals: dict[str, int] = defaultdict(int)
+    grouped_erred: dict[str, int] = defaultdict(int)
     for prefix, total in totals.items():
         grouped_totals[label[prefix]] += total
+        grouped_erred[label[prefix]] += per_prefix[prefix]["erred"]
     series = {}
     for name, per_bucket in counts.items():
         done, out = 0.0, []
@@ -373,23 +407,30 @@ def progress(backend: Backend, scope: Scope) -> dict:
             done += c
             out.append(min(1.0, done / max(grouped_totals[name], 1)))
         series[name] = out
+    # erred prefixes first, then by size: never lost below the fold of a long legend
+    order = sorted(series, key=lambda k: (k == "other", 0 if grouped_erred[k] else 1,
+                                          -grouped_totals[k], k))
     return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)],
-            "series": dict(sorted(series.items(), key=lambda kv: -grouped_totals[kv[0]])),
-            "totals": dict(grouped_totals), "counts": per_prefix}
+            "series": {k: series[k] for k in order},
+            "totals": dict(grouped_totals), "erred": {k: grouped_erred[k] for k in order},
+            "counts": per_prefix}
 
 
 def task_states(backend: Backend, scope: Scope) -> dict:
     """Tasks in each state over time, from the transitions themselves (each one
     moves a task from ``start`` to ``finish``): exact, and available without
     scheduler metrics. A window starting mid-run starts from the states at its start."""
-    where, p = _where(scope, time_column="")
-    p.update(w=scope.bucket, t0=scope.t0, t1=scope.t1)
-    _, rows = backend.query(
-        "SELECT start, finish, if(toFloat64(ts) < {t0:Float64}, -1, "
-        "toInt64(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64}))) AS b, count() "
-        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
-        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC') GROUP BY start, finish, b", p)
-    n = min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
+    n = _n_buckets(scope)
+    if aggregates.usable(scope):
+        rows = aggregates.moves_per_bucket(backend, scope, n)
+    else:
+        where, p = _where(scope, time_column="")
+        p.update(w=scope.bucket, t0=scope.t0, t1=scope.t1)
+        _, rows = backend.query(
+            "SELECT start, finish, if(toFloat64(ts) < {t0:Float64}, -1, "
+            "toInt64(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64}))) AS b, count() "
+            f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
+            "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC') GROUP BY start, finish, b", p)
     base: dict[str, int] = defaultdict(int)
     deltas: dict[str, list[int]] = {}
     for start, finish, b, count in rows:
@@ -399,7 +440,7 @@ def task_states(backend: Backend, scope: Scope) -> dict:
             if b < 0:
                 base[state] += d
             else:
-                deltas.setdefault(state, [0] * n)[min(b, n - 1)] += d
+                deltas.setdefault(state, [0] * n)[min(int(b), n - 1)] += d
     series = {}
     for state in STATES:
         if state not in deltas and not base.get(state):
@@ -463,14 +504,14 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
     """Worker memory over time from the worker metrics, averaged per bucket:
     ``cluster`` (managed/unmanaged/spilled summed over workers) and ``workers``
     (the same per worker, for the :data:`MEMORY_WORKERS` shown: dead workers first,
-    then by peak memory), ``n_workers`` in all. A time cell is at least twice the
-    workers' typical sampling interval, so a worker has a sample in every cell it lived."""
+    then by peak memory), ``n_workers`` in all; ``limits``: each worker's memory
+    limit as the scheduler recorded it, and ``limit``: the sum of the memory limits
+    of the workers there, per bucket. A time cell is at least twice the workers'
+    typical sampling interval, so a worker has a sample in every cell it lived."""
+    from dask_blackbox.read import workers
+
     where, p = _where(scope, span=False)
-    _, intervals = backend.query(
-        "SELECT (max(toFloat64(ts)) - min(toFloat64(ts))) / (count() - 1) "
-        f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker HAVING count() > 1", p)
-    typical = sorted(r[0] for r in intervals)[len(intervals) // 2] if intervals else 0.0
-    w = max(scope.bucket, 2 * typical)
+    w = _metric_cell(backend, scope)
     p.update(w=w, t0=scope.t0)
     _, rows = backend.query(
         "SELECT worker, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, "
@@ -494,6 +535,12 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
     chosen = dead + [w for w in sorted(peak, key=lambda w: -peak[w]) if w not in dead]
     chosen = chosen[:max(MEMORY_WORKERS, len(dead))]
     order = sorted(cluster)
+    known = workers.info(backend, scope.cluster_id)
+    limits = {a: i["memory_limit"] for a, i in known.items() if i["memory_limit"]}
+    times = [scope.t0 + b * w for b in order]
+    total = [sum(i["memory_limit"] or 0 for i in known.values()
+                 if (i["added"] or 0) <= t + w and (i["removed"] is None or i["removed"] > t))
+             for t in times]
     return {
         "n_workers": len(series),
         "cluster": {"times": [scope.t0 + (b + 0.5) * w for b in order],
@@ -501,7 +548,66 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
                     "unmanaged": [cluster[b][1] for b in order],
                     "spilled": [cluster[b][2] for b in order]},
         "workers": {w: series[w] for w in chosen},
+        "limits": limits,
+        "limit": {"times": times, "total": total} if any(total) else {},
     }
+
+
+def _metric_cell(backend: Backend, scope: Scope, worker: str | None = None) -> float:
+    """The time cell of a chart of worker samples: the page's bucket, at least twice
+    the workers' typical sampling interval (so a worker has a sample in every cell it
+    lived)."""
+    where, p = _where(scope, span=False)
+    if worker is not None:
+        where += " AND worker = {worker:String}"
+        p["worker"] = worker
+    _, intervals = backend.query(
+        "SELECT (max(toFloat64(ts)) - min(toFloat64(ts))) / (count() - 1) "
+        f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker HAVING count() > 1", p)
+    typical = sorted(r[0] for r in intervals)[len(intervals) // 2] if intervals else 0.0
+    return max(scope.bucket, 2 * typical)
+
+
+def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
+    """Dask's Processing, CPU and Data Transfer views over time, for the cluster (or
+    one ``worker``):
+
+    ``processing``: per time cell (``times``, cell middles) the tasks ``executing``,
+    ``ready`` and ``in_flight`` and the ``cpu`` percent (100: one core), each the
+    mean of a worker's samples in the cell summed over the workers; ``threads``: the
+    threads of the workers there (as the scheduler recorded them);
+    ``actions``: per page bucket (``times``, bucket ends) the seconds of each action
+    (compute, transfer, disk-read, disk-write, ...) per second of the bucket -- how
+    many threads were doing it at once, from the page aggregates, in whole seconds."""
+    from dask_blackbox.read import workers as worker_data
+
+    w = _metric_cell(backend, scope, worker)
+    where, p = _where(scope, span=False)
+    if worker is not None:
+        where += " AND worker = {worker:String}"
+        p["worker"] = worker
+    p.update(w=w)
+    _, rows = backend.query(
+        "SELECT b, sum(e), sum(r), sum(f), sum(c) FROM ("
+        " SELECT worker, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, "
+        " avg(executing) AS e, avg(ready) AS r, avg(in_flight) AS f, avg(cpu) AS c "
+        f" FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b) GROUP BY b ORDER BY b", p)
+    times = [scope.t0 + (b + 0.5) * w for b, *_ in rows]
+    known = worker_data.info(backend, scope.cluster_id)
+    if worker is not None:
+        known = {worker: known[worker]} if worker in known else {}
+    threads = [sum(i["nthreads"] or 0 for i in known.values()
+                   if (i["added"] or 0) <= t and (i["removed"] is None or i["removed"] > t))
+               for t in times]
+    processing = {"times": times, "executing": [r[1] for r in rows], "ready": [r[2] for r in rows],
+                  "in_flight": [r[3] for r in rows], "cpu": [r[4] for r in rows], "threads": threads}
+    n = _n_buckets(scope)
+    per_action = aggregates.activity(backend, scope, n, worker)
+    series = {a: [per_action[a].get(i, 0.0) / scope.bucket for i in range(n)]
+              for a in sorted(per_action, key=lambda a: (a != "compute", a))}
+    return {"processing": processing,
+            "actions": {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)], "series": series},
+            "cell": w}
 
 
 def spans(backend: Backend, scope: Scope) -> dict:
@@ -540,9 +646,15 @@ def fine_metrics(backend: Backend, scope: Scope) -> dict:
     """Dask's fine performance metrics: seconds (and bytes) per activity and prefix,
     as the spans rolled them up (``Span.cumulative_worker_metrics`` of the top spans
     of the scope), or summed from the workers' digests when no span state was
-    recorded. ``execute``: {prefix: {activity: seconds}} of task execution;
-    ``other``: rows of (context, prefix, activity, unit, value) for the rest,
-    including Dask's "N/A" prefix (time not spent on a task: idle, other spans)."""
+    recorded.
+
+    ``execute``: {prefix: {activity: seconds}} of task execution; ``idle``: the
+    seconds of Dask's ``("execute", "N/A", "idle or other spans")`` (the threads'
+    time offered to the spans and not used by their tasks; None without span
+    state); ``transfer``: {context: {activity: seconds}} of sending data
+    (``get-data``) and gathering dependencies (``gather-dep``), from the workers'
+    digests of the run (these contexts have no span); ``other``: rows of (context,
+    prefix, activity, unit, value) for the rest."""
     p: dict[str, Any] = {"c": scope.cluster_id}
     if scope.span_ids is None:
         top = f"parent_id = '' OR parent_id NOT IN (SELECT span_id FROM {_t(backend, 'span_state')} " \
@@ -556,22 +668,38 @@ def fine_metrics(backend: Backend, scope: Scope) -> dict:
         f"WHERE cluster_id = {{c:String}} AND ({top}) "
         "GROUP BY m.context, m.prefix, m.activity, m.unit", p)
     source = "spans"
+    windowed = scope.since is not None or scope.until is not None
     if not rows:
-        where, p = _where(scope)
-        _, rows = backend.query(
-            "SELECT context, prefix, activity, unit, sum(value) "
-            f"FROM {_t(backend, 'worker_digests')} {where} GROUP BY context, prefix, activity, unit", p)
         source = "worker_digests"
+        if windowed:
+            where, p = _where(scope)
+            _, rows = backend.query(
+                "SELECT context, prefix, activity, unit, sum(value) "
+                f"FROM {_t(backend, 'worker_digests')} {where} GROUP BY context, prefix, activity, unit", p)
+        else:
+            rows = aggregates.digests(backend, scope.cluster_id, span_ids=scope.span_ids)
+    else:
+        # the contexts without a span (sending and gathering data, the memory
+        # monitor, ...) are only in the digests
+        rows = [r for r in rows if r[0] == "execute" or r[0] == "p2p"] + [
+            r for r in aggregates.digests(backend, scope.cluster_id)
+            if r[0] not in ("execute", "p2p")]
     execute: dict[str, dict[str, float]] = defaultdict(dict)
-    other = []
+    transfer: dict[str, dict[str, float]] = defaultdict(dict)
+    idle, other = None, []
     for context, prefix, activity, unit, value in rows:
-        if context == "execute" and unit == "seconds" and prefix not in ("", "N/A"):
+        if context == "execute" and unit == "seconds" and prefix == "N/A":
+            idle = (idle or 0.0) + value
+        elif context == "execute" and unit == "seconds" and prefix != "":
             execute[prefix or "(none)"][activity] = execute[prefix or "(none)"].get(activity, 0.0) + value
+        elif context in ("get-data", "gather-dep") and unit == "seconds":
+            transfer[context][activity] = transfer[context].get(activity, 0.0) + value
         else:
             other.append({"context": context, "prefix": prefix, "activity": activity,
                           "unit": unit, "value": value})
     other.sort(key=lambda r: (r["context"], r["unit"], -r["value"]))
-    return {"source": source if rows else None, "execute": dict(execute), "other": other}
+    return {"source": source if rows else None, "execute": dict(execute), "idle": idle,
+            "transfer": dict(transfer), "other": other}
 
 
 def failures(backend: Backend, scope: Scope) -> dict:
@@ -658,49 +786,15 @@ def cost(backend: Backend, scope: Scope) -> dict:
             "totals": costs.total(kept)._asdict()}
 
 
-#: The Run page's panels, by the name the JSON API serves them under.
+#: Panels the JSON API serves by these names besides the Run page's views
+#: (:data:`dask_blackbox.read.views.RUN_VIEWS`).
 RUN_PANELS = {
     "summary": summary, "task_stream": task_stream, "progress": progress,
     "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
     "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
     "diagnosis": diagnosis_panel, "critical_path": critical_path, "cost": cost,
+    "activity": activity,
 }
-
-
-def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
-             until: TimeBound = None, level: str | None = None, worker: str | None = None,
-             text: str | None = None, max_bars: int = MAX_BARS,
-             slowness: bool | None = None, logger: str | None = None) -> dict:
-    """Every panel of the Run page (what :mod:`.report` and the web page draw).
-    ``slowness``: compute the critical path and the cost (default: when the scope
-    holds at most :data:`SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say
-    ``{"deferred": n_tasks}``)."""
-    scope = resolve(backend, cluster, span, since, until)
-    found = diagnosis.deaths(backend, [scope.cluster_id])
-    marks = markers(backend, scope, found)
-    prog = progress(backend, scope)
-    n_tasks = sum(c["tasks"] for c in prog["counts"].values())
-    if slowness is None:
-        slowness = n_tasks <= SLOWNESS_MAX_TASKS
-    deferred = {"deferred": n_tasks}
-    return {
-        "critical_path": critical_path(backend, scope) if slowness else deferred,
-        "cost": cost(backend, scope) if slowness else deferred,
-        "scope": scope,
-        "diagnosis": diagnosis_panel(backend, scope, found=found),
-        "summary": summary(backend, scope, prog),
-        "task_stream": task_stream(backend, scope, max_bars, finished=sum(
-            c["memory"] + c["erred"] for c in prog["counts"].values())),
-        "progress": prog,
-        "task_states": task_states(backend, scope),
-        "markers": marks,
-        "memory": memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]]),
-        "spans": spans(backend, scope),
-        "fine_metrics": fine_metrics(backend, scope),
-        "failures": failures(backend, scope),
-        "logs": logs(backend, scope, level, worker, text, logger=logger),
-        "span_names": span_names(backend, scope),
-    }
 
 
 # ------------------------------------------------------------- other pages
@@ -777,8 +871,10 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
     """One task: its story (scheduler and worker transitions), and around each
     transition on a worker that worker's two nearest metric samples and its log lines
     from ``window`` seconds before the transition to ``window`` seconds after the
-    next one (at most ``log_lines``); its dependencies and dependents from the
-    recorded graph; where it ran and, if it erred, its exception.
+    next one (at most ``log_lines``), each marked ``whose``: "task" (logged while
+    this task ran, ``logs.key``), "other task" (while another one ran: ``key``
+    names it) or "worker" (the worker's own); its dependencies and dependents from
+    the recorded graph; where it ran and, if it erred, its exception.
 
     The worker of a transition into processing is not passed to plugins; it is the
     worker of the transition that left processing next (Dask passes it to memory and
@@ -848,14 +944,18 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
         entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
         p["prods"] = producers_of.get(worker, [])
         _, lines = backend.query(
-            "SELECT toFloat64(ts), level, logger, message FROM "
+            "SELECT toFloat64(ts), level, logger, message, key, exc_text FROM "
             f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
             # the records that name the worker (its own, its nanny's); records of its
             # producer recorded before records named their worker
             "AND (worker = {w:String} OR (worker = '' AND producer_id IN {prods:Array(String)})) "
             "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {u:Float64} + {win:Float64} "
             "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
-        entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
+        # whose line: this task's (logged by its own thread while it ran), another
+        # task's, or the worker's own
+        entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m, "exc_text": x, "key": k,
+                          "whose": "task" if k == key else ("other task" if k else "worker")}
+                         for t, lv, lg, m, k, x in lines]
     _, deps = backend.query(
         f"SELECT dependencies FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
         "AND key = {k:String} ORDER BY ts DESC LIMIT 1", {"c": cluster_id, "k": key})

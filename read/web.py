@@ -6,9 +6,16 @@ documents embedded with ``bokeh.embed.file_html``, BokehJS served from the bokeh
 package under ``/static``):
 
 ``/``                    Clusters: every recorded cluster, filterable by name and time.
-``/run?cluster=``        Run: the panels of :mod:`.panels` (``span``, ``since``,
-                         ``until``; logs also ``level``, ``worker``, ``text``).
-``/report?cluster=``     the same page as a self-contained HTML file to download.
+``/run?cluster=``        Run: the heading, a navigation bar, the filters (``span``,
+                         ``since``, ``until``) and a placeholder per panel of
+                         :data:`.views.RUN_VIEWS`, which the page's script fills from
+                         ``/api/view/<name>`` as each scrolls into view; a filter
+                         changes the panels without reloading the page.
+``/worker?cluster=&worker=`` a worker's page (:data:`.views.WORKER_VIEWS`), the same way.
+``/api/view/<name>?...`` one panel: ``{"html", "bokeh"}`` (its fragment, and its
+                         figures for ``Bokeh.embed.embed_items``); ``header``: the Run
+                         page's heading for new filters.
+``/report?cluster=``     the Run page as a self-contained HTML file to download.
 ``/task?cluster=&key=``  Task: story, metrics and logs around it, dependencies.
 ``/compare?span=``       Compare: one span across runs and clusters.
 ``/api``                 the JSON API's endpoints (:mod:`.api`).
@@ -40,7 +47,7 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from dask_blackbox.read import api, panels, report
+from dask_blackbox.read import api, panels, report, templates, views
 from dask_blackbox.read.backends import Backend
 
 logger = logging.getLogger("dask_blackbox.read.web")
@@ -99,6 +106,7 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
     if connect is None:
         from dask_blackbox.read.backends import connect
     backends = api.Backends(connect)
+    memo = views.Memo()
 
     async def call(fn, *args):
         return await run_in_threadpool(backends.run, lambda b: fn(b, *args))
@@ -140,34 +148,72 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
     def params(request: Request) -> dict:
         return dict(request.query_params)
 
+    def scope_query(q: dict) -> str:
+        return urllib.parse.urlencode(
+            {k: v for k, v in q.items() if k in ("cluster", "span", "since", "until") and v})
+
     async def clusters_page(request: Request) -> str:
         q = params(request)
         data = await call(api.clusters, q)
         return report.render_page("clusters.html", clusters=data["clusters"], page=_page_links(q, data),
                                   query=q, page_title="Clusters - dask-blackbox", generated=0)
 
-    def _run_data(backend: Backend, q: dict) -> dict:
-        f = api.filters(q)
-        if not f["cluster"]:
-            raise api.BadParameter("cluster is required: a cluster name or id")
-        level = api._opt(q, "level")
-        if level and level.upper() not in panels.LEVELS:
-            raise api.BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
-        return panels.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
-                               level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"),
-                               logger=api._opt(q, "logger"),
-                               slowness=True if api._opt(q, "slowness") else None)
+    def _shell(backend: Backend, q: dict) -> dict:
+        ctx = views.context(backend, q, memo)
+        return {"ctx": ctx, "head": views.summary(ctx), "span_names": panels.span_names(backend, ctx.scope)}
 
-    async def run_page_wrapped(request: Request) -> Response:
-        try:
-            q = params(request)
-            data = await call(_run_data, q)
-            query_string = urllib.parse.urlencode(
-                {k: v for k, v in q.items() if k in ("cluster", "span", "since", "until") and v})
-            page = await run_in_threadpool(_render_run, data, _ROOT, q, query_string)
-            return HTMLResponse(page)
-        except Exception as e:
-            return error_page(e)
+    async def run_page(request: Request) -> str:
+        q = params(request)
+        shell = await call(_shell, q)
+        ctx = shell["ctx"]
+        return report.render_page(
+            "run.html", web=True, lazy=True, views=views.RUN_VIEWS, scope=ctx.scope, query=q,
+            query_string=scope_query(q), head=shell["head"], span_names=shell["span_names"],
+            page_kind="run", generated=0, bokeh_js=report.web_resources(_ROOT),
+            page_title=f"{ctx.scope.cluster_name} - dask-blackbox")
+
+    def _worker_shell(backend: Backend, q: dict):
+        worker = api.opt(q, "worker")
+        if not worker:
+            raise api.BadParameter("worker is required: a worker's address")
+        ctx = views.context(backend, q, memo, worker=worker)
+        from dask_blackbox.read import workers
+
+        known = workers.info(backend, ctx.scope.cluster_id)
+        if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id):
+            _, seen = backend.query(
+                f"SELECT count() FROM {backend.database}.worker_metrics WHERE cluster_id = {{c:String}} "
+                "AND worker = {w:String}", {"c": ctx.scope.cluster_id, "w": worker})
+            if not seen[0][0]:
+                raise panels.NotFound(f"no worker {worker!r} was recorded in cluster "
+                                      f"{ctx.scope.cluster_name} ({ctx.scope.cluster_id})")
+        return ctx
+
+    async def worker_page(request: Request) -> str:
+        q = params(request)
+        ctx = await call(_worker_shell, q)
+        return report.render_page(
+            "worker.html", web=True, views=views.WORKER_VIEWS, scope=ctx.scope, query=q,
+            worker_address=ctx.worker, page_kind="worker", generated=0,
+            bokeh_js=report.web_resources(_ROOT),
+            page_title=f"{ctx.worker} - {ctx.scope.cluster_name} - dask-blackbox")
+
+    def _view(backend: Backend, name: str, q: dict) -> dict:
+        if name == "header":
+            shell = _shell(backend, q)
+            ctx = shell["ctx"]
+            return {"html": templates.env().get_template("header.html").render(
+                scope=ctx.scope, head=shell["head"], web=True), "bokeh": None}
+        if name not in views.VIEWS:
+            raise panels.NotFound(f"no panel {name!r}; the panels are {', '.join(views.VIEWS)}")
+        worker = api.opt(q, "worker") if name in {v.name for v in views.WORKER_VIEWS} else None
+        if name in {v.name for v in views.WORKER_VIEWS} and not worker:
+            raise api.BadParameter("worker is required: a worker's address")
+        ctx = views.context(backend, q, memo, worker=worker)
+        return views.render_view(name, ctx, scope_query(q))
+
+    async def api_view(request: Request):
+        return await call(_view, request.path_params["name"], params(request))
 
     async def report_file(request: Request) -> Response:
         try:
@@ -180,6 +226,13 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
         except Exception as e:
             return error_page(e)
 
+    def _run_data(backend: Backend, q: dict) -> dict:
+        f = api.filters(q)
+        if not f["cluster"]:
+            raise api.BadParameter("cluster is required: a cluster name or id")
+        return views.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
+                               slowness=True if api.opt(q, "slowness") else None)
+
     async def task_page(request: Request) -> str:
         q = params(request)
         data = await call(api.task, q)
@@ -188,7 +241,7 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
 
     async def compare_page(request: Request) -> str:
         q = params(request)
-        if not api._opt(q, "span") and not api._opt(q, "cluster"):
+        if not api.opt(q, "span") and not api.opt(q, "cluster"):
             names = await call(_all_span_names)
             return report.render_page("compare.html", cmp=None, spans=names, query=q, generated=0,
                                       page_title="Compare - dask-blackbox")
@@ -206,7 +259,8 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
         return await call(api.clusters, params(request))
 
     async def api_run(request: Request):
-        return await call(api.run_panel, request.path_params["panel"], params(request))
+        return await call(lambda b, name, q: api.run_panel(b, name, q, memo),
+                          request.path_params["panel"], params(request))
 
     async def api_task(request: Request):
         return await call(api.task, params(request))
@@ -227,13 +281,15 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
         debug=False,
         routes=[
             Route("/", html(clusters_page)),
-            Route("/run", run_page_wrapped),
+            Route("/run", html(run_page)),
+            Route("/worker", html(worker_page)),
             Route("/report", report_file),
             Route("/task", html(task_page)),
             Route("/compare", html(compare_page)),
             Route("/api", html(api_index)),
             Route("/api/clusters", json(api_clusters)),
             Route("/api/run/{panel}", json(api_run)),
+            Route("/api/view/{name}", json(api_view)),
             Route("/api/task", json(api_task)),
             Route("/api/compare", json(api_compare)),
             Mount("/static", StaticFiles(directory=_bokeh_static()), name="static"),
@@ -262,10 +318,6 @@ def _page_links(q: dict, data: dict) -> dict:
             "total": total,
             "previous": link(max(0, offset - limit)) if offset > 0 else None,
             "next": link(offset + limit) if offset + limit < total else None}
-
-
-def _render_run(data: dict, root_url: str, q: dict, query_string: str) -> str:
-    return report.render_run(data, web=True, root_url=root_url, query=q, query_string=query_string)
 
 
 def _all_span_names(backend: Backend) -> list[str]:

@@ -11,7 +11,8 @@ The protocol (the journal is ``sink_batches``, see sinks/sql/001_init.sql):
 
 :meth:`Loader.recover`, run before consuming partitions, repairs a crash at any point:
 a batch with ``begin`` and no end is abandoned (its rows, whichever tables they had
-reached, are deleted by ``_batch`` and the messages are read again, since they were
+reached, are deleted by ``_batch``, from the page aggregates ClickHouse made of them
+too, and the messages are read again, since they were
 never committed); a batch that is ``loaded`` while the group's committed offset still
 equals its ``from_offset`` died between 3 and 4, so the consumer seeks past it.
 Nothing depends on Kafka offsets being stable across broker incarnations: rows are
@@ -38,7 +39,7 @@ import time
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.batch import Batch, payload_of
-from dask_blackbox.sinks.tables import COLUMNS, TABLES, Message, TableData
+from dask_blackbox.sinks.tables import AGGREGATES, COLUMNS, TABLES, Message, TableData
 from dask_blackbox.clickhouse import Target
 
 logger = logging.getLogger("sinks.loader")
@@ -174,9 +175,9 @@ class Loader:
         }
 
     def abandon(self, batch_ids: list[int]) -> None:
-        """Delete every row of ``batch_ids`` from every table and journal them as
-        abandoned."""
-        for table in TABLES:
+        """Delete every row of ``batch_ids`` from every table (the page aggregates
+        made of them too) and journal them as abandoned."""
+        for table in (*TABLES, *AGGREGATES):
             params = {"ids": batch_ids}
             present = self.client.query(
                 f"SELECT count() FROM {self.target.table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",

@@ -101,6 +101,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 #: Tables the sink writes (everything with a ``_batch`` column).
 TABLES: tuple[str, ...] = tuple(COLUMNS)
 
+#: The page aggregates (sinks/sql/006_page_aggregates.sql): ClickHouse's materialized
+#: views fill them from the rows of the tables above as they are inserted, a row per
+#: sink batch (``_batch``), so that an abandoned batch's aggregate rows are deleted
+#: with it.
+AGGREGATES: tuple[str, ...] = ("task_seconds", "stream_seconds", "group_totals", "digest_totals")
+
 #: Columns held as :class:`FlatLists` (lists built a whole envelope at a time).
 FLAT_LIST_COLUMNS = frozenset({
     "startstops.action", "startstops.start", "startstops.stop", "startstops.source",

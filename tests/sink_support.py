@@ -200,9 +200,26 @@ VOLATILE = {"dead_letters": {"detected_at"}}
 REPLACING = {"span_state", "prefix_stats", "gaps"}
 
 
+#: The page aggregates ClickHouse's materialized views make of the rows
+#: (sinks/sql/006_page_aggregates.sql), merged over the sink batches (batches split
+#: differently after a crash): equal when every row was aggregated exactly once.
+AGGREGATE_DUMPS = {
+    "task_seconds": "SELECT cluster_id, span_id, prefix, start, finish, second, sum(n), min(first_ts), "
+                    "max(last_ts) FROM {db}.task_seconds GROUP BY ALL",
+    "stream_seconds": "SELECT cluster_id, worker, second, action, prefix, span_id, sender, "
+                      "round(sum(busy), 5), sum(started), sum(erred) FROM {db}.stream_seconds GROUP BY ALL",
+    "group_totals": "SELECT cluster_id, span_id, task_group, day, uniqExactMerge(keys), sum(memory), "
+                    "sum(erred), round(sum(compute_s), 5), round(sum(transfer_s), 5), sum(nbytes), "
+                    "min(first_start), max(last_stop) FROM {db}.group_totals GROUP BY ALL",
+    "digest_totals": "SELECT cluster_id, worker, context, span_id, prefix, activity, unit, day, "
+                     "round(sum(value), 5) FROM {db}.digest_totals GROUP BY ALL",
+}
+
+
 def dump(chdb_dir: pathlib.Path, database: str = "blackbox") -> dict[str, list[str]]:
     """Every row of every table the sink writes (replacing tables as FINAL), without
-    _batch, as sorted reprs: equal dumps mean equal contents, duplicates included."""
+    _batch, as sorted reprs: equal dumps mean equal contents, duplicates included; and
+    the page aggregates merged over the batches (:data:`AGGREGATE_DUMPS`)."""
     client = clickhouse_connect.get_client(dsn=f"chdb://{chdb_dir}")
     try:
         out = {}
@@ -211,6 +228,8 @@ def dump(chdb_dir: pathlib.Path, database: str = "blackbox") -> dict[str, list[s
             final = " FINAL" if table in REPLACING else ""
             result = client.query(f"SELECT * EXCEPT ({excluded}) FROM {database}.{table}{final}")
             out[table] = sorted(repr(row) for row in result.result_rows)
+        for table, sql in AGGREGATE_DUMPS.items():
+            out[table] = sorted(repr(row) for row in client.query(sql.format(db=database)).result_rows)
         return out
     finally:
         client.close()
@@ -238,7 +257,7 @@ def reference_dump(messages: list[Message], directory: pathlib.Path, batch_rows:
 
 
 def assert_same_rows(actual: dict, expected: dict) -> None:
-    for table in TABLES:
+    for table in (*TABLES, *AGGREGATE_DUMPS):
         a, e = actual[table], expected[table]
         assert a == e, (f"{table}: {len(a)} rows, expected {len(e)}; extra "
                         f"{sorted(set(a) - set(e))[:3]}, missing {sorted(set(e) - set(a))[:3]}")

@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from dask_blackbox.cli.formatting import FORMATS, render, seconds, short_id
+from dask_blackbox.cli.formatting import FORMATS, nbytes, render, seconds, short_id
 
 NOW = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=250_000)
 SPAN_COLUMNS = ["cluster", "name", "span_id", "parent_id", "enqueued", "start", "stop",
@@ -29,7 +29,7 @@ SPANS = [span("Alice's workflow", 0, "a"), span("data load", 1, "b", "a"),
 
 def test_units_and_ids():
     assert [seconds(v) for v in (0.0004, 0.0123, 4.5, 187, 7500)] == [
-        "400 us", "12.3 ms", "4.5 s", "3m 07s", "2h 05m"]
+        "400 µs", "12.3 ms", "4.5 s", "3m 07s", "2h 05m"]
     assert short_id("Scheduler-1c2b3a4d-9f00-4b7e") == "1c2b3a4d"
     assert short_id("0123456789abcdef") == "01234567"
 
@@ -42,9 +42,45 @@ def test_a_span_tree_fits_120_columns_and_is_drawn_as_a_tree():
     body = "\n".join(lines)
     assert "├─ data load" in body and "│  └─ read" in body and "└─ Model training" in body
     assert "a" * 36 not in body  # ids are not shown whole
-    assert "1.5 s" in body and "2.00 kiB" in body and NOW.strftime("%H:%M:%S") in body
+    assert "1.5 s" in body and "2.00 KiB" in body and NOW.strftime("%H:%M:%S") in body
     assert "…" in body  # the overlong name is cut, not wrapped
-    assert len(lines) == 2 + len(SPANS) + 1
+    assert lines[0] == "cluster: demo-alice"  # one cluster: said once, not in every row
+    assert len(lines) == 1 + 2 + len(SPANS) + 1
+
+
+def test_binary_units_one_spelling():
+    assert [nbytes(v) for v in (512, 2048, 1536 * 2**10, 3.25 * 2**30, -2048)] == [
+        "512 B", "2.00 KiB", "1.50 MiB", "3.25 GiB", "-2.00 KiB"]
+
+
+def test_failures_at_120_columns_wrap_the_exception_whole():
+    exception = ("ValueError: could not convert the column 'amount' of partition 17 to float64: "
+                 "found 'n/a' in row 40213")
+    columns = ["cluster_id", "key", "ts", "worker", "prefix", "exception", "cause", "traceback"]
+    rows = [("Scheduler-1c2b3a4d-9f00", f"('parse-csv-0f3e', {i})", NOW, "tcp://10.0.0.7:40123",
+             "parse-csv", exception, "('parse-csv-0f3e', 0)", "Traceback ...") for i in range(2)]
+    text = render(columns, rows, width=120)
+    lines = text.splitlines()
+    assert max(map(len, lines)) <= 120
+    assert lines[0] == "cluster_id: Scheduler-1c2b3a4d-9f00   worker: tcp://10.0.0.7:40123"
+    assert "…" not in text  # nothing cut
+    words = " ".join(text.split())
+    for word in exception.split():
+        assert word in words or word[:10] in words, word  # folded over lines, not dropped
+    assert "ValueError: could not convert" in text
+
+
+def test_a_story_keeps_its_stimulus_ids_and_says_its_key_once():
+    columns = ["key", "start", "finish", "stimulus_id", "ts", "cluster_id", "worker", "source"]
+    stimuli = [f"compute-task-{1_700_000_000.123456 + i:.6f}-with-a-long-tail" for i in range(3)]
+    rows = [("('shuffle-transfer-aaaa', 3)", a, b, stim, NOW.timestamp(), "c1", f"tcp://w{i}:1", "scheduler")
+            for i, (a, b, stim) in enumerate(zip(["released", "waiting", "processing"],
+                                                 ["waiting", "processing", "memory"], stimuli))]
+    text = render(columns, rows, width=120)
+    assert max(map(len, text.splitlines())) <= 120
+    assert text.splitlines()[0].startswith("key: ('shuffle-transfer-aaaa', 3)")
+    flat = "".join(text.split())
+    assert all(stim in flat for stim in stimuli)
 
 
 def test_a_narrow_terminal_gets_a_narrow_table():

@@ -14,7 +14,7 @@ from dask_blackbox import config
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow, schema
 from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.tables import COLUMNS, TABLES
+from dask_blackbox.sinks.tables import AGGREGATES, COLUMNS, TABLES
 
 
 @pytest.fixture
@@ -39,7 +39,8 @@ def test_migrations_apply_once_and_create_every_table(chdb_client):
     assert schema.migrate(chdb_client, SINGLE) == [m.name for m in shipped]
     assert schema.migrate(chdb_client, SINGLE) == []  # idempotent
     tables = {r[0] for r in chdb_client.query("SHOW TABLES FROM blackbox").result_rows}
-    assert set(TABLES) | {"schema_migrations", "sink_batches", "clusters"} == tables
+    views = {f"{a}_mv" for a in AGGREGATES}  # the materialized views that fill the aggregates
+    assert set(TABLES) | set(AGGREGATES) | views | {"schema_migrations", "sink_batches", "clusters"} == tables
     recorded = chdb_client.query(
         "SELECT version, name, checksum FROM blackbox.schema_migrations FINAL").result_rows
     assert sorted(recorded) == [(m.version, m.name, m.checksum) for m in shipped]
@@ -89,7 +90,8 @@ def test_cluster_ddl_is_replicated_sharded_and_parses(chdb_client):
                                r"(\w+)_local, (.+)\)$", statement):
             assert match.group(1) == match.group(2) == match.group(3)
             distributed[match.group(1)] = match.group(4)
-    assert set(storage) == set(distributed) == set(TABLES) | {"schema_migrations", "sink_batches"}
+    assert set(storage) == set(distributed) == (set(TABLES) | set(AGGREGATES)
+                                                | {"schema_migrations", "sink_batches"})
     assert all(engine.startswith("Replicated") for engine in storage.values()), storage
     assert storage["span_state"] == "ReplicatedReplacingMergeTree"
     # One cluster's rows live on one shard, so a story or a span tree reads one shard.

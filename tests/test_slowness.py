@@ -50,7 +50,7 @@ from distributed import Client, LocalCluster, span
 
 from dask_blackbox import kafka, producers
 from dask_blackbox.cli import main as cli
-from dask_blackbox.read import api, cost, critical_path, panels, regressions, report
+from dask_blackbox.read import api, cost, critical_path, regressions, report, views
 
 from conftest import subprocess_env
 from polling import wait_for
@@ -398,7 +398,7 @@ def test_run_page_api_and_compare_page(recorded):
     priced = api.run_panel(backend, "cost", {"cluster": "reg-slow"})
     assert {s["name"][0] for s in priced["spans"]} == {"etl"}
     assert set(priced["prefixes"]) == {"extract", "transform", "load"}
-    html = report.render_run(panels.run_data(backend, "chain", span="planted"))
+    html = report.render_run(views.run_data(backend, "chain", span="planted"))
     assert html.count('class="link"') == len(CHAIN) + 1
     assert '"critical-path"' in html and 'id="cost-spans"' in html
     compared = api.compare(backend, {"span": "etl", "since": str(recorded["after_first_slow"])})

@@ -240,5 +240,5 @@ def test_metric_rows_carry_their_units():
     text = formatting.render(["metric", "run a", "run b"],
                              [["elapsed_s", 1.5, 0.000097], ["nbytes", 2688200320, 10],
                               ["tasks", 36, 40], ["memory_byte_s", 2**30, 0]], "table", 120)
-    assert "1.5 s" in text and "97 us" in text and "2.50 GiB" in text and "1.00 GiB·s" in text
+    assert "1.5 s" in text and "97 µs" in text and "2.50 GiB" in text and "1.00 GiB·s" in text
     assert "2688200320" not in text and "9.7e-05" not in text

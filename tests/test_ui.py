@@ -33,6 +33,7 @@ import dask.config
 import orjson
 import pytest
 from distributed import Client, LocalCluster, span, wait
+from distributed.diagnostics.plugin import SchedulerPlugin
 from distributed.scheduler import KilledWorker
 
 from dask_blackbox import producers
@@ -50,7 +51,12 @@ CHROMIUM = "/usr/bin/chromium"
 HTML_KEY = "<script>alert(1)</script>"
 HTML_LOG = "<b>not bold</b><img src=x onerror=alert(2)>"
 KILLER = "complex-computation-0bad"
+HTML_SPAN = "<i>graph</i>&span=etl"
+SMALL = "ui-small<img src=x onerror=alert(3)>"  # a cluster named like HTML
 LIMIT = 400 * 2**20
+THREADS = 2
+#: The workers' target fraction: above it, managed memory spills to disk.
+SPILL_AT = 0.05
 
 
 def inc(x):
@@ -95,32 +101,95 @@ def _span_truth(cluster: LocalCluster) -> dict[tuple, dict]:
             for s in ext.spans.values()}
 
 
+class WorkerCensus(SchedulerPlugin):
+    """What Dask's scheduler says of each worker as it joins (``Scheduler.workers``,
+    what its ``/workers`` page shows): threads, memory limit and name, captured while
+    the cluster runs."""
+
+    name = "ui-test-census"
+
+    def __init__(self) -> None:
+        self.workers: dict[str, dict] = {}
+
+    def add_worker(self, scheduler, worker: str) -> None:
+        ws = scheduler.workers[worker]
+        self.workers[worker] = {"nthreads": ws.nthreads, "memory_limit": ws.memory_limit,
+                                "name": str(ws.name)}
+
+
+def _tree_graph() -> tuple:
+    """A delayed reduction tree (8 leaves, pairwise sums): its keys and dependencies
+    as Dask itself lists them."""
+    import dask
+    from dask.core import get_dependencies
+
+    leaves = [dask.delayed(inc, pure=True)(i, dask_key_name=f"leaf-{i}") for i in range(8)]
+    level, depth = leaves, 0
+    while len(level) > 1:
+        depth += 1
+        level = [dask.delayed(add, pure=True)(a, b, dask_key_name=f"sum-{depth}-{i}")
+                 for i, (a, b) in enumerate(zip(level[::2], level[1::2]))]
+    total = level[0]
+    graph = dict(total.__dask_graph__())
+    edges = {(dep, key) for key in graph for dep in get_dependencies(graph, key)}
+    return total, set(graph), edges
+
+
+def add(a, b):
+    return a + b
+
+
 def _record_killed(truth: dict) -> None:
-    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True, memory_limit=LIMIT,
+    import dask.dataframe as dd
+    import pandas as pd
+    from distributed import get_task_stream
+
+    census = WorkerCensus()
+    with LocalCluster(n_workers=2, threads_per_worker=THREADS, processes=True, memory_limit=LIMIT,
                       dashboard_address=None) as cluster, Client(cluster) as client:
+        cluster.scheduler.add_plugin(census)
+        census.workers.update({w: {"nthreads": ws.nthreads, "memory_limit": ws.memory_limit,
+                                   "name": str(ws.name)}
+                               for w, ws in cluster.scheduler.workers.items()})
         truth["killed_id"] = producers.attach(client, cluster_name="ui-killed", **{
             "producer.flush-interval": "20ms", "producer.metrics-interval": "200ms"})["cluster_id"]
-        with span("etl"):
-            with span("load"):
-                x = client.persist(da.ones((400, 400), chunks=100) + 1)
-                wait(x)
-            with span("reduce"):
-                assert client.compute(x.sum()).result() == 2 * 400 * 400
-        client.gather(client.map(inc, range(8)))
-        client.gather(client.map(slow_inc, range(10)))
-        assert client.submit(inc, 1, key=HTML_KEY).result() == 2
-        assert client.submit(shout, 3, key="shout-1").result() == 3
-        bad = client.submit(div, 1, 0, key="div-bad")
-        wait([bad])
-        with span("nightly"):
-            doomed = client.submit(exceed_memory, LIMIT, key=KILLER)
-        with pytest.raises(KilledWorker):
-            doomed.result(timeout=120)
+        with get_task_stream(client) as stream:
+            with span("etl"):
+                with span("load"):
+                    x = client.persist(da.ones((400, 400), chunks=100) + 1)
+                    wait(x)
+                with span("reduce"):
+                    assert client.compute(x.sum()).result() == 2 * 400 * 400
+            with span(HTML_SPAN):
+                total, nodes, edges = _tree_graph()
+                assert client.compute(total).result() == sum(range(1, 9))
+                truth["tree_nodes"], truth["tree_edges"] = nodes, edges
+            # spilled: more managed memory than the workers' target fraction
+            spill = client.persist(da.random.random((6, 2**20), chunks=(1, 2**20)))
+            wait(spill)
+            df = dd.from_pandas(pd.DataFrame({"a": range(4000), "b": range(4000)}), npartitions=4)
+            assert len(df.shuffle("a", shuffle_method="p2p").compute()) == 4000
+            del spill
+            client.gather(client.map(inc, range(8)))
+            client.gather(client.map(slow_inc, range(10)))
+            assert client.submit(inc, 1, key=HTML_KEY).result() == 2
+            assert client.submit(shout, 3, key="shout-1").result() == 3
+            bad = client.submit(div, 1, 0, key="div-bad")
+            wait([bad])
+            with span("nightly"):
+                doomed = client.submit(exceed_memory, LIMIT, key=KILLER)
+            with pytest.raises(KilledWorker):
+                doomed.result(timeout=120)
+        truth["task_stream"] = [
+            {"worker": t["worker"], "thread": t["thread"], "key": t["key"], "status": t["status"],
+             "start": min((s["start"] for s in t["startstops"] if s["action"] == "compute"), default=None)}
+            for t in stream.data]
         del doomed, bad, x
         removals = [(ts, msg["worker"]) for ts, msg in cluster.scheduler.get_events("all")
                     if msg.get("action") == "remove-worker" and msg.get("expected") is False]
         truth["deaths"] = sorted(ts for ts, _ in removals)
         truth["dead_workers"] = sorted(w for _, w in removals)
+        truth["census"] = dict(census.workers)
         client.close()
         time.sleep(0.5)
         truth["killed_spans"] = _span_truth(cluster)
@@ -136,7 +205,7 @@ def _record_small(truth: dict) -> None:
     with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
                       dashboard_address=None) as cluster, Client(cluster) as client:
         settings = producers.ProducerSettings.resolve({"producer.flush-interval": "20ms"},
-                                                      cluster_name="ui-small")
+                                                      cluster_name=SMALL)
         client.register_plugin(producers.BlackboxSchedulerPlugin(settings), name=producers.PLUGIN_NAME)
         truth["small_id"] = client.run_on_scheduler(_scheduler_id)
         with span("etl"):
@@ -153,7 +222,8 @@ def recorded(broker, tmp_path_factory):
     env = {**os.environ, **bb_env}
     truth: dict = {"root": root, "env": env}
     with dask.config.set({**settings, "optimization.fuse.active": False,
-                          "distributed.scheduler.allowed-failures": 1}):
+                          "distributed.scheduler.allowed-failures": 1,
+                          "distributed.worker.memory.target": SPILL_AT}):
         pipeline = LocalPipeline(kafka=broker)
         pipeline.start(progress=lambda m: None)
         ui = None
@@ -216,16 +286,32 @@ class Page:
             self.page.route("**/*", route)
 
     def goto(self, url: str, charts: bool = True):
+        """Open ``url``; with ``charts``, every panel loaded (a web page loads them as
+        they scroll into view: all of them here) and its charts drawn."""
         response = self.page.goto(url)
         if charts:
-            self.page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0",
-                                        timeout=30_000)
+            self.load_all()
         return response
 
+    def load(self, *views: str) -> None:
+        """Load these panels of a web page (its sections ``data-view``) and wait for them."""
+        self.page.evaluate("""(views) => Promise.all(views.map(v => window.blackbox.load(
+            document.querySelector(`section.view[data-view="${v}"]`))))""", list(views))
+        states = self.page.eval_on_selector_all(
+            "section.view", "ss => Object.fromEntries(ss.map(s => [s.dataset.view, s.dataset.state]))")
+        assert all(states[v] == "loaded" for v in views), states
+
+    def load_all(self) -> None:
+        self.page.evaluate("() => window.blackbox ? window.blackbox.loadAll() : null")
+        self.page.wait_for_function("() => window.Bokeh && Bokeh.documents.length > 0",
+                                    timeout=60_000)
+
     def model(self, name: str) -> dict:
-        """The data of the Bokeh data source named ``name`` (JSON-able columns)."""
+        """The data of the Bokeh data source named ``name`` (JSON-able columns), in
+        whichever of the page's Bokeh documents holds it."""
         return self.page.evaluate(
-            """(name) => { const m = Bokeh.documents[0].get_model_by_name(name);
+            """(name) => { let m = null;
+                 for (const d of Bokeh.documents) { m = d.get_model_by_name(name); if (m) break; }
                  if (!m) return null; const out = {};
                  const entries = m.data instanceof Map ? [...m.data.entries()] : Object.entries(m.data);
                  for (const [k, v] of entries) out[k] = Array.from(v); return out; }""", name)
@@ -270,7 +356,7 @@ def _check_run_page(page: Page, recorded: dict) -> None:
     # The same marks are drawn on every time axis.
     drawn = page.page.evaluate(
         """() => { let n = 0;
-             for (const m of Bokeh.documents[0].all_models)
+             for (const d of Bokeh.documents) for (const m of d.all_models)
                if (m.data_source && m.data_source.name === 'markers') n++;
              return n; }""")
     assert drawn >= 6  # task stream, progress, states, memory (2), spans
@@ -329,7 +415,8 @@ def test_clusters_and_run_page_in_a_browser(recorded, browser):
         story = page.page.inner_text("#story")
         assert "erred" in story and "about to load the whole partition" in story
         # A cluster without metrics shows the panels it can.
-        page.goto(recorded["url"] + "run?cluster=ui-small")
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": SMALL}))
+        assert page.page.inner_text("#cluster-name") == SMALL
         assert page.page.query_selector("#no-memory") is not None
         assert page.model("task-stream")["action"].count("compute") == _computes(
             recorded["backend"], recorded["small_id"])
@@ -412,5 +499,105 @@ def test_report_renders_offline(recorded, browser):
         page.goto(copy.as_uri())
         assert [u for u in page.requests if not u.startswith("file:")] == []
         _check_run_page(page, recorded)
+    finally:
+        page.close()
+
+
+def _rows_of(page: Page, selector: str, attrs: list[str]) -> dict[str, dict]:
+    return page.page.eval_on_selector_all(
+        selector, "(rows, attrs) => Object.fromEntries(rows.map(r => [r.dataset.worker, "
+        "Object.fromEntries(attrs.map(a => [a, r.dataset[a]]))]))", attrs)
+
+
+def test_workers_threads_and_graph_against_dask(recorded, browser):
+    """The Workers panel against what Dask's scheduler said of each worker while the
+    cluster ran (its ``/workers`` figures: threads, memory limit) and against Dask's own
+    task stream (tasks each worker ran); the task stream's rows against the threads
+    that ran tasks (``get_task_stream``'s ``thread``), ordered by each worker's first
+    task, dead workers labelled; a worker's page reached from its address; the task
+    graph of the span named like HTML against the graph Dask built (nodes and edges)."""
+    census, ran = recorded["census"], recorded["task_stream"]
+    tasks_of: dict[str, int] = {}
+    erred_of: dict[str, int] = {}
+    threads_of: dict[str, list] = {}
+    first_of: dict[str, float] = {}
+    for t in ran:
+        tasks_of[t["worker"]] = tasks_of.get(t["worker"], 0) + 1
+        erred_of[t["worker"]] = erred_of.get(t["worker"], 0) + (t["status"] == "error")
+        if t["thread"] not in threads_of.setdefault(t["worker"], []):
+            threads_of[t["worker"]].append(t["thread"])
+        if t["start"] is not None:
+            first_of[t["worker"]] = min(first_of.get(t["worker"], t["start"]), t["start"])
+    assert len(census) >= 3 and sum(erred_of.values()) == 1  # 2 dead, a replacement (or two); div-bad
+    page = Page(browser)
+    try:
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": recorded["killed_id"]}),
+                  charts=False)
+        page.load("workers", "task_stream")
+        rows = _rows_of(page, "#workers-table tr.worker", ["threads", "memoryLimit", "tasks", "died"])
+        assert set(census) <= set(rows)
+        for worker, live in census.items():
+            assert int(rows[worker]["threads"]) == live["nthreads"] == THREADS, worker
+            assert int(rows[worker]["memoryLimit"]) == live["memory_limit"] == LIMIT, worker
+            assert int(rows[worker]["tasks"]) == tasks_of.get(worker, 0), worker
+        assert sorted(w for w, r in rows.items() if r["died"] == "true") == recorded["dead_workers"]
+        # Task-stream rows: one per thread that ran a task, workers in the order they began.
+        labels = page.page.evaluate(
+            """() => { for (const d of Bokeh.documents) { const f = d.get_model_by_name('task_stream');
+                 if (f) { const o = f.left[0].major_label_overrides;
+                          return o instanceof Map ? Object.fromEntries(o) : o; } } return null; }""")
+        assert labels is not None
+        rows_in_order = [labels[str(i)] for i in range(len(labels))]
+        expected = []
+        for worker in sorted(threads_of, key=lambda w: first_of[w]):
+            died = " (died)" if worker in recorded["dead_workers"] else ""
+            expected += [f"{worker} thread {i + 1}{died}" for i in range(len(threads_of[worker]))]
+            assert len(threads_of[worker]) <= census[worker]["nthreads"]
+        assert rows_in_order == expected
+        # A worker's page, from its address: its facts and its own task stream.
+        dead = recorded["dead_workers"][0]
+        page.page.click(f"#workers-table tr.worker[data-worker='{dead}'] a.worker-link")
+        page.page.wait_for_url("**/worker?**")
+        page.load_all()
+        assert page.page.inner_text("#worker-address") == dead
+        facts = page.page.eval_on_selector("#worker-panel", "p => ({...p.dataset})")
+        assert int(facts["threads"]) == THREADS and int(facts["memoryLimit"]) == LIMIT
+        assert int(facts["tasks"]) == tasks_of[dead]
+        assert "died" in page.page.inner_text("#worker-ended")
+        stream = page.model("task-stream")
+        assert set(stream["worker"]) == {dead}
+        assert stream["action"].count("compute") == tasks_of[dead]
+        # The page of the worker that logged HTML: the line is its own, shown as text.
+        shouter = next(t["worker"] for t in ran if t["key"] == "shout-1")
+        page.goto(recorded["url"] + "worker?" + urllib.parse.urlencode(
+            {"cluster": recorded["killed_id"], "worker": shouter}), charts=False)
+        page.load("worker", "worker_logs")
+        assert HTML_LOG in page.page.inner_text("#logs-table")
+        # A cluster named like HTML: its Workers panel and a worker's page show the name as text.
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode({"cluster": SMALL}), charts=False)
+        page.load("workers")
+        small = page.page.eval_on_selector_all("#workers-table tr.worker", "rs => rs.map(r => r.dataset.worker)")
+        assert len(small) == 1
+        page.page.click("#workers-table a.worker-link")
+        page.page.wait_for_url("**/worker?**")
+        page.load("worker")
+        assert SMALL in page.page.inner_text("#run-header")
+        assert page.page.inner_text("#worker-address") == small[0]
+        # The task graph of the span named like HTML: Dask's own graph, as text.
+        page.goto(recorded["url"] + "run?" + urllib.parse.urlencode(
+            {"cluster": recorded["killed_id"], "span": HTML_SPAN}), charts=False)
+        page.load("graph")
+        assert page.page.inner_text("#span-name") == HTML_SPAN
+        panel = page.page.eval_on_selector("#graph-panel", "p => ({...p.dataset})")
+        nodes, edges = recorded["tree_nodes"], recorded["tree_edges"]
+        assert panel["level"] == "task"
+        assert int(panel["tasks"]) == int(panel["nodes"]) == len(nodes) == 15
+        assert int(panel["edges"]) == int(panel["drawnEdges"]) == len(edges) == 14
+        drawn = page.model("graph-nodes")
+        assert set(drawn["key"]) == nodes
+        assert set(drawn["state"]) == {"memory"}
+        lines = page.model("graph-edges")
+        assert set(zip(lines["source"], lines["target"])) == edges
+        assert not page.dialogs and not page.errors, (page.dialogs, page.errors)
     finally:
         page.close()

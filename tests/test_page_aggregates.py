@@ -1,0 +1,142 @@
+"""The page aggregates (sinks/sql/006_page_aggregates.sql) against the raw rows they are
+made of, on chDB: rows loaded through the sink's Loader in several batches, the
+materialized views filling the aggregates per batch. What the Run page reads from
+them (read/aggregates.py) must equal what the raw transitions say: tasks, memory and
+erred per prefix and per group, computes begun and erred per worker, compute and
+transfer seconds (an action spread over the seconds it spans), the bars. An abandoned
+batch leaves none of its aggregate rows; the backfill (rows loaded before the
+migration) gives the same numbers and, run again, counts nothing twice."""
+
+from __future__ import annotations
+
+import clickhouse_connect
+import orjson
+import pytest
+
+from dask_blackbox import contract
+from dask_blackbox.read import aggregates, backends, panels
+from dask_blackbox.sinks import schema
+from dask_blackbox.sinks.batch import Batch
+from dask_blackbox.sinks.loader import Loader
+from dask_blackbox.sinks.tables import AGGREGATES, Message
+
+TARGET = schema.Target("blackbox", 90 * 86400)
+T0 = 1_790_000_000.25
+WORKERS = ("tcp://a:1", "tcp://b:2")
+
+
+def _envelope(seq: int, n: int) -> dict:
+    """One scheduler envelope of ``n`` tasks: prefixes and groups, two spans, computes
+    of 0.3-2.6 s crossing second boundaries, transfers, every seventh task erred."""
+    events = []
+    for j in range(n):
+        i = seq * n + j
+        prefix = ("load", "inc", "sum")[i % 3]
+        key, t = f"{prefix}-{i}", T0 + i * 0.37
+        worker = WORKERS[i % 2]
+        base = {"kind": contract.TRANSITION, "key": key, "prefix": prefix, "group": f"{prefix}-g{i % 4}",
+                "span_id": f"span-{i % 2}", "worker": None, "nbytes": None, "typename": None,
+                "startstops": None, "exception": None, "traceback": None, "cause": None}
+        erred = i % 7 == 0
+        stops = [{"action": "compute", "start": t + 0.1, "stop": t + 0.4 + (i % 8) * 0.3}]
+        if i % 3 == 2:
+            stops.insert(0, {"action": "transfer", "start": t, "stop": t + 0.05 + (i % 5) * 0.4,
+                             "source": WORKERS[(i + 1) % 2]})
+        events += [
+            {**base, "ts": t, "start": "released", "finish": "waiting", "stimulus_id": f"graph-{seq}"},
+            {**base, "ts": t + 0.01, "start": "waiting", "finish": "processing", "stimulus_id": f"graph-{seq}"},
+            {**base, "ts": t + 3, "start": "processing", "finish": "erred" if erred else "memory",
+             "stimulus_id": f"finished-{i}", "worker": worker, "nbytes": None if erred else 100 + i,
+             "startstops": stops},
+        ]
+    return {"schema": contract.SCHEMA_VERSION, "cluster_id": "c-agg", "cluster_name": "agg",
+            "source": "scheduler", "producer_id": "p-agg", "seq": seq, "sent_at": T0 + 100,
+            "events": events}
+
+
+@pytest.fixture(scope="module")
+def loaded(tmp_path_factory):
+    """chDB migrated, three sink batches of 40 tasks each loaded; (client, loader,
+    backend, batch ids). Shared by the tests, each of which holds whatever the others
+    did (an abandoned batch, a backfill): they compare read and raw as they find them."""
+    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path_factory.mktemp('agg') / 'ch'}")
+    schema.migrate(client, TARGET)
+    loader = Loader(client, TARGET, "agg")
+    for seq in range(3):
+        batch = Batch()
+        batch.add(Message(contract.RAW, "t.raw", 0, seq, b"c-agg", orjson.dumps(_envelope(seq, 40)), 0))
+        assert loader.load(batch, {})
+    ids = [r[0] for r in client.query(
+        "SELECT DISTINCT batch_id FROM blackbox.sink_batches WHERE state = 'loaded' ORDER BY batch_id"
+    ).result_rows]
+    assert len(ids) == 3
+    yield client, loader, backends.DirectBackend(client, "blackbox"), ids
+    client.close()
+
+
+def _raw(backend) -> dict:
+    """The numbers the aggregates answer, from the raw transitions."""
+    q = backend.query
+    where = "FROM blackbox.transitions WHERE cluster_id = 'c-agg' AND source = 'scheduler'"
+    joined = ("FROM blackbox.transitions ARRAY JOIN startstops AS ss "
+              "WHERE cluster_id = 'c-agg' AND source = 'scheduler'")
+    prefixes = {p: {"tasks": n, "memory": m, "erred": e} for p, n, m, e in q(
+        f"SELECT prefix, uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred') {where} "
+        "GROUP BY prefix")[1]}
+    workers = {w: {"tasks": n, "erred": e, "compute_s": c, "transfer_s": x} for w, n, e, c, x in q(
+        "SELECT worker, countIf(ss.action = 'compute'), countIf(ss.action = 'compute' AND finish = 'erred'), "
+        "sumIf(toFloat64(ss.stop) - toFloat64(ss.start), ss.action = 'compute'), "
+        "sumIf(toFloat64(ss.stop) - toFloat64(ss.start), ss.action = 'transfer') "
+        f"{joined} GROUP BY worker")[1]}
+    groups = {g: {"tasks": n, "memory": m, "erred": e, "nbytes": b} for g, n, m, e, b in q(
+        "SELECT task_group, uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred'), "
+        f"sumIf(ifNull(nbytes, 0), finish = 'memory') {where} GROUP BY task_group")[1]}
+    bars = q(f"SELECT count(), countIf(ss.action = 'compute') {joined}")[1][0]
+    return {"prefixes": prefixes, "workers": workers, "groups": groups, "bars": tuple(bars)}
+
+
+def _read(backend) -> dict:
+    """The same numbers, as the Run page reads them from the aggregates."""
+    scope = panels.resolve(backend, "c-agg")
+    workers = aggregates.per_worker(backend, "c-agg")
+    return {"prefixes": aggregates.prefix_counts(backend, scope),
+            "workers": {w: {k: pytest.approx(v, abs=1e-6) for k, v in r.items()} for w, r in workers.items()},
+            "groups": {g["group"]: {"tasks": g["tasks"], "memory": g["memory"], "erred": g["erred"],
+                                    "nbytes": g["nbytes"]} for g in aggregates.groups(backend, "c-agg")},
+            "bars": aggregates.bars(backend, scope)}
+
+
+def test_aggregates_equal_the_raw_rows(loaded):
+    _, _, backend, _ = loaded
+    raw = _raw(backend)
+    assert raw["prefixes"]["load"]["erred"] > 0 and raw["workers"][WORKERS[0]]["transfer_s"] > 0
+    assert _read(backend) == raw
+    # An action's seconds spread over the seconds it spans add up to its duration.
+    busy = dict(backend.query(
+        "SELECT action, sum(busy) FROM blackbox.stream_seconds WHERE cluster_id = 'c-agg' GROUP BY action")[1])
+    assert busy["compute"] == pytest.approx(sum(w["compute_s"] for w in raw["workers"].values()))
+
+
+def test_an_abandoned_batch_leaves_no_aggregate_rows(loaded):
+    client, loader, backend, ids = loaded
+    loader.abandon([ids[1]])
+    for table in AGGREGATES:
+        left = client.query(f"SELECT count() FROM blackbox.{table} WHERE _batch = {ids[1]}").result_rows[0][0]
+        assert left == 0, table
+    raw = _raw(backend)
+    assert sum(p["tasks"] for p in raw["prefixes"].values()) == 80  # two batches of 40 are left
+    assert client.query(f"SELECT count() FROM blackbox.transitions WHERE _batch = {ids[1]}").result_rows == [(0,)]
+    assert _read(backend) == raw
+
+
+def test_the_backfill_counts_each_row_once(loaded):
+    client, _, backend, _ = loaded
+    raw = _raw(backend)
+    text = next(m.text for m in schema.migrations() if m.name == "006_page_aggregates.sql")
+    for table in AGGREGATES:  # as if the rows had been loaded before the migration
+        client.command(f"TRUNCATE TABLE blackbox.{table}")
+    assert aggregates.per_worker(backend, "c-agg") == {}
+    for _ in range(2):  # again after an interruption: nothing counted twice
+        for statement in schema.backfills(text, TARGET):
+            client.command(statement)
+        assert _read(backend) == raw
