@@ -277,7 +277,7 @@ class Loader:
         for table, data in batch.tables.items():
             if len(data) and table not in batch.arrow:
                 try:
-                    batch.arrow[table] = self.schemas[table].table(data.columns)
+                    batch.arrow[table] = self.schemas[table].table_of(data)
                 except (ValueError, TypeError, OverflowError):
                     pass
 
