@@ -11,8 +11,8 @@ The protocol (the journal is ``sink_batches``, see sinks/sql/001_init.sql):
 
 :meth:`Loader.recover`, run before consuming partitions, repairs a crash at any point:
 a batch with ``begin`` and no end is abandoned (its rows, whichever tables they had
-reached, are deleted by ``_batch`` and the messages are read again, since they were
-never committed); a batch that is ``loaded`` while the group's committed offset still
+reached, are deleted by ``_batch``, from the roll-ups ClickHouse made of them too, and
+the messages are read again, since they were never committed); a batch that is ``loaded`` while the group's committed offset still
 equals its ``from_offset`` died between 3 and 4, so the consumer seeks past it.
 Nothing depends on Kafka offsets being stable across broker incarnations: rows are
 found by batch id, and a journal entry is only trusted when the committed offset
@@ -38,7 +38,7 @@ import time
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.batch import Batch, payload_of
-from dask_blackbox.sinks.tables import COLUMNS, TABLES, Message, TableData
+from dask_blackbox.sinks.tables import COLUMNS, ROLLUPS, TABLES, Message, TableData
 from dask_blackbox.clickhouse import Target
 
 logger = logging.getLogger("sinks.loader")
@@ -174,20 +174,22 @@ class Loader:
         }
 
     def abandon(self, batch_ids: list[int]) -> None:
-        """Delete every row of ``batch_ids`` from every table and journal them as
-        abandoned."""
-        for table in TABLES:
+        """Delete every row of ``batch_ids`` from every table, and from the roll-ups
+        ClickHouse made of them, and journal them as abandoned."""
+        rollups = self.target.rollups
+        for target, table in [*((self.target, t) for t in TABLES), *((rollups, t) for t in ROLLUPS)]:
             params = {"ids": batch_ids}
             present = self.client.query(
-                f"SELECT count() FROM {self.target.table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
+                f"SELECT count() FROM {target.table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
                 parameters=params,
             ).result_rows[0][0]
             if present:
                 self.client.command(
-                    f"DELETE FROM {self.target.storage_table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
+                    f"DELETE FROM {target.storage_table(table)} WHERE _batch IN {{ids:Array(UInt64)}}",
                     parameters=params,
                 )
-                logger.warning("deleted %d rows of abandoned batch(es) from %s", present, table)
+                logger.warning("deleted %d rows of abandoned batch(es) from %s", present,
+                               target.table(table))
         self._end(batch_ids, "abandoned")
 
     # -------------------------------------------------------------------- load

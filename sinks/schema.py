@@ -12,6 +12,11 @@ Cluster mode (``blackbox.clickhouse.cluster`` set): DDL runs ``ON CLUSTER``, eng
 become ``Replicated*``, each table is stored as ``<table>_local`` on every node and a
 ``Distributed`` table ``<table>`` (sharded by ``cluster_id``) is what the sink inserts
 into and the queries read. Lines starting with ``--cluster: `` hold that extra DDL.
+
+Lines starting with ``--backfill: `` are not DDL but statements that fill a table the
+migration creates from rows loaded before it (an ``INSERT ... SELECT``, written to
+count nothing twice if run again): :func:`migrate` runs them after the migration's
+DDL (:func:`backfills`), in both modes; :func:`render` leaves them as comments.
 """
 
 from __future__ import annotations
@@ -25,14 +30,15 @@ from collections.abc import Iterator
 from dask_blackbox.clickhouse import Target
 
 __all__ = ["SQL_DIR", "PLACEHOLDERS", "MigrationError", "Migration", "Target", "migrations", "render",
-           "statements", "applied", "migrate"]
+           "statements", "backfills", "applied", "migrate"]
 
 SQL_DIR = pathlib.Path(__file__).with_name("sql")
 
 #: Placeholders a migration may use; anything else in braces is an error.
-PLACEHOLDERS = ("database", "ttl", "on_cluster", "replicated", "local", "cluster")
+PLACEHOLDERS = ("database", "ttl", "rollup_ttl", "on_cluster", "replicated", "local", "cluster")
 
 _CLUSTER_LINE = "--cluster: "
+_BACKFILL_LINE = "--backfill: "
 _MIGRATION_NAME = re.compile(r"^(\d{3})_[a-z0-9_]+\.sql$")
 _PLACEHOLDER = re.compile(r"\{([a-z_]+)\}")
 
@@ -66,10 +72,7 @@ def migrations(directory: pathlib.Path = SQL_DIR) -> list[Migration]:
     return [found[v] for v in sorted(found)]
 
 
-def render(text: str, target: Target) -> str:
-    """Fill the placeholders of a migration for ``target``; ``--cluster:`` lines are
-    kept (unmarked) in cluster mode and dropped otherwise. Comments are left as they
-    are (they talk about placeholders, and about ClickHouse's own ``{macros}``)."""
+def _filler(target: Target):
     values = target.placeholders
 
     def fill(match: re.Match) -> str:
@@ -78,6 +81,15 @@ def render(text: str, target: Target) -> str:
             raise MigrationError(f"unknown placeholder {{{name}}}; known: {PLACEHOLDERS}")
         return values[name]
 
+    return fill
+
+
+def render(text: str, target: Target) -> str:
+    """Fill the placeholders of a migration for ``target``; ``--cluster:`` lines are
+    kept (unmarked) in cluster mode and dropped otherwise. Comments (``--backfill:``
+    lines among them) are left as they are (they talk about placeholders, and about
+    ClickHouse's own ``{macros}``)."""
+    fill = _filler(target)
     lines = []
     for line in text.splitlines():
         if line.startswith(_CLUSTER_LINE):
@@ -88,6 +100,14 @@ def render(text: str, target: Target) -> str:
             line = _PLACEHOLDER.sub(fill, line)
         lines.append(line)
     return "\n".join(lines)
+
+
+def backfills(text: str, target: Target) -> list[str]:
+    """The ``--backfill:`` statements of a migration, placeholders filled."""
+    fill = _filler(target)
+    body = "\n".join(_PLACEHOLDER.sub(fill, line[len(_BACKFILL_LINE):])
+                     for line in text.splitlines() if line.startswith(_BACKFILL_LINE))
+    return list(statements(body))
 
 
 def statements(sql: str) -> Iterator[str]:
@@ -130,7 +150,8 @@ def migrate(client, target: Target) -> list[str]:
                     f"{target.database}; schema changes go in a new migration file"
                 )
             continue
-        for statement in statements(render(migration.text, target)):
+        for statement in [*statements(render(migration.text, target)),
+                          *backfills(migration.text, target)]:
             try:
                 client.command(statement)
             except Exception as e:

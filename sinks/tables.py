@@ -102,6 +102,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 #: Tables the sink writes (everything with a ``_batch`` column).
 TABLES: tuple[str, ...] = tuple(COLUMNS)
 
+#: The roll-ups (sinks/sql/008_rollups.sql), in the database ``<database>_rollups``:
+#: ClickHouse's materialized views fill them from the rows of the tables above as they
+#: are inserted, a row per sink batch (``_batch``), so that an abandoned batch's
+#: roll-up rows are deleted with it.
+ROLLUPS: tuple[str, ...] = ("task_minutes", "worker_minutes", "cluster_minutes")
+
 #: Columns held as :class:`FlatLists` (lists built a whole envelope at a time).
 FLAT_LIST_COLUMNS = frozenset({
     "startstops.action", "startstops.start", "startstops.stop", "startstops.source",
