@@ -28,6 +28,8 @@ BENCHMARKS = [
     "processor_throughput.py",
     "processor_ttl.py",
     "query_latency.py",
+    "sink_ingest.py",
+    "history.py",
     "trace_file.py",
     "freshness.py",
     "ui_latency.py",

@@ -62,64 +62,86 @@ _HEAD = struct.Struct("<BIqqII")  # topic, partition, offset, timestamp, key and
 # ------------------------------------------------------------------ generation
 
 
-def generate(args, path: pathlib.Path) -> dict:
-    """Write every message of the run to ``path``; return counts."""
+def encode_cluster(run, put) -> int:
+    """Call ``put(topic, partition, key, value, ts)`` for every message of ``run`` (a
+    query_latency.py ClusterRun) as producers and processors publish them: raw
+    envelopes packed by the producers' own ``pack``, then its span snapshots and
+    prefix partials. Returns how many events the envelopes carry."""
     from dask_blackbox import contract
     from dask_blackbox.producers.rows import Ready, TransitionRow
     from dask_blackbox.producers.sender import BATCH_WEIGHT, pack
-    from query_latency import generate as cluster_run
 
     fields = contract.fields(contract.Transition)[1:]
+    key = run.cluster_id.encode()
+    partition = int(run.cluster_id, 16) % 4
+    streams = [("scheduler", f"scheduler-{run.cluster_id}", run.scheduler_events)] + [
+        ("worker", f"worker-{run.cluster_id}-{i}", events)
+        for i, events in enumerate(run.worker_events.values())]
+    n_events = 0
+    for source, producer_id, events in streams:
+        seq, rows, weight = 0, [], 0
+        for i, event in enumerate(events):
+            if event["kind"] == contract.TRANSITION:
+                rows.append(TransitionRow(*(event.get(f) for f in fields)))
+                weight += 200
+            else:
+                rows.append(Ready(event, 0))
+                weight += 300
+            if weight >= BATCH_WEIGHT or i == len(events) - 1:
+                for body in pack(rows, 100_000):  # like a sender's take
+                    head = json.dumps({
+                        "schema": contract.SCHEMA_VERSION, "cluster_id": run.cluster_id,
+                        "cluster_name": run.cluster_name, "source": source,
+                        "producer_id": producer_id, "seq": seq, "sent_at": event["ts"],
+                    }, separators=(",", ":")).encode()
+                    put("raw", partition, key, head[:-1] + b',"events":' + body.events + b"}",
+                        event["ts"])
+                    seq += 1
+                n_events += len(rows)
+                rows, weight = [], 0
+    for record in run.span_state:
+        put("span-state", partition, key, json.dumps(record).encode(), record["updated_at"])
+    for record in run.prefix_partials.values():
+        put("prefix-stats", partition, key, json.dumps(record).encode(), record["window_start"])
+    return n_events
+
+
+class MessageFile:
+    """Messages written to a file as they are made (``put``), read back by
+    :func:`read_messages`."""
+
+    def __init__(self, path: pathlib.Path) -> None:
+        self.out = open(path, "wb")
+        self.offsets: dict = {}
+        self.counts = {"messages": 0, "bytes": 0, "events": 0}
+
+    def put(self, topic: str, partition: int, key: bytes, value: bytes, ts: float) -> None:
+        offset = self.offsets.get((topic, partition), 0)
+        self.offsets[(topic, partition)] = offset + 1
+        self.out.write(_HEAD.pack(TOPICS.index(topic), partition, offset, int(ts * 1000),
+                                  len(key), len(value)))
+        self.out.write(key)
+        self.out.write(value)
+        self.counts["messages"] += 1
+        self.counts["bytes"] += len(value)
+
+    def close(self) -> dict:
+        self.out.close()
+        return self.counts
+
+
+def generate(args, path: pathlib.Path) -> dict:
+    """Write every message of the run to ``path``; return counts."""
+    from query_latency import generate as cluster_run
+
     per_cluster = args.transitions // args.clusters
     now = time.time()
-    offsets: dict = {}
-    counts = {"messages": 0, "bytes": 0, "events": 0}
-    with open(path, "wb") as out:
-        def put(topic: str, partition: int, key: bytes, value: bytes, ts: float) -> None:
-            offset = offsets.get((topic, partition), 0)
-            offsets[(topic, partition)] = offset + 1
-            out.write(_HEAD.pack(TOPICS.index(topic), partition, offset, int(ts * 1000),
-                                 len(key), len(value)))
-            out.write(key)
-            out.write(value)
-            counts["messages"] += 1
-            counts["bytes"] += len(value)
-
-        for index in range(args.clusters):
-            run = cluster_run(args.seed, index, args.clusters, per_cluster, now)
-            key = run.cluster_id.encode()
-            partition = int(run.cluster_id, 16) % 4
-            streams = [("scheduler", f"scheduler-{run.cluster_id}", run.scheduler_events)] + [
-                ("worker", f"worker-{run.cluster_id}-{i}", events)
-                for i, events in enumerate(run.worker_events.values())]
-            for source, producer_id, events in streams:
-                seq, rows, weight = 0, [], 0
-                for i, event in enumerate(events):
-                    if event["kind"] == contract.TRANSITION:
-                        rows.append(TransitionRow(*(event.get(f) for f in fields)))
-                        weight += 200
-                    else:
-                        rows.append(Ready(event, 0))
-                        weight += 300
-                    if weight >= BATCH_WEIGHT or i == len(events) - 1:
-                        for body in pack(rows, 100_000):  # like a sender's take
-                            head = json.dumps({
-                                "schema": contract.SCHEMA_VERSION, "cluster_id": run.cluster_id,
-                                "cluster_name": run.cluster_name, "source": source,
-                                "producer_id": producer_id, "seq": seq, "sent_at": event["ts"],
-                            }, separators=(",", ":")).encode()
-                            put("raw", partition, key, head[:-1] + b',"events":' + body.events + b"}",
-                                event["ts"])
-                            seq += 1
-                        counts["events"] += len(rows)
-                        rows, weight = [], 0
-            for record in run.span_state:
-                put("span-state", partition, key, json.dumps(record).encode(), record["updated_at"])
-            for record in run.prefix_partials.values():
-                put("prefix-stats", partition, key, json.dumps(record).encode(),
-                    record["window_start"])
-            del run
-    return counts
+    out = MessageFile(path)
+    for index in range(args.clusters):
+        run = cluster_run(args.seed, index, args.clusters, per_cluster, now)
+        out.counts["events"] += encode_cluster(run, out.put)
+        del run
+    return out.close()
 
 
 def read_messages(path: pathlib.Path):
