@@ -18,6 +18,12 @@ Nothing depends on Kafka offsets being stable across broker incarnations: rows a
 found by batch id, and a journal entry is only trusted when the committed offset
 matches it exactly.
 
+On a ClickHouse cluster (``blackbox.clickhouse.cluster``) the tables are Distributed
+over ReplicatedMergeTree: an insert returns once every shard has its rows, and each
+insert carries a deduplication token (group, batch, table, rows) so that a block a
+Distributed table sends to a second replica of a shard is stored once, the roll-ups
+made of it too; deletions address every node (``ON CLUSTER``).
+
 While ClickHouse cannot take rows, :meth:`Loader.load` retries with exponential
 backoff up to ``retry_backoff_max`` (``SinkSettings.retry_backoff_max``) -- abandoning the failed attempt
 first, so an insert that half happened leaves nothing behind. Rows ClickHouse rejects
@@ -103,8 +109,13 @@ class Loader:
             "max_partitions_per_insert_block": 0,
         }
         if target.cluster:
-            # A Distributed insert returns only after every shard has its rows.
+            # A Distributed insert returns only after every shard has its rows...
             self.insert_settings["distributed_foreground_insert"] = 1
+            # ...and a block a shard is sent twice (the Distributed table retrying on
+            # another replica) is stored once, its roll-ups too: each insert carries
+            # a token of its own (see _settings).
+            self.insert_settings["insert_deduplicate"] = 1
+            self.insert_settings["deduplicate_blocks_in_dependent_materialized_views"] = 1
         self.schemas = arrow.schemas(client, target.database, COLUMNS)
         #: rows loaded per table, dead letters among them, and the events the
         #: producers reported dropped in the drops rows loaded (read by sinks.metrics)
@@ -124,16 +135,25 @@ class Loader:
         self._last_id = max(candidate, self._last_id + (1 << 12))
         return self._last_id
 
-    def _journal(self, rows: list[list]) -> None:
+    def _settings(self, token: str) -> dict:
+        """The settings of one insert; in cluster mode with its deduplication token,
+        unique to the insert (``token``: the batch, the table and the rows), so that
+        ReplicatedMergeTree stores a block sent to two replicas of a shard once."""
+        if not self.target.cluster:
+            return self.insert_settings
+        return {**self.insert_settings, "insert_deduplication_token": f"{self.group_id}:{token}"}
+
+    def _journal(self, rows: list[list], token: str) -> None:
         self.client.insert(
             self.target.table("sink_batches"), rows,
             column_names=["group_id", "batch_id", "state", "topic", "partition",
                           "from_offset", "next_offset", "first_timestamp", "first_crc"],
-            settings=self.insert_settings,
+            settings=self._settings(token),
         )
 
     def _end(self, batch_ids: list[int], state: str) -> None:
-        self._journal([[self.group_id, b, state, "", 0, 0, 0, 0, 0] for b in batch_ids])
+        self._journal([[self.group_id, b, state, "", 0, 0, 0, 0, 0] for b in batch_ids],
+                      f"{batch_ids[0]}:{state}")
 
     # ----------------------------------------------------------------- recovery
 
@@ -226,7 +246,7 @@ class Loader:
             [self.group_id, batch_id, "begin", topic, partition,
              starts.get((topic, partition), -1), end, *batch.firsts[(topic, partition)]]
             for (topic, partition), end in sorted(batch.positions.items())
-        ])
+        ], f"{batch_id}:begin")
         self.pause.reached("after-begin")
         rejected: list[tuple[Message, int | None, str]] = []
         first = True
@@ -298,7 +318,7 @@ class Loader:
                 else:
                     part = schema.table([c[lo:hi] for c in data.columns])
                 self.client.insert_arrow(self.target.table(table), arrow.with_batch(part, batch_id),
-                                         settings=self.insert_settings)
+                                         settings=self._settings(f"{batch_id}:{table}:{lo}-{hi}"))
             except Exception as e:
                 if not clickhouse.is_rejection(e):
                     raise

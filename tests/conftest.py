@@ -213,7 +213,7 @@ FAST_MODULES = frozenset({
     "test_layers", "test_formatting", "test_span_state", "test_prefix_windows",
     "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
     "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
-    "test_export_journal", "test_rollups",
+    "test_export_journal", "test_rollups", "test_cluster_schema",
 })
 
 
