@@ -141,6 +141,10 @@ def _is_bytes(column: str) -> bool:
     return any(h in column for h in _BYTES_HINTS)
 
 
+def _is_byte_seconds(column: str) -> bool:
+    return column.endswith("_byte_s")
+
+
 def _human(column: str, value, today: datetime.date) -> str:
     if value is None:
         return ""
@@ -151,6 +155,8 @@ def _human(column: str, value, today: datetime.date) -> str:
     if column == "ts" and isinstance(value, float):
         return _time(datetime.datetime.fromtimestamp(value, datetime.timezone.utc), today, True)
     if isinstance(value, (int, float)):
+        if _is_byte_seconds(column):
+            return format_bytes(int(value)) + "·s"
         if _is_bytes(column):
             return format_bytes(int(value))
         if _is_seconds(column):
@@ -218,9 +224,13 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     if "depth" in columns and "name" in columns:
         d, n = columns.index("depth"), columns.index("name")
         names = _tree_labels([str(r[n]) for r in rows], [int(r[d] or 0) for r in rows])
+    # A result of metric rows (``metric``, then one column per run): each value in
+    # the unit of its row's metric.
+    by_row = bool(columns) and columns[0] == "metric"
     cells = [
         [Text(names[r_index] if names is not None and columns[i] == "name"
-              else _human(columns[i], row[i], today), no_wrap=True, overflow="ellipsis")
+              else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i], today),
+              no_wrap=True, overflow="ellipsis")
          for i in keep]
         for r_index, row in enumerate(rows)
     ]
@@ -265,6 +275,22 @@ def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table",
     if fmt != "table":
         raise ValueError(f"unknown format {fmt!r}; expected one of {FORMATS}")
     return _table(columns, rows, width or terminal_width())
+
+
+def split_columns(result, keys: Sequence[str], moved: Sequence[str], title: str,
+                  second: str) -> dict:
+    """``(columns, rows)`` as two titled sections for the table: ``title`` without the
+    ``moved`` columns, and ``second`` with the ``keys`` columns (those present) and the
+    ``moved`` ones -- a result too wide for one table at 120 columns."""
+    columns, rows = result
+    moved_at = [i for i, c in enumerate(columns) if c in moved]
+    if not moved_at:
+        return {title: result}
+    kept = [i for i in range(len(columns)) if i not in moved_at]
+    key_at = [i for i, c in enumerate(columns) if c in keys]
+    return {title: ([columns[i] for i in kept], [[r[i] for i in kept] for r in rows]),
+            second: ([columns[i] for i in key_at + moved_at],
+                     [[r[i] for i in key_at + moved_at] for r in rows])}
 
 
 def print_result(result, fmt: str) -> None:

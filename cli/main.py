@@ -33,7 +33,8 @@ _QUERY_COMMANDS = {
     "metrics": "fine performance metrics, users' context_meter.digest_metric included",
     "clusters": "every cluster seen: first and last seen, workers, tasks, errors",
     "failures": "post-mortem of erred tasks and dead workers",
-    "compare": "the same span name across runs and clusters, side by side",
+    "compare": "the latest run of a span (or cluster name) against the one before: "
+               "regressions beyond the noise, then the numbers",
 }
 
 
@@ -130,11 +131,23 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--context", help="one context: execute, gather-dep, get-data, ...")
             p.add_argument("--limit", type=int, default=50)
         elif name == "compare":
-            p.add_argument("span_name", help="a span tag, or a path of tags like 'etl/load'")
-    from dask_blackbox.cli import export, ui
+            p.add_argument("span_name", nargs="?",
+                           help="a span tag, or a path of tags like 'etl/load'; without it, "
+                                "the whole runs of the --cluster name")
+        if name in ("spans", "prefixes"):
+            p.add_argument("--cost", action=argparse.BooleanOptionalAction, default=None,
+                           help="add what each one cost: thread CPU and thread-seconds, idle, "
+                                "bytes moved and spilled, memory held (default: with --cluster)")
+    from dask_blackbox.cli import diagnose, export, slowness, ui
 
     ui.add_commands(sub, [common])
     export.add_commands(sub, [common])
+    slowness.add_commands(sub, [common, fmt, filters])
+    diagnose.add_commands(sub, [common], fmt, filters)
+    alerts = sub.add_parser("alerts", parents=[common],
+                            help="deliver notifications for the rules in blackbox.alerts.rules")
+    alerts.add_argument("--check", action="store_true",
+                        help="check the rules and exit (0: valid; 1: the first problem, named)")
     return parser
 
 
@@ -159,15 +172,24 @@ def _run_query_command(args: argparse.Namespace) -> int:
             result = queries.story(backend, args.key, source=None if args.source == "all"
                                    else args.source, **filters)
         elif args.command == "spans":
-            result = queries.spans(backend, tree=args.tree, **filters)
+            result = queries.spans(backend, tree=args.tree, cost=args.cost, **filters)
         elif args.command == "prefixes":
-            result = queries.prefixes(backend, span=args.span, limit=args.limit, **filters)
+            result = queries.prefixes(backend, span=args.span, limit=args.limit, cost=args.cost,
+                                      **filters)
         elif args.command == "metrics":
             result = queries.metrics(backend, context=args.context, limit=args.limit, **filters)
-        elif args.command == "compare":
-            result = queries.compare(backend, args.span_name, **filters)
         else:
             result = getattr(queries, args.command)(backend, **filters)
+    if args.format == "table" and args.command in ("spans", "prefixes"):
+        # too wide for one table: what they cost below, by the same names
+        from dask_blackbox.cli.formatting import split_columns
+
+        keys = ("cluster", "name", "depth", "span_id", "parent_id", "prefix")
+        moved = queries.SPAN_COST_COLUMNS if args.command == "spans" else queries.PREFIX_COST_COLUMNS
+        result = split_columns(result, keys, moved, args.command,
+                               f"what each {'span tree' if args.command == 'spans' else 'prefix'} cost")
+        if len(result) == 1:
+            result = result[args.command]
     print_result(result, args.format)
     return 0
 
@@ -264,6 +286,24 @@ def main(argv: list[str] | None = None) -> int:
 
             return {"export": export.export_otlp, "trace": export.trace_file,
                     "exporter": export.exporter}[args.command](args)
+        if args.command in ("critical-path", "compare"):
+            from dask_blackbox.cli import slowness
+            from dask_blackbox.read import backends
+
+            backend = backends.connect()
+            try:
+                command = slowness.critical_path if args.command == "critical-path" else slowness.compare
+                return command(args, backend)
+            finally:
+                backend.close()
+        if args.command in ("why", "logs"):
+            from dask_blackbox.cli import diagnose
+
+            return diagnose.why(args) if args.command == "why" else diagnose.logs(args)
+        if args.command == "alerts":
+            from dask_blackbox.alerts import service
+
+            return service.main(check=args.check)
         return _run_query_command(args)
     except (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
             QueryError, UnknownCluster, NotFound, ExportFailed) as e:

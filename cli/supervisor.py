@@ -63,6 +63,14 @@ EXPORTER_ARGS = ("exporter",)
 _EXPORTER_READY = re.compile(r"^exporter ready")
 
 _FAUST_READY = re.compile(r"\[\^Worker\]: Ready")
+_ALERTS_READY = re.compile(r"^dask-blackbox alerts: ready")
+
+
+def alert_rules() -> tuple:
+    """The alert rules configured (validated: a bad rule is a ConfigError naming it)."""
+    from dask_blackbox.alerts.settings import AlertSettings, rules_configured
+
+    return AlertSettings.from_config().rules if rules_configured() else ()
 _PR_SET_PDEATHSIG = 1
 
 
@@ -248,6 +256,7 @@ class LocalPipeline:
         try:
             data = prepare_data_dir()
             config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
+            alert_rules()  # and so does a bad alert rule
             self._max_bytes = config.get_bytes("local.log-max-bytes")
             self._lock = lock_data_dir(data)
         except BaseException:
@@ -280,6 +289,10 @@ class LocalPipeline:
                 self._wait(exporter, timeout, exporter.watch(_EXPORTER_READY).is_set)
                 progress(f"exporter   OpenTelemetry traces to "
                          f"{config.redact(config.get('exporter.endpoint'))}")
+            if alert_rules():  # the alerter, when there is something to alert on
+                alerts = self._spawn("alerts", [sys.executable, "-m", "dask_blackbox.cli", "alerts"], data)
+                self._wait(alerts, timeout, alerts.watch(_ALERTS_READY).is_set)
+                progress(f"alerts     {len(alert_rules())} rule(s), log {alerts.log}")
             self._starting = False
         except BaseException:
             self.stop(drain_timeout=0)
@@ -450,7 +463,7 @@ class LocalPipeline:
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
             drained = wait_drained(drain_timeout, settle=0.5) and drained
-        for name in ("exporter", "sink", "broker"):
+        for name in ("exporter", "alerts", "sink", "broker"):
             for child in self.children:
                 if child.name == name:
                     # Kafka's clean shutdown closes its logs (no recovery next start).

@@ -53,10 +53,12 @@ class Watched:
     __slots__ = ("process", "pid", "worker", "started", "memory", "memory_peak",
                  "host_total", "host_available")
 
-    def __init__(self, process: Any, worker: str | None):
+    def __init__(self, process: Any):
         self.process = process
         self.pid = process.pid
-        self.worker = worker
+        #: set once Dask's WorkerProcess says this process registered: until then its
+        #: ``worker_address`` is still that of the process it replaces
+        self.worker: str | None = None
         self.started = time.time()
         self.memory: int | None = None
         self.memory_peak: int | None = None
@@ -69,6 +71,8 @@ class Watched:
         try:
             rss = psutil.Process(self.pid).memory_info().rss
         except Exception:  # gone already, or not ours to read
+            return
+        if not rss:  # a process that died and is not reaped yet (a zombie) has none
             return
         self.memory = rss
         self.memory_peak = max(self.memory_peak or 0, rss)
@@ -142,11 +146,12 @@ class BlackboxNannyPlugin(NannyPlugin):
                 elif current is None:  # being replaced; its exit code comes later
                     return
             if watched is None and current is not None and current.pid is not None:
-                self.watched = watched = Watched(current, getattr(holder, "worker_address", None))
+                self.watched = watched = Watched(current)
                 self.starts += 1
             if watched is not None:
-                if watched.worker is None:
-                    watched.worker = getattr(holder, "worker_address", None) or nanny.worker_address
+                if (watched.worker is None and current is watched.process
+                        and getattr(getattr(holder, "status", None), "name", None) == "running"):
+                    watched.worker = holder.worker_address
                 watched.sample()
         except Exception:  # watching must never break the nanny
             logger.exception("dask-blackbox could not watch the worker process")

@@ -137,7 +137,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._lifecycle("scheduler_start", detail={
             "address": scheduler.address,
             "scheduler_started": getattr(scheduler, "time_started", None),
-            "n_workers": len(scheduler.workers), "versions": _versions()})
+            "n_workers": len(scheduler.workers), "versions": _versions(),
+            # the workers there before the recording (attach to a running cluster)
+            "workers": {address: _worker_detail(ws) for address, ws in scheduler.workers.items()}})
         if record.events:
             self._publish_event_backlog()
         self._publish_new_spans()
@@ -278,11 +280,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
     def add_worker(self, scheduler: Scheduler, worker: str) -> None:
         ws = scheduler.workers.get(worker)
-        detail = None
-        if ws is not None:
-            detail = {"name": encode_key(ws.name), "nthreads": ws.nthreads,
-                      "memory_limit": ws.memory_limit, "pid": ws.pid}
-        self._lifecycle("worker_added", worker=worker, detail=detail)
+        self._lifecycle("worker_added", worker=worker,
+                        detail=None if ws is None else _worker_detail(ws))
 
     def remove_worker(self, scheduler: Scheduler, worker: str, *, stimulus_id: str,
                       **kwargs: Any) -> None:
@@ -344,6 +343,13 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._offer(Ready(event, 500))
         except Exception:  # metrics must never break the scheduler
             logger.exception("dask-blackbox could not sample scheduler metrics")
+
+
+def _worker_detail(ws: Any) -> dict[str, Any]:
+    """What a lifecycle event says of a worker: its name, threads, memory limit,
+    process id and its nanny's address (None without a nanny)."""
+    return {"name": encode_key(ws.name), "nthreads": ws.nthreads,
+            "memory_limit": ws.memory_limit, "pid": ws.pid, "nanny": ws.nanny}
 
 
 def _versions() -> dict[str, str]:

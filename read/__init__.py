@@ -5,6 +5,8 @@ server), the named queries the CLI and the UI run, and the query server itself.
   query server; :mod:`.guard` -- every statement is one read, checked by ClickHouse's
   parser and run read-only with limits; :mod:`.server` -- the query server;
 - :mod:`.filters`, :mod:`.queries`, :mod:`.failures` -- the named queries;
+  :mod:`.diagnosis` -- why each worker died and each KilledWorker's suspect (the
+  rules are :mod:`dask_blackbox.causes`, shared with the alerter);
 - :mod:`.panels`, :mod:`.report`, :mod:`.api`, :mod:`.web`, ``ui/`` -- the web UI,
   HTML reports and the JSON API (Bokeh, Starlette, Jinja2).
 

@@ -7,11 +7,17 @@ Endpoints (GET; every answer is JSON):
 ``/api/run/{panel}?cluster=&span=&since=&until=``
     one panel of the Run page, ``panel`` one of :data:`panels.RUN_PANELS`: summary,
     task_stream, progress, task_states, markers, memory, spans, fine_metrics,
-    failures, logs (which also takes ``level``, ``worker``, ``text``, ``limit``).
+    failures, logs (which also takes ``level``, ``worker``: a worker's address for
+    its records and its nanny's, ``logger``, ``text``, ``limit``), diagnosis (why
+    each worker died and each KilledWorker; also takes ``key``).
 ``/api/task?cluster=&key=``
     a task's story, the metrics and logs around it, its dependencies/dependents.
+``/api/run/critical_path?cluster=&span=&since=&until=``, ``/api/run/cost?...``
+    the run's (or span's) critical path, and what each span and prefix cost.
 ``/api/compare?span=&cluster=&since=&until=``
-    the span in every run and cluster, side by side.
+    the latest run of the span (or, with only ``cluster``, of the clusters of that
+    name) against the one before it, verdicts first; and the span in every run and
+    cluster, side by side.
 
 Filters: ``cluster`` a name or id (several runs with one name: the latest),
 ``span`` a span tag or '/'-joined name (its sub-spans included), ``since`` and
@@ -37,11 +43,13 @@ from dask_blackbox.read.backends import Backend, QueryError
 
 ENDPOINTS = [
     ("/api/clusters?name=&since=&until=", "every recorded cluster and how it ended"),
-    *[(f"/api/run/{name}?cluster=&span=&since=&until=" + ("&level=&worker=&text=&limit=" if name == "logs" else ""),
+    *[(f"/api/run/{name}?cluster=&span=&since=&until="
+       + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key="}.get(name, ""),
        (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
       for name, fn in panels.RUN_PANELS.items()],
     ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
-    ("/api/compare?span=&cluster=&since=&until=", "a span across runs and clusters"),
+    ("/api/compare?span=&cluster=&since=&until=",
+     "regressions beyond the noise, latest run against the one before; a span across runs"),
 ]
 
 
@@ -109,7 +117,9 @@ def run_panel(backend: Backend, panel: str, params: Mapping) -> dict:
         if level and level.upper() not in panels.LEVELS:
             raise BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
         return panels.logs(backend, scope, level, _opt(params, "worker"), _opt(params, "text"),
-                           _int(params, "limit", 500, high=10_000))
+                           _int(params, "limit", 500, high=10_000), _opt(params, "logger"))
+    if panel == "diagnosis":
+        return panels.diagnosis_panel(backend, scope, _opt(params, "key"))
     if panel == "memory":
         dead = [d["worker"] for d in panels.markers(backend, scope)["deaths"]]
         return panels.memory(backend, scope, dead)
@@ -134,8 +144,9 @@ def task(backend: Backend, params: Mapping) -> dict:
 
 def compare(backend: Backend, params: Mapping) -> dict:
     f = filters(params)
-    if not f["span"]:
-        raise BadParameter("span is required: a span tag or a path like etl/load")
+    if not f["span"] and not f["cluster"]:
+        raise BadParameter("span is required: a span tag or a path like etl/load "
+                           "(or cluster alone, to compare the whole runs of that name)")
     return panels.compare(backend, f["span"], f["cluster"], f["since"], f["until"])
 
 

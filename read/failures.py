@@ -6,10 +6,12 @@
     every transition into 'erred': key, when, on which worker, exception, the key
     that caused it, traceback.
 ``dead_workers``
-    workers removed while tasks were running on them (Dask released those tasks,
-    or marked them erred with KilledWorker): when, stimulus, reason, whether Dask
-    expected the removal (its "remove-worker" event), how many tasks. A worker
-    that leaves idle is no task's failure; ``queries.clusters`` counts its removal.
+    workers that died (:mod:`.diagnosis`: a removal whose cause is not "expected")
+    while tasks were running on them (Dask released those tasks, or marked them
+    erred with KilledWorker): when, stimulus, reason, whether Dask expected the
+    removal (its "remove-worker" event), how many tasks, and the cause with its
+    confidence and explanation. A worker that dies idle is no task's failure; the
+    Run page's deaths and ``queries.clusters`` count it.
 ``dead_worker_tasks``
     the tasks each of them was running: released (or erred, KilledWorker) by the
     removal's stimulus.
@@ -25,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import NamedTuple
 
+from dask_blackbox.read import diagnosis
 from dask_blackbox.read.backends import Backend, Result
 from dask_blackbox.read.filters import Filter, TimeBound, build, pairs, table
 
@@ -33,7 +36,7 @@ _LOG_COLUMNS = ["cluster_id", "worker", "ts", "level", "logger", "message"]
 
 
 class DeadWorker(NamedTuple):
-    """A worker removed while it ran tasks."""
+    """A worker that died while it ran tasks."""
 
     cluster_id: str
     worker: str
@@ -42,6 +45,9 @@ class DeadWorker(NamedTuple):
     reason: str
     expected: bool | None
     tasks_running: int
+    cause: str
+    confidence: str
+    summary: str
 
 
 def failures(backend: Backend, cluster: str | None = None, since: TimeBound = None,
@@ -78,8 +84,8 @@ def _erred_tasks(backend: Backend, f: Filter) -> Result:
 
 
 def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
-    """The removals that released running tasks, and per (cluster_id, stimulus_id)
-    the tasks that removal released: (key, prefix, finish, ts)."""
+    """The deaths that released running tasks, and per (cluster_id, stimulus_id) the
+    tasks that removal released: (key, prefix, finish, ts)."""
     _, removals = backend.query(
         "SELECT cluster_id, worker, ts, stimulus_id, reason "
         f"FROM {table(backend, 'lifecycle')} {f.where()} "
@@ -99,26 +105,18 @@ def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
     )
     for cluster_id, stimulus_id, key, prefix, finish, ts in running:
         tasks_of[(cluster_id, stimulus_id)].append((key, prefix, finish, ts))
-    expected = _expected_removals(backend, stimuli)
-    dead = [
-        DeadWorker(cluster_id, worker, ts, stimulus_id, reason,
-                   expected.get((cluster_id, stimulus_id)), len(tasks_of[(cluster_id, stimulus_id)]))
-        for cluster_id, worker, ts, stimulus_id, reason in removals
-        if tasks_of.get((cluster_id, stimulus_id))
-    ]
+    clusters = sorted({r[0] for r in removals if tasks_of.get((r[0], r[3]))})
+    verdicts = {(d.cluster_id, d.stimulus_id, d.worker): d
+                for d in diagnosis.deaths(backend, clusters)} if clusters else {}
+    dead = []
+    for cluster_id, worker, ts, stimulus_id, reason in removals:
+        death = verdicts.get((cluster_id, stimulus_id, worker))
+        if tasks_of.get((cluster_id, stimulus_id)) and death is not None and death.is_death:
+            v = death.verdict
+            dead.append(DeadWorker(cluster_id, worker, ts, stimulus_id, reason, death.expected,
+                                   len(tasks_of[(cluster_id, stimulus_id)]), v.cause.value,
+                                   v.confidence, v.summary))
     return dead, tasks_of
-
-
-def _expected_removals(backend: Backend, stimuli: list[str]) -> dict[tuple[str, str], bool]:
-    """(cluster_id, stimulus_id) -> whether Dask's "remove-worker" event said expected."""
-    _, events = backend.query(
-        "SELECT cluster_id, JSONExtractString(msg, 'stimulus_id'), JSONExtractBool(msg, 'expected') "
-        f"FROM {table(backend, 'events')} "
-        "WHERE topic = 'all' AND JSONExtractString(msg, 'action') = 'remove-worker' "
-        "AND JSONExtractString(msg, 'stimulus_id') IN {stimuli:Array(String)}",
-        {"stimuli": stimuli},
-    )
-    return {(c, s): bool(e) for c, s, e in events}
 
 
 def _last_metrics(backend: Backend, owners: list[tuple[str, str]], removed_at: dict,
@@ -140,7 +138,10 @@ def _last_metrics(backend: Backend, owners: list[tuple[str, str]], removed_at: d
 
 
 def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> Result:
-    """Each worker's last ``lines`` log records (exception text appended), oldest first."""
+    """Each worker's last ``lines`` log records (exception text appended), oldest first:
+    the records that name it (``worker``: its own, its nanny's), and those of its
+    producer recorded before records named their worker (known from its metric
+    samples)."""
     condition, parameters = pairs("cluster_id", "worker", owners)
     _, producers = backend.query(
         f"SELECT DISTINCT cluster_id, worker, producer_id FROM {table(backend, 'worker_metrics')} "
@@ -148,18 +149,18 @@ def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> R
         parameters,
     )
     worker_of = {(c, p): w for c, w, p in producers}
-    if not worker_of:
-        return _LOG_COLUMNS, []
-    condition, parameters = pairs("cluster_id", "producer_id", sorted(worker_of))
+    known = sorted(worker_of)
+    by_producer = ("has(arrayZip({pc:Array(String)}, {pp:Array(String)}), (cluster_id, producer_id))")
+    more = {"pc": [c for c, _ in known], "pp": [p for _, p in known]}
     _, records = backend.query(
-        "SELECT cluster_id, producer_id, ts, level, logger, message, exc_text "
-        f"FROM {table(backend, 'logs')} WHERE {condition} "
+        "SELECT cluster_id, producer_id, worker, ts, level, logger, message, exc_text "
+        f"FROM {table(backend, 'logs')} WHERE {condition} OR (worker = '' AND {by_producer}) "
         "ORDER BY ts DESC, seq DESC, idx DESC",
-        parameters,
+        {**parameters, **more},
     )
     logs: dict[tuple, list] = defaultdict(list)
-    for cluster_id, producer_id, ts, level, logger_name, message, exc_text in records:
-        worker = worker_of[(cluster_id, producer_id)]
+    for cluster_id, producer_id, worker, ts, level, logger_name, message, exc_text in records:
+        worker = worker or worker_of[(cluster_id, producer_id)]
         if len(logs[(cluster_id, worker)]) < lines:
             text = message + (f"\n{exc_text}" if exc_text else "")
             logs[(cluster_id, worker)].append((cluster_id, worker, ts, level, logger_name, text))

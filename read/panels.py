@@ -30,12 +30,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 from collections import defaultdict
 from typing import Any
 
-from dask_blackbox import deaths
-from dask_blackbox.read import queries
+from dask_blackbox.read import cost as costs
+from dask_blackbox.read import critical_path as paths
+from dask_blackbox.read import diagnosis, queries, regressions
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
@@ -53,10 +53,11 @@ MEMORY_WORKERS = 32
 #: released without a transition, so its count is not known from transitions alone;
 #: forgotten tasks are gone.
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
-#: An idle worker lost this long before the scheduler closed was part of the shutdown.
-SHUTDOWN_S = deaths.SHUTDOWN_S
+#: The Run page computes the critical path and the cost of a scope of at most this
+#: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
+SLOWNESS_MAX_TASKS = 20_000
 #: Log levels, lowest first: a level filter keeps that level and above.
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LEVELS = queries.LEVELS
 
 
 class NotFound(LookupError):
@@ -409,35 +410,51 @@ def task_states(backend: Backend, scope: Scope) -> dict:
     return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)], "series": series}
 
 
-def markers(backend: Backend, scope: Scope) -> dict:
+def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     """What to mark on every time axis: worker deaths, cluster restarts, and workers
     that joined after the start.
 
-    A death is what :func:`dask_blackbox.deaths.is_death` says it is.
+    A death is a removal whose cause (:mod:`.diagnosis`) is not "expected": the same
+    count as the Clusters page's workers lost and the Diagnosis panel's deaths.
+    ``found``: the cluster's :func:`diagnosis.deaths`, if already computed.
     """
     _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker, reason, stimulus_id, detail "
+        "SELECT toFloat64(ts), action, worker "
         f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_removed', 'restart', 'worker_added', 'scheduler_close') ORDER BY ts",
+        "AND action IN ('restart', 'worker_added') ORDER BY ts",
         {"c": scope.cluster_id})
-    closes = [r[0] for r in rows if r[1] == "scheduler_close"]
-    died, restarts, arrivals = [], [], []
-    first = rows[0][0] if rows else 0.0
-    for ts, action, worker, reason, stimulus_id, detail in rows:
+    restarts, arrivals = [], []
+    first = _first_seen(backend, scope)
+    for ts, action, worker in rows:
         if action == "restart":
             restarts.append({"ts": ts})
-        elif action == "worker_added":
-            if ts > first + 1.0:
-                arrivals.append({"ts": ts, "worker": worker})
-        elif action == "worker_removed":
-            try:
-                info = json.loads(detail) if detail else {}
-            except ValueError:
-                info = {}
-            if deaths.is_death(info, ts, closes):
-                died.append({"ts": ts, "worker": worker, "reason": reason or stimulus_id,
-                             **deaths.lost(info)})
-    return {"deaths": died, "restarts": restarts, "arrivals": arrivals}
+        elif ts > first + 1.0:
+            arrivals.append({"ts": ts, "worker": worker})
+    found = diagnosis.deaths(backend, [scope.cluster_id]) if found is None else found
+    deaths = [{"ts": d.ts, "worker": d.worker, "reason": d.verdict.cause.label,
+               "cause": d.verdict.cause.value, "confidence": d.verdict.confidence,
+               "summary": d.verdict.summary, "processing_tasks": d.processing_tasks,
+               "lost_computed_tasks": d.lost_computed_tasks,
+               "lost_scattered_tasks": d.lost_scattered_tasks}
+              for d in found if d.is_death]
+    return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
+
+
+def _first_seen(backend: Backend, scope: Scope) -> float:
+    _, rows = backend.query(
+        f"SELECT min(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}}",
+        {"c": scope.cluster_id})
+    return float(rows[0][0] or 0.0) if rows else 0.0
+
+
+def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
+                    found: list | None = None) -> dict:
+    """Why workers died and why tasks failed with KilledWorker (:func:`diagnosis.diagnose`
+    for the cluster and window): one verdict per death and per KilledWorker, with its
+    evidence; ``key`` narrows it to that task's KilledWorker. ``found``: the cluster's
+    :func:`diagnosis.deaths`, if already computed."""
+    return diagnosis.diagnose(backend, key=key, since=scope.since, until=scope.until,
+                              ids=[scope.cluster_id], found=found)
 
 
 def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
@@ -488,7 +505,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
 def spans(backend: Backend, scope: Scope) -> dict:
     """The span tree (depth-first) with Dask's numbers: ``task_s`` is Span.duration
     (seconds of every task action in the tree), ``elapsed_s`` stop - start."""
-    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id)
+    columns, rows = queries.spans(backend, tree=True, cluster=scope.cluster_id, cost=False)
     out = []
     for row in rows:
         r = dict(zip(columns, row))
@@ -572,38 +589,25 @@ def failures(backend: Backend, scope: Scope) -> dict:
 
 
 def logs(backend: Backend, scope: Scope, level: str | None = None, worker: str | None = None,
-         text: str | None = None, limit: int = 500) -> dict:
+         text: str | None = None, limit: int = 500, logger: str | None = None) -> dict:
     """The newest ``limit`` log records in the window (oldest first), with the total
-    matching count and the processes seen (for the worker filter). ``level`` keeps
-    that level and above; ``worker`` a process (worker or scheduler address);
-    ``text`` a case-insensitive substring of the message."""
-    where, p = _where(scope, span=False)
-    if level:
-        level = level.upper()
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-        where += " AND level IN {levels:Array(String)}"
-        p["levels"] = list(LEVELS[LEVELS.index(level):])
-    if worker:
-        where += " AND process = {worker:String}"
-        p["worker"] = worker
-    if text:
-        where += " AND positionCaseInsensitiveUTF8(concat(message, ' ', exc_text), {text:String}) > 0"
-        p["text"] = text
-    p["limit"] = int(limit)
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), level, source, process, logger, message, exc_text "
-        f"FROM {_t(backend, 'logs')} {where} ORDER BY ts DESC, seq DESC, idx DESC "
-        "LIMIT {limit:UInt32}", p)
-    _, counted = backend.query(f"SELECT count() FROM {_t(backend, 'logs')} {where}", p)
-    _, processes = backend.query(
-        f"SELECT DISTINCT process FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-        "AND process != '' ORDER BY process", {"c": scope.cluster_id})
+    matching count and the workers seen (for the worker filter); the filters of
+    :func:`queries.logs` (``worker``: a worker's address keeps its own records and
+    its nanny's, "scheduler" the scheduler's)."""
+    window = {"cluster": scope.cluster_id, "since": scope.t0, "until": scope.t1 + 1e-6,
+              "worker": worker, "level": level, "logger": logger, "text": text}
+    _, rows = queries.logs(backend, limit=limit, **window)
+    total = queries.logs_count(backend, **window)
+    _, workers = backend.query(
+        f"SELECT DISTINCT worker FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
+        "AND worker != '' ORDER BY worker", {"c": scope.cluster_id})
     return {
-        "total": counted[0][0], "limit": limit, "processes": [r[0] for r in processes],
-        "filters": {"level": level, "worker": worker, "text": text},
-        "lines": [{"ts": ts, "level": lv, "source": src, "process": proc, "logger": lg,
-                   "message": msg, "exc_text": exc} for ts, lv, src, proc, lg, msg, exc in reversed(rows)],
+        "total": total, "limit": limit, "processes": [r[0] for r in workers],
+        "filters": {"level": level.upper() if level else None, "worker": worker, "text": text,
+                    "logger": logger},
+        "lines": [{"ts": _ts(r[0]), "level": r[1], "source": r[2], "worker": r[3],
+                   "process": r[3] or r[2], "logger": r[4], "key": r[5], "message": r[6],
+                   "exc_text": r[7]} for r in rows],
     }
 
 
@@ -615,23 +619,73 @@ def span_names(backend: Backend, scope: Scope) -> list[str]:
     return [r[0] for r in rows]
 
 
+def critical_path(backend: Backend, scope: Scope) -> dict:
+    """The critical path of the run or span (:mod:`.critical_path`): ``links`` (first
+    first) with each link's ``parts`` (seconds waiting on the client, dependencies,
+    the scheduler, transfers, disk, a thread, and computing), the window ``t0``..``t1``
+    they add up to, ``basis`` (graph, actions, or both) and ``notes``. When no task of
+    the scope finished with recorded actions: ``available`` false and the ``reason``."""
+    try:
+        path = paths.critical_path(backend, scope.cluster_id, scope.span_ids, scope.since,
+                                   scope.until, span=scope.span)
+    except paths.NoActions as e:
+        return {"available": False, "reason": str(e)}
+    return {"available": True, **path.as_dict()}
+
+
+def cost(backend: Backend, scope: Scope) -> dict:
+    """What the run (or span) cost (:mod:`.cost`): ``spans`` (each span tree of the
+    scope: thread CPU seconds, thread-seconds occupied and offered, idle and who was
+    idle, bytes moved and spilled, memory byte-seconds), ``prefixes`` (the additive
+    measures per prefix) and ``totals`` (the scope's sum; for the whole run, the
+    cluster's)."""
+    found = costs.measures(backend, [scope.cluster_id])
+    in_scope = set(scope.span_ids) if scope.span_ids is not None else None
+    spans_ = [c for c in costs.span_costs(backend, [scope.cluster_id], found, windows_for=in_scope)
+              if in_scope is None or c.span_id in in_scope]
+    prefixes_ = costs.by_prefix(found, in_scope)
+    kept = [m for (_, s, _), m in found.items() if in_scope is None or s in in_scope]
+    # parents before children, siblings by time, each with its depth
+    nodes = [{"cluster_id": c.cluster_id, "span_id": c.span_id, "parent_id": c.parent_id,
+              "enqueued": c.enqueued or 0.0, "cost": c} for c in spans_]
+    tree = [{**n["cost"].as_dict(), "depth": depth} for depth, n in queries.tree_order(nodes)]
+    return {"spans": tree,
+            "prefixes": {p: m._asdict() for p, m in sorted(
+                prefixes_.items(), key=lambda kv: (-(kv[1].busy_s or 0.0), -kv[1].memory_byte_s,
+                                                   kv[0]))},
+            "totals": costs.total(kept)._asdict()}
+
+
 #: The Run page's panels, by the name the JSON API serves them under.
 RUN_PANELS = {
     "summary": summary, "task_stream": task_stream, "progress": progress,
     "task_states": task_states, "markers": markers, "memory": memory, "spans": spans,
     "fine_metrics": fine_metrics, "failures": failures, "logs": logs,
+    "diagnosis": diagnosis_panel, "critical_path": critical_path, "cost": cost,
 }
 
 
 def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, level: str | None = None, worker: str | None = None,
-             text: str | None = None, max_bars: int = MAX_BARS) -> dict:
-    """Every panel of the Run page (what :mod:`.report` and the web page draw)."""
+             text: str | None = None, max_bars: int = MAX_BARS,
+             slowness: bool | None = None, logger: str | None = None) -> dict:
+    """Every panel of the Run page (what :mod:`.report` and the web page draw).
+    ``slowness``: compute the critical path and the cost (default: when the scope
+    holds at most :data:`SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say
+    ``{"deferred": n_tasks}``)."""
     scope = resolve(backend, cluster, span, since, until)
-    marks = markers(backend, scope)
+    found = diagnosis.deaths(backend, [scope.cluster_id])
+    marks = markers(backend, scope, found)
     prog = progress(backend, scope)
+    n_tasks = sum(c["tasks"] for c in prog["counts"].values())
+    if slowness is None:
+        slowness = n_tasks <= SLOWNESS_MAX_TASKS
+    deferred = {"deferred": n_tasks}
     return {
+        "critical_path": critical_path(backend, scope) if slowness else deferred,
+        "cost": cost(backend, scope) if slowness else deferred,
         "scope": scope,
+        "diagnosis": diagnosis_panel(backend, scope, found=found),
         "summary": summary(backend, scope, prog),
         "task_stream": task_stream(backend, scope, max_bars, finished=sum(
             c["memory"] + c["erred"] for c in prog["counts"].values())),
@@ -642,7 +696,7 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
         "spans": spans(backend, scope),
         "fine_metrics": fine_metrics(backend, scope),
         "failures": failures(backend, scope),
-        "logs": logs(backend, scope, level, worker, text),
+        "logs": logs(backend, scope, level, worker, text, logger=logger),
         "span_names": span_names(backend, scope),
     }
 
@@ -655,22 +709,22 @@ def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
     """Every recorded cluster (``name``: substring of the name or id), with how it
     ended: "closed" (the scheduler's close was recorded), "alive" (heard from in
     the last two minutes) or "gone" (neither: killed, or the producer lost), and
-    the workers it lost (removals Dask did not expect)."""
+    the workers it lost (deaths: removals whose cause is not "expected", see
+    :mod:`.diagnosis`)."""
     import time as _time
 
     columns, rows = queries.clusters(backend, since=since, until=until)
     _, ends = backend.query(
-        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0, "
-        "countIf(action = 'worker_removed' AND JSONExtract(detail, 'expected', 'Nullable(Bool)') = false) "
+        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0 "
         f"FROM {_t(backend, 'lifecycle')} GROUP BY cluster_id")
-    end_of = {c: (closed, lost) for c, closed, lost in ends}
+    closed_ = dict(ends)
     now = _time.time() if now is None else now
     out = []
     for row in rows:
         r = dict(zip(columns, row))
         if name and name.lower() not in (r["cluster_name"] + " " + r["cluster_id"]).lower():
             continue
-        closed, lost = end_of.get(r["cluster_id"], (False, 0))
+        closed, lost = closed_.get(r["cluster_id"], False), r["workers_lost"]
         last = _ts(r["last_seen"]) or 0.0
         status = "closed" if closed else "alive" if now - last < 120 else "gone"
         out.append({"cluster_name": r["cluster_name"], "cluster_id": r["cluster_id"],
@@ -758,7 +812,9 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
         _, lines = backend.query(
             "SELECT toFloat64(ts), level, logger, message FROM "
             f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-            "AND (process = {w:String} OR producer_id IN {prods:Array(String)}) "
+            # the records that name the worker (its own, its nanny's); records of its
+            # producer recorded before records named their worker
+            "AND (worker = {w:String} OR (worker = '' AND producer_id IN {prods:Array(String)})) "
             "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {u:Float64} + {win:Float64} "
             "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
         entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m} for t, lv, lg, m in lines]
@@ -781,19 +837,35 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
             "dependents": [r[0] for r in dependents]}
 
 
-def compare(backend: Backend, span: str, cluster: str | None = None, since: TimeBound = None,
-            until: TimeBound = None) -> dict:
-    """:func:`queries.compare`: the span ``span`` in every run and cluster, side by
-    side. ``runs`` are the column labels; ``metrics`` maps a metric to one value per
-    run."""
-    if not span:
-        raise NotFound("no span name given: pass span=NAME")
+def compare(backend: Backend, span: str | None, cluster: str | None = None,
+            since: TimeBound = None, until: TimeBound = None) -> dict:
+    """The latest run against the one before it (:func:`regressions.compare`):
+    ``verdict`` (the comparison's dict, its ``sentences`` first; or ``{"error":
+    reason}`` when the runs cannot be compared), and for a span, :func:`queries.compare`
+    side by side: ``runs`` are the column labels; ``metrics`` maps a metric to one
+    value per run. Without ``span``, the whole runs of the clusters named ``cluster``."""
+    if not span and not cluster:
+        raise NotFound("no span name given: pass span=NAME (or cluster=NAME to compare "
+                       "its whole runs)")
     try:
-        columns, rows = queries.compare(backend, span, cluster=cluster, since=since, until=until)
+        if span:
+            columns, rows = queries.compare(backend, span, cluster=cluster, since=since,
+                                            until=until)
+        else:
+            queries.cluster_ids(backend, cluster)
+            columns, rows = ["metric"], []
     except UnknownCluster as e:
         raise NotFound(str(e)) from None
-    if not rows:
+    if span and not rows:
         where = f" in cluster {cluster}" if cluster else ""
         raise UnknownSpan(f"no span named {span!r} was recorded{where}")
-    return {"span": span, "runs": columns[1:],
-            "metrics": {row[0]: list(row[1:]) for row in rows}}
+    try:
+        verdict = regressions.compare(backend, span, cluster, since, until).as_dict()
+    except regressions.NotComparable as e:
+        verdict = {"error": str(e)}
+    runs, metrics = columns[1:], {row[0]: list(row[1:]) for row in rows}
+    if "table" in verdict and all(v is None for values in metrics.values() for v in values):
+        # no span snapshots (the processors did not run): the runs as their tasks tell
+        runs, metrics = verdict["runs"], {row[0]: list(row[1:]) for row in verdict["table"]}
+    return {"span": span, "cluster": cluster, "runs": runs, "verdict": verdict,
+            "metrics": metrics}

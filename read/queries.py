@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from collections import defaultdict
 
+from dask_blackbox.read import diagnosis
+from dask_blackbox.read import cost as costs
 from dask_blackbox.read.backends import Backend, QueryError, QueryRejected, Result, connect
 from dask_blackbox.read.failures import failures
 from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build, cluster_ids,
@@ -23,7 +25,16 @@ from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build
 
 __all__ = ["Backend", "QueryError", "QueryRejected", "Result", "TimeBound", "UnknownCluster",
            "connect", "cluster_ids", "story", "spans", "prefixes", "metrics", "clusters", "failures",
-           "compare", "table_counts", "gaps_and_drops"]
+           "compare", "table_counts", "gaps_and_drops", "SPAN_COST_COLUMNS", "PREFIX_COST_COLUMNS",
+           "logs", "logs_count", "LEVELS"]
+
+#: Log levels, lowest first: a level filter keeps that level and above.
+LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+
+#: The cost columns ``spans`` and ``prefixes`` add (see :mod:`dask_blackbox.read.cost`).
+SPAN_COST_COLUMNS = ["cpu_s", "busy_s", "offered_s", "idle_s", "who_idle_s",
+                     "moved_bytes", "spilled_bytes", "memory_byte_s"]
+PREFIX_COST_COLUMNS = ["cpu_s", "busy_s", "moved_bytes", "spilled_bytes", "memory_byte_s"]
 
 #: Tables where the latest version / one copy per key wins (read with FINAL).
 _REPLACING = frozenset({"span_state", "prefix_stats", "gaps", "schema_migrations"})
@@ -74,7 +85,7 @@ def _span_rows(backend: Backend, f: Filter) -> list[dict]:
     return [dict(zip(columns, row)) for row in rows]
 
 
-def _tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
+def tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
     """(depth, span) in tree order: per cluster, roots then children depth-first,
     siblings by enqueued time."""
     children = defaultdict(list)
@@ -95,22 +106,34 @@ def _tree_order(spans: list[dict]) -> list[tuple[int, dict]]:
 
 
 def spans(backend: Backend, tree: bool = False, cluster: str | None = None,
-          since: TimeBound = None, until: TimeBound = None) -> Result:
+          since: TimeBound = None, until: TimeBound = None, cost: bool | None = None) -> Result:
     """Span trees: per span its name, times, ``elapsed_s`` (stop - start),
     ``task_s`` (Dask's Span.duration: seconds of all task actions in the tree),
     ``tasks``, ``nbytes`` and seconds per action (compute, transfer, ...).
 
     ``tree=True`` orders spans as a tree (depth-first, siblings by time) and indents
     each name by its depth; otherwise spans come in order of enqueued time.
+
+    ``cost`` (default: when a ``cluster`` is named; a cost reads every task of the
+    clusters involved) adds the span tree's cost, :data:`SPAN_COST_COLUMNS` (see
+    :mod:`~dask_blackbox.read.cost`): thread CPU seconds, thread-seconds occupied,
+    offered (Dask's ``active_cpu_seconds``), idle in its window and who was idle,
+    bytes moved between workers and spilled, and memory held (byte-seconds).
     """
     f = build(backend, cluster, since, until, "enqueued")
     found = _span_rows(backend, f)
     names = cluster_names(backend)
-    ordered = _tree_order(found) if tree else [
+    ordered = tree_order(found) if tree else [
         (0, s) for s in sorted(found, key=lambda s: (s["enqueued"], s["cluster_id"], s["span_id"]))
     ]
     columns = ["cluster", "name", "span_id", "parent_id", "enqueued", "start", "stop", "elapsed_s",
                "task_s", "tasks", "nbytes", "by_action", "done", "depth"]
+    priced = {}
+    with_cost = cost if cost is not None else cluster is not None
+    if with_cost:
+        involved = sorted({s["cluster_id"] for s in found})
+        priced = {(c.cluster_id, c.span_id): c for c in costs.span_costs(backend, involved)}
+        columns += SPAN_COST_COLUMNS
     rows = []
     for depth, s in ordered:
         name = list(s["name"])
@@ -122,8 +145,16 @@ def spans(backend: Backend, tree: bool = False, cluster: str | None = None,
             s["enqueued"], started, s["stop"], elapsed, s["duration"], s["tasks"],
             s["nbytes_total"], dict(s["all_durations"]) if s["all_durations"] else {},
             s["done"], depth,
-        ))
+        ) + (_span_cost(priced.get((s["cluster_id"], s["span_id"]))) if with_cost else ()))
     return columns, rows
+
+
+def _span_cost(c: costs.SpanCost | None) -> tuple:
+    if c is None:
+        return (None,) * len(SPAN_COST_COLUMNS)
+    m = c.measures
+    return (m.cpu_s, m.busy_s, c.offered_s, c.idle_s, c.idle_by_worker, m.moved_bytes,
+            m.spilled_bytes, m.memory_byte_s)
 
 
 def _span_match(backend: Backend, f: Filter, span: str) -> str:
@@ -139,19 +170,22 @@ def _span_match(backend: Backend, f: Filter, span: str) -> str:
 
 def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
              cluster: str | None = None, since: TimeBound = None,
-             until: TimeBound = None) -> Result:
+             until: TimeBound = None, cost: bool | None = None) -> Result:
     """Top task prefixes by compute time, from the processors' per-minute partials
     (each partial counted once): compute seconds, seconds per action, tasks finished
     in memory, erred, bytes produced, the longest single compute, and in how many
     clusters. ``span``: only within spans whose name contains that tag (or equals
-    that '/'-joined path), sub-spans included."""
+    that '/'-joined path), sub-spans included.
+
+    ``cost`` (default: when a ``cluster`` is named) adds each prefix's cost in the
+    clusters involved, :data:`PREFIX_COST_COLUMNS` (see :mod:`~dask_blackbox.read.cost`)."""
     if not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive integer, not {limit!r}")
     f = build(backend, cluster, since, until, "window_start")
     if span is not None:
         f.add(f"span_id IN {_span_match(backend, f, span)}")
     f.parameters["limit"] = limit
-    return backend.query(
+    columns, rows = backend.query(
         "SELECT prefix, sum(durations['compute']) AS compute_s, sumMap(durations) AS by_action, "
         "sum(finished['memory']) AS tasks, sum(n_erred) AS erred, sum(nbytes) AS nbytes, "
         "max(max_duration) AS longest_s, uniqExact(cluster_id) AS clusters "
@@ -159,6 +193,24 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
         "GROUP BY prefix ORDER BY compute_s DESC, prefix LIMIT {limit:UInt32}",
         f.parameters,
     )
+    if not (cost if cost is not None else cluster is not None):
+        return columns, rows
+    involved = cluster_ids(backend, cluster)
+    if involved is None:
+        g = build(backend, None, since, until, "window_start")
+        _, found = backend.query(
+            f"SELECT DISTINCT cluster_id FROM {table(backend, 'prefix_stats')} {g.where()}",
+            g.parameters)
+        involved = sorted(r[0] for r in found)
+    in_span = None
+    if span is not None:
+        _, matched = backend.query(f"SELECT span_id FROM {_span_match(backend, Filter(), span)}",
+                                   {"span": span})
+        in_span = {r[0] for r in matched}
+    per_prefix = costs.by_prefix(costs.measures(backend, involved), in_span)
+    return columns + PREFIX_COST_COLUMNS, [
+        tuple(row) + tuple(per_prefix.get(row[0], costs.Measures(moved_bytes=None)))
+        for row in rows]
 
 
 def metrics(backend: Backend, context: str | None = None, limit: int = 50,
@@ -186,7 +238,8 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
              until: TimeBound = None) -> Result:
     """Every cluster seen (or those matching ``cluster``; with since/until, those
     active in that window): first and last envelope, workers seen (joined, left or
-    reporting metrics), tasks computed, tasks erred, worker removals, producers and
+    reporting metrics), tasks computed, tasks erred, worker removals, workers lost
+    (removals whose cause is not "expected", :mod:`.diagnosis`), producers and
     envelopes. From the roll-ups and the lifecycle: the same answer after the raw rows
     (envelopes, metrics) have expired."""
     f = build(backend, cluster, None, None, None)
@@ -195,7 +248,7 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
         f.add("last_seen >= toDateTime64({since:Float64}, 6, 'UTC')", since=start)
     if stop is not None:
         f.add("first_seen < toDateTime64({until:Float64}, 6, 'UTC')", until=stop)
-    return backend.query(
+    columns, rows = backend.query(
         "SELECT cluster_name, cluster_id, first_seen, last_seen, ifNull(w.workers, 0) AS workers, "
         "tasks_computed AS tasks, tasks_erred AS errors, ifNull(r.removed, 0) AS workers_removed, "
         f"producers, envelopes FROM {table(backend, 'clusters')} AS c "
@@ -209,6 +262,10 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
         f"{f.where()} ORDER BY first_seen",
         f.parameters,
     )
+    lost = diagnosis.death_counts(backend, sorted({r[1] for r in rows})) if rows else {}
+    at = columns.index("workers_removed") + 1
+    return (columns[:at] + ["workers_lost"] + columns[at:],
+            [(*r[:at], lost.get(r[1], 0), *r[at:]) for r in rows])
 
 
 def _subtrees(backend: Backend, roots: list[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
@@ -329,3 +386,60 @@ def gaps_and_drops(backend: Backend, cluster: str | None = None) -> Result:
         "GROUP BY e.cluster_id, e.producer_id ORDER BY cluster_name, source, producer_id",
         f.parameters,
     )
+
+
+def _logs_filter(backend: Backend, cluster: str | None, since: TimeBound, until: TimeBound,
+                 worker: str | None, level: str | None, logger: str | None,
+                 text: str | None) -> Filter:
+    f = build(backend, cluster, since, until, "ts")
+    if worker == "scheduler":
+        f.add("source = 'scheduler' AND worker = ''")
+    elif worker:
+        # a worker's records and its nanny's (both name it); a process id, as recorded
+        f.add("(worker = {worker:String} OR process = {worker:String})", worker=worker)
+    if level:
+        level = level.upper()
+        if level not in LEVELS:
+            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
+        f.add("level IN {levels:Array(String)}", levels=list(LEVELS[LEVELS.index(level):]))
+    if logger:
+        f.add("(logger = {logger:String} OR startsWith(logger, {logger_dot:String}))",
+              logger=logger, logger_dot=logger + ".")
+    if text:
+        f.add("positionCaseInsensitiveUTF8(concat(message, ' ', exc_text), {text:String}) > 0",
+              text=text)
+    return f
+
+
+def logs(backend: Backend, cluster: str | None = None, since: TimeBound = None,
+         until: TimeBound = None, worker: str | None = None, level: str | None = None,
+         logger: str | None = None, text: str | None = None, limit: int = 500) -> Result:
+    """The central log search: the newest ``limit`` log records matching every filter,
+    oldest first -- ``ts``, ``level``, ``source`` (scheduler, worker or nanny),
+    ``worker`` (the worker a record concerns: its own and its nanny's records name
+    it), ``logger``, ``key`` (the task a worker thread was running), ``message``,
+    ``exc_text``, then ``cluster_id``, ``producer_id``, ``seq``, ``idx`` (together
+    they identify a record).
+
+    ``worker``: a worker's address (its records and its nanny's), "scheduler" (the
+    scheduler's), or a process id; ``level``: that level and above; ``logger``: that
+    logger and its children (``distributed`` takes ``distributed.worker``); ``text``:
+    a case-insensitive substring of the message or the exception text."""
+    if not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, not {limit!r}")
+    f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
+    f.parameters["limit"] = limit
+    columns, rows = backend.query(
+        "SELECT ts, level, source, worker, logger, key, message, exc_text, cluster_id, producer_id, "
+        f"seq, idx FROM {table(backend, 'logs')} {f.where()} "
+        "ORDER BY ts DESC, seq DESC, idx DESC LIMIT {limit:UInt32}", f.parameters)
+    return columns, rows[::-1]
+
+
+def logs_count(backend: Backend, cluster: str | None = None, since: TimeBound = None,
+               until: TimeBound = None, worker: str | None = None, level: str | None = None,
+               logger: str | None = None, text: str | None = None) -> int:
+    """How many log records match :func:`logs`'s filters."""
+    f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
+    _, rows = backend.query(f"SELECT count() FROM {table(backend, 'logs')} {f.where()}", f.parameters)
+    return rows[0][0]

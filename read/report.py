@@ -80,7 +80,7 @@ def _fmt_time(value) -> str:
 
 
 def _fmt_s(value) -> str:
-    if value is None:
+    if value is None or value != value:  # None or NaN: nothing to show
         return ""
     value = float(value)
     return f"{value:.3f} s" if value < 100 else f"{value:,.1f} s"
@@ -353,12 +353,55 @@ class _Figures:
 
     def build(self) -> dict:
         self.task_stream()
+        critical_path_panel(self.figures.get("task_stream"), self.data)
         self.progress()
         self.task_states()
         memory = self.memory()
         self.span_gantt()
         self.fine_metrics()
         return {"figures": self.figures, "memory": memory}
+
+
+def critical_path_panel(stream_figure, data: dict) -> None:
+    """Outline the critical path on the task stream figure: each link's compute, on
+    the row where the stream drew that task (bars) or on its worker's row (binned),
+    as the data source named ``critical-path`` (columns ``key``, ``left``, ``right``,
+    ...), and a dashed line from each link's compute to the next one's
+    (``critical-path-joins``): the time between them is what the link waited on."""
+    path = data.get("critical_path") or {}
+    if stream_figure is None or not path.get("available"):
+        return
+    stream = data["task_stream"]
+    if stream["mode"] == "bars":
+        row_of = {b["key"]: b["row"] for b in stream["bars"] if b["action"] == "compute"}
+    else:
+        index = {worker: i for i, worker in enumerate(stream["rows"])}
+        row_of = {link["key"]: index.get(link["worker"]) for link in path["links"]}
+    boxes = []
+    for link in path["links"]:
+        row = row_of.get(link["key"])
+        if row is None:
+            continue
+        waited = {p: v for p, v in link["parts"].items() if p != "compute" and v > 0}
+        boxes.append({"key": link["key"], "row": row, "left": _ms(link["compute_start"]),
+                      "right": _ms(link["compute_stop"]), "prefix": link["prefix"],
+                      "link": _fmt_s(link["seconds"]),
+                      "waited": ", ".join(f"{p} {_fmt_s(v)}" for p, v in waited.items()) or "nothing"})
+    if not boxes:
+        return
+    source = ColumnDataSource(name="critical-path", data={
+        "left": _num(b["left"] for b in boxes), "right": _num(b["right"] for b in boxes),
+        "bottom": _num(b["row"] - 0.45 for b in boxes), "top": _num(b["row"] + 0.45 for b in boxes),
+        **{k: [b[k] for b in boxes] for k in ("key", "prefix", "link", "waited")}})
+    glyph = stream_figure.quad(left="left", right="right", bottom="bottom", top="top",
+                               source=source, fill_alpha=0.0, line_color="black", line_width=3)
+    joins = ColumnDataSource(name="critical-path-joins", data={
+        "xs": [_num([a["right"], b["left"]]) for a, b in zip(boxes, boxes[1:])],
+        "ys": [_num([a["row"], b["row"]]) for a, b in zip(boxes, boxes[1:])]})
+    stream_figure.multi_line(xs="xs", ys="ys", source=joins, line_color="black", line_width=2,
+                             line_dash="dashed")
+    stream_figure.add_tools(HoverTool(renderers=[glyph], tooltips=[
+        ("critical path", "@key"), ("link", "@link"), ("waited on", "@waited")]))
 
 
 def _document(figures: dict) -> Document:
@@ -410,11 +453,23 @@ def render_page(name: str, web: bool = True, figures: dict | None = None, root_u
                            **variables)
 
 
+def _unique(labels: list[str]) -> list[str]:
+    """The labels, a repeated one numbered (a categorical axis needs distinct factors)."""
+    seen: dict[str, int] = {}
+    out = []
+    for label in labels:
+        seen[label] = seen.get(label, 0) + 1
+        out.append(label if seen[label] == 1 else f"{label} ({seen[label]})")
+    return out
+
+
 def compare_figures(data: dict) -> dict:
     """Bokeh figures of :func:`panels.compare`: durations and compute by prefix per run."""
-    runs = data["runs"]
+    runs = _unique(data["runs"])
     metrics = data["metrics"]
     figures = {}
+    if not runs:
+        return figures
     fig = figure(name="compare_durations", y_range=runs[::-1], height=int(80 + 40 * len(runs)),
                  sizing_mode="stretch_width", tools="save,reset", toolbar_location="above",
                  title=f"{data['span']}: elapsed and task seconds per run")

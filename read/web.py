@@ -104,7 +104,9 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
         if level and level.upper() not in panels.LEVELS:
             raise api.BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
         return panels.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
-                               level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"))
+                               level=level, worker=api._opt(q, "worker"), text=api._opt(q, "text"),
+                               logger=api._opt(q, "logger"),
+                               slowness=True if api._opt(q, "slowness") else None)
 
     async def run_page_wrapped(request: Request) -> Response:
         try:
@@ -136,7 +138,7 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
 
     async def compare_page(request: Request) -> str:
         q = params(request)
-        if not api._opt(q, "span"):
+        if not api._opt(q, "span") and not api._opt(q, "cluster"):
             names = await call(_all_span_names)
             return report.render_page("compare.html", cmp=None, spans=names, query=q, generated=0,
                                       page_title="Compare - dask-blackbox")
@@ -144,7 +146,7 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
         figures = report.compare_figures(data)
         return report.render_page("compare.html", figures=figures, root_url=_root(request), cmp=data,
                                   spans=[], query=q, generated=0,
-                                  page_title=f"Compare {data['span']} - dask-blackbox")
+                                  page_title=f"Compare {data['span'] or data['cluster']} - dask-blackbox")
 
     async def api_index(request: Request) -> str:
         return report.render_page("api.html", endpoints=api.ENDPOINTS, query={}, generated=0,

@@ -130,6 +130,7 @@ def pipeline_settings(broker: str, prefix: str, data_dir) -> tuple[dict, dict[st
         "blackbox.data-dir": str(data_dir),
         "blackbox.processors.app-id": f"app-{prefix}",
         "blackbox.sink.group-id": f"sink-{prefix}",
+        "blackbox.alerts.group-id": f"alerts-{prefix}",
     }
     env = {
         "DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
@@ -213,7 +214,8 @@ FAST_MODULES = frozenset({
     "test_layers", "test_formatting", "test_span_state", "test_prefix_windows",
     "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
     "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
-    "test_export_journal", "test_rollups", "test_cluster_schema",
+    "test_export_journal", "test_slowness_input", "test_causes", "test_rollups",
+    "test_cluster_schema",
 })
 
 

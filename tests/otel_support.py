@@ -108,13 +108,13 @@ class Collector:
                 self.proc.wait()
 
     def _lines(self) -> list[dict]:
+        """Every complete line the file exporter wrote (one it is still writing, not
+        yet ended by a newline, is left for the next read)."""
         if not self.out.exists():
             return []
-        out = []
-        for line in self.out.read_text().splitlines():
-            if line.strip():
-                out.append(json.loads(line))
-        return out
+        text = self.out.read_text()
+        complete = text[:text.rfind("\n") + 1]
+        return [json.loads(line) for line in complete.splitlines() if line.strip()]
 
     def spans(self) -> list[dict]:
         """Every span received: its OTLP/JSON fields, ``attributes`` and events'

@@ -76,3 +76,16 @@ def test_refused_statement_is_one_line(tmp_path):
                   "--clickhouse", f"chdb://{tmp_path / 'ch'}")
     # No data yet is found first; with data, test_read_only covers each refusal.
     assert_one_line_error(out, "no chDB data at")
+
+
+def test_a_bad_alert_rule_stops_up_before_anything_starts(tmp_path):
+    import os
+
+    rules = repr([{"name": "oom", "when": "worker-died", "causes": ["oom"], "webhook": "http://h/x"}])
+    out = subprocess.run([sys.executable, "-m", "dask_blackbox.cli", "up", "--data-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "DASK_BLACKBOX__ALERTS__RULES": rules})
+    assert_one_line_error(out, "blackbox.alerts.rules[0] (oom).causes", "memory-limit")
+    assert not (tmp_path / "up.json").exists()
+    # the alerter without rules has nothing to do, and says so
+    assert_one_line_error(run_cli("alerts", "--data-dir", str(tmp_path)), "blackbox.alerts.rules is empty")

@@ -4,8 +4,9 @@ Parses every module's imports (including those inside functions) and checks:
 
 - the ground (``dask_blackbox/``: contract, config, Kafka and ClickHouse helpers, run
   files) imports no other part of the project;
-- the stages (``producers/``, ``stream_processors/``, ``sinks/``, ``exporters/``)
-  import the ground and themselves, never each other, the read side or the roof;
+- the stages (``producers/``, ``stream_processors/``, ``sinks/``, ``exporters/``,
+  ``alerts/``) import the ground and themselves, never each other, the read side or
+  the roof;
 - the read side (``read/``) imports the ground and itself only;
 - nothing imports the roof (``cli/``) but the roof;
 - no module imports, directly or through others, itself (no import circle).
@@ -23,6 +24,7 @@ PARTS = {
     "producers": ("dask_blackbox.producers", 1),
     "stream_processors": ("dask_blackbox.stream_processors", 1),
     "sinks": ("dask_blackbox.sinks", 1),
+    "alerts": ("dask_blackbox.alerts", 1),
     "exporters": ("dask_blackbox.exporters", 1),
     "read": ("dask_blackbox.read", 2),
     "cli": ("dask_blackbox.cli", 3),
