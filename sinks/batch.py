@@ -53,7 +53,7 @@ from dask_blackbox.sinks.events import (
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.tables import (
-    CHUNK_MIN_ROWS, COLUMNS, Block, Envelope, Message, TableData,
+    CHUNK_MIN_ROWS, COLUMNS, Block, Envelope, FlatLists, Message, TableData,
 )
 
 #: Largest message the sink decodes: twice what a producer sends at most
@@ -162,6 +162,25 @@ class Batch:
                 self._add_records(message, decoded, now)
         except Exception as e:  # a converter bug must not stop the sink: say so
             self.dead_letter(message, None, _unforeseen(e), now)
+
+    def drop_messages(self, keys: set[tuple[str, int, int]]) -> int:
+        """Remove every row made of the messages at ``keys`` ((Kafka topic,
+        partition, offset): duplicates, see sinks.sequences); their positions stay,
+        so they are committed with the batch. Returns the rows removed."""
+        removed = 0
+        for table, data in self.tables.items():
+            refs = list(data.refs)
+            keep = [i for i, (m, _) in enumerate(refs)
+                    if (m.kafka_topic, m.partition, m.offset) not in keys]
+            if len(keep) == len(refs):
+                continue
+            columns = data.columns
+            kept = TableData(table)
+            kept.extend([_subset(c, keep) for c in columns], [refs[i] for i in keep])
+            self.tables[table] = kept
+            self.arrow.pop(table, None)
+            removed += len(refs) - len(keep)
+        return removed
 
     def dead_letter(self, message: Message, event: int | None, reason: str, now: float,
                     payload: str | None = None) -> None:
@@ -331,6 +350,14 @@ class Batch:
                 continue
             for table, row in converted:
                 self.tables[table].append(row, (message, event))
+
+
+def _subset(column, rows: list[int]):
+    """The values of ``column`` (a list or FlatLists) at ``rows``."""
+    if isinstance(column, FlatLists):
+        values = list(column)
+        return FlatLists([v for i in rows for v in values[i]], [len(values[i]) for i in rows])
+    return [column[i] for i in rows]
 
 
 def _positions(events: list):

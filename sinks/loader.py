@@ -24,6 +24,9 @@ insert carries a deduplication token (group, batch, table, rows) so that a block
 Distributed table sends to a second replica of a shard is stored once, the roll-ups
 made of it too; deletions address every node (``ON CLUSTER``).
 
+An envelope loaded before (a producer re-sent it after a broker failure) is not
+loaded again: its rows are dropped from the batch (sinks.sequences).
+
 While ClickHouse cannot take rows, :meth:`Loader.load` retries with exponential
 backoff up to ``retry_backoff_max`` (``SinkSettings.retry_backoff_max``) -- abandoning the failed attempt
 first, so an insert that half happened leaves nothing behind. Rows ClickHouse rejects
@@ -44,6 +47,7 @@ import time
 from dask_blackbox import clickhouse
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.batch import Batch, payload_of
+from dask_blackbox.sinks.sequences import Delivered
 from dask_blackbox.sinks.tables import COLUMNS, ROLLUPS, TABLES, Message, TableData
 from dask_blackbox.clickhouse import Target
 
@@ -122,6 +126,9 @@ class Loader:
         self.rows_loaded: dict[str, int] = dict.fromkeys(COLUMNS, 0)
         self.dead_letters = 0
         self.dropped_events = 0
+        #: envelopes not loaded because they were loaded before (sinks.sequences)
+        self.duplicate_envelopes = 0
+        self.delivered = Delivered(client, target)
         self.batches = 0
         self._last_id = 0
         self._tag = random.getrandbits(12)
@@ -135,7 +142,7 @@ class Loader:
         self._last_id = max(candidate, self._last_id + (1 << 12))
         return self._last_id
 
-    def _settings(self, token: str) -> dict:
+    def settings_for(self, token: str) -> dict:
         """The settings of one insert; in cluster mode with its deduplication token,
         unique to the insert (``token``: the batch, the table and the rows), so that
         ReplicatedMergeTree stores a block sent to two replicas of a shard once."""
@@ -148,7 +155,7 @@ class Loader:
             self.target.table("sink_batches"), rows,
             column_names=["group_id", "batch_id", "state", "topic", "partition",
                           "from_offset", "next_offset", "first_timestamp", "first_crc"],
-            settings=self._settings(token),
+            settings=self.settings_for(token),
         )
 
     def _end(self, batch_ids: list[int], state: str) -> None:
@@ -164,6 +171,7 @@ class Loader:
         equals the ``from_offset`` of its latest loaded batch, that batch's journal
         entry: if the message at ``from_offset`` still has the recorded fingerprint,
         the caller must seek to (and commit) ``next_offset`` instead of loading again."""
+        self.delivered.forget()  # another sink may have loaded their producers meanwhile
         if not assigned:
             return {}
         tps = [(t, p) for t, p in assigned]
@@ -227,7 +235,15 @@ class Loader:
                 if failed:
                     self.abandon(failed)
                     failed = []
+                duplicates, highest = self.delivered.duplicates(batch.tables["envelopes"])
+                if duplicates:
+                    rows = batch.drop_messages(duplicates)
+                    self.duplicate_envelopes += len(duplicates)
+                    logger.warning("%d envelope(s) loaded before arrived again (a producer "
+                                   "re-sent them); %d rows of them not loaded twice",
+                                   len(duplicates), rows)
                 self._load_once(batch, starts, batch_id)
+                self.delivered.loaded(highest)
                 return True
             except clickhouse.UNAVAILABLE as e:
                 if clickhouse.is_rejection(e):
@@ -318,7 +334,7 @@ class Loader:
                 else:
                     part = schema.table([c[lo:hi] for c in data.columns])
                 self.client.insert_arrow(self.target.table(table), arrow.with_batch(part, batch_id),
-                                         settings=self._settings(f"{batch_id}:{table}:{lo}-{hi}"))
+                                         settings=self.settings_for(f"{batch_id}:{table}:{lo}-{hi}"))
             except Exception as e:
                 if not clickhouse.is_rejection(e):
                     raise

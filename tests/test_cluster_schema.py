@@ -13,7 +13,7 @@ import clickhouse_connect
 import orjson
 import pytest
 
-from dask_blackbox.sinks import schema
+from dask_blackbox.sinks import arrow, schema
 from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.loader import Loader
 from dask_blackbox.sinks.tables import ROLLUPS, TABLES, Message
@@ -89,34 +89,26 @@ def _batch() -> Batch:
 
 
 def test_a_repeated_insert_is_stored_once(chdb_client):
-    """The cluster-mode loader's inserts deduplicate: an insert of a batch that
-    arrives again (a Distributed table retrying on another replica) is stored once,
-    its roll-ups too (each insert carries a token of its batch, table and rows). Shown
-    on chDB's MergeTree with a deduplication window, which ReplicatedMergeTree has by
-    default; a new batch of the same rows is stored again."""
+    """In cluster mode every insert of the loader carries a deduplication token of its
+    batch, table and rows: the same insert arriving twice (a Distributed table
+    retrying on another replica) is stored once, the roll-ups made of it too, and an
+    insert of another batch is stored. Shown on chDB's MergeTree with a
+    deduplication window, which ReplicatedMergeTree has by default."""
     # A single-node schema under the cluster target's database name (no Keeper here).
     schema.migrate(chdb_client, schema.Target("bbprod", 30 * 86400))
-    for database, tables in (("bbprod", [*TABLES, "sink_batches"]), ("bbprod_rollups", ROLLUPS)):
+    for database, tables in (("bbprod", TABLES), ("bbprod_rollups", ROLLUPS)):
         for table in tables:
             chdb_client.command(f"ALTER TABLE {database}.{table} "
                                 "MODIFY SETTING non_replicated_deduplication_window = 1000")
     loader = Loader(chdb_client, CLUSTER, "g")
     assert loader.insert_settings["deduplicate_blocks_in_dependent_materialized_views"] == 1
-    batch_id = loader._next_batch_id()
-    loader._next_batch_id = lambda: batch_id  # the same batch, sent again
     batch = _batch()
     loader.prepare(batch)
-    assert loader.load(batch, {})
-    assert loader.load(batch, {})
-
-    def counts():
-        return (chdb_client.query("SELECT count() FROM bbprod.transitions").result_rows[0][0],
-                chdb_client.query("SELECT sum(into['memory']) FROM bbprod_rollups.task_minutes"
-                                  ).result_rows[0][0],
-                chdb_client.query("SELECT count() FROM bbprod.sink_batches").result_rows[0][0])
-
-    assert counts() == (50, 50, 2)  # transitions; their roll-up; begin + loaded
-    # Another batch of the same rows is another insert: stored.
-    loader._next_batch_id = lambda: batch_id + (1 << 12)
-    assert loader.load(batch, {})
-    assert counts() == (100, 100, 4)
+    rows = arrow.with_batch(batch.arrow["transitions"], 42 << 12)
+    for token in ("42:transitions:0-50", "42:transitions:0-50", "43:transitions:0-50"):
+        settings = loader.settings_for(token)
+        assert settings["insert_deduplication_token"] == f"g:{token}"
+        chdb_client.insert_arrow("bbprod.transitions", rows, settings=settings)
+    assert chdb_client.query("SELECT count() FROM bbprod.transitions").result_rows[0][0] == 100
+    assert chdb_client.query("SELECT sum(into['memory']) FROM bbprod_rollups.task_minutes"
+                             ).result_rows[0][0] == 100
