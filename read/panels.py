@@ -35,7 +35,7 @@ from typing import Any
 
 from dask_blackbox.read import cost as costs
 from dask_blackbox.read import critical_path as paths
-from dask_blackbox.read import diagnosis, queries, regressions
+from dask_blackbox.read import diagnosis, history, queries, regressions, rollup_panels
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
@@ -670,29 +670,47 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
              text: str | None = None, max_bars: int = MAX_BARS,
              slowness: bool | None = None, logger: str | None = None) -> dict:
     """Every panel of the Run page (what :mod:`.report` and the web page draw).
+    ``history`` says where they come from (:func:`.history.detail`): once the run's
+    raw rows have expired, the progress, task states, memory and (binned) task stream
+    come from its per-minute roll-ups (:mod:`.rollup_panels`) and ``history["note"]``
+    says so; what only raw rows could show is empty.
     ``slowness``: compute the critical path and the cost (default: when the scope
     holds at most :data:`SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say
     ``{"deferred": n_tasks}``)."""
     scope = resolve(backend, cluster, span, since, until)
     found = diagnosis.deaths(backend, [scope.cluster_id])
     marks = markers(backend, scope, found)
-    prog = progress(backend, scope)
+    left = history.detail(backend, scope.cluster_id)
+    if left.source == "rollups":  # the raw rows have expired: the roll-ups' panels
+        prog = rollup_panels.progress(backend, scope)
+        stream = rollup_panels.task_stream(backend, scope, _nthreads(backend, scope))
+        states = rollup_panels.task_states(backend, scope)
+        mem = rollup_panels.memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]],
+                                   shown=MEMORY_WORKERS)
+        head = rollup_panels.summary(scope, prog)
+    else:
+        prog = progress(backend, scope)
+        stream = task_stream(backend, scope, max_bars, finished=sum(
+            c["memory"] + c["erred"] for c in prog["counts"].values()))
+        states = task_states(backend, scope)
+        mem = memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]])
+        head = summary(backend, scope, prog)
     n_tasks = sum(c["tasks"] for c in prog["counts"].values())
     if slowness is None:
         slowness = n_tasks <= SLOWNESS_MAX_TASKS
     deferred = {"deferred": n_tasks}
     return {
+        "history": {"source": left.source, "note": left.note},
         "critical_path": critical_path(backend, scope) if slowness else deferred,
         "cost": cost(backend, scope) if slowness else deferred,
         "scope": scope,
         "diagnosis": diagnosis_panel(backend, scope, found=found),
-        "summary": summary(backend, scope, prog),
-        "task_stream": task_stream(backend, scope, max_bars, finished=sum(
-            c["memory"] + c["erred"] for c in prog["counts"].values())),
+        "summary": head,
+        "task_stream": stream,
         "progress": prog,
-        "task_states": task_states(backend, scope),
+        "task_states": states,
         "markers": marks,
-        "memory": memory(backend, scope, dead=[d["worker"] for d in marks["deaths"]]),
+        "memory": mem,
         "spans": spans(backend, scope),
         "fine_metrics": fine_metrics(backend, scope),
         "failures": failures(backend, scope),

@@ -22,7 +22,7 @@ import orjson
 import pytest
 
 from dask_blackbox import contract
-from dask_blackbox.read import history, queries
+from dask_blackbox.read import history, panels, queries, report
 from dask_blackbox.read.backends import DirectBackend
 from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.loader import Loader
@@ -173,6 +173,8 @@ def test_answers_outlive_the_raw_rows(loaded):
     backend = DirectBackend(loaded, "blackbox")
     before = {c: answers(backend, c, "raw") for c in CLUSTERS}
     columns, clusters_before = queries.clusters(backend)
+    pages = {c: panels.run_data(backend, c, slowness=False) for c in CLUSTERS[1:2]}
+    assert {p["history"]["source"] for p in pages.values()} == {"raw"}
     for table in RAW_TABLES:  # what the retention TTL drops
         loaded.command(f"TRUNCATE TABLE blackbox.{table}")
     for cluster_id in CLUSTERS:
@@ -190,6 +192,22 @@ def test_answers_outlive_the_raw_rows(loaded):
         assert_close(after, before[cluster_id])
     # `clusters` reads the roll-ups and the lifecycle: the same clusters with the same
     # numbers, found by name.
+    # The Run page (and the report) answers from the roll-ups, and says so: the same
+    # tasks finished per prefix, the memory of the same workers, a binned task stream.
+    for cluster_id in pages:
+        page = panels.run_data(backend, cluster_id, slowness=False)
+        raw = pages[cluster_id]
+        assert page["history"]["source"] == "rollups" and "expired" in page["history"]["note"]
+        assert page["summary"]["finished_in_memory"] == raw["summary"]["finished_in_memory"] > 0
+        assert page["summary"]["erred"] == raw["summary"]["erred"]
+        assert {p: (c["memory"], c["erred"]) for p, c in page["progress"]["counts"].items()} == \
+            {p: (c["memory"], c["erred"]) for p, c in raw["progress"]["counts"].items()
+             if c["memory"] + c["erred"]}
+        assert set(page["memory"]["workers"]) == set(raw["memory"]["workers"])
+        assert page["task_stream"]["mode"] == "binned" and page["task_stream"]["cells"]
+        assert page["task_states"]["series"]
+        html = report.render_run(page)
+        assert "From the roll-ups" in html and "expired" in html
     after_columns, clusters_after = queries.clusters(backend)
     assert (after_columns, sorted(clusters_after)) == (columns, sorted(clusters_before))
     for cluster_id in CLUSTERS:
