@@ -3,19 +3,20 @@ a rule's incident is complete. Plain Python: no Kafka, no I/O, no clock of its o
 (every call says what time it is), so it is tested without a broker.
 
 What it keeps per cluster (forgotten :data:`FORGET_CLOSED_S` after the scheduler
-closed, or :data:`FORGET_IDLE_S` after the cluster was last heard from): the workers
-that joined (pid, nanny), the facts of :mod:`dask_blackbox.causes` of the last
-:data:`FACT_WINDOW_S` seconds (exits, memory kills, worker-ttl timeouts, close
-reasons, restarts, closes), the span names, which removal released which task, and
-the verdicts of its deaths.
+closed, or :data:`FORGET_IDLE_S` after the cluster was last heard from): the facts of
+its removals (:class:`dask_blackbox.death_facts.DeathFacts`: the workers that joined,
+and the exits, memory kills, worker-ttl timeouts, close reasons, restarts and closes
+of the last :data:`~dask_blackbox.death_facts.FACT_WINDOW_S` seconds), the span
+names, which removal released which task, and the verdicts of its deaths.
 
 When an incident is complete:
 
 - **worker-died**: a removal waits for its nanny's record of the process's end (then
   :data:`SETTLE_S` more, for the scheduler's events about it), or for
   ``evidence_wait`` seconds without it; Dask's expected removals are decided at once.
-  The cause is :func:`dask_blackbox.causes.classify` of the facts known then: the
-  same rules the read side applies.
+  The cause is :meth:`DeathFacts.verdict <dask_blackbox.death_facts.DeathFacts.verdict>`
+  of the facts known then: the same rules the read side and the continuous exporter
+  apply.
 - **killed-worker**: the task's erred transition waits for the verdict of the removal
   that made it fatal (its stimulus), at most ``evidence_wait`` + 1 seconds; its
   chain is the deaths decided here that released it before.
@@ -31,16 +32,13 @@ from __future__ import annotations
 
 import hashlib
 from collections import defaultdict
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 from dask_blackbox import contract
 from dask_blackbox.alerts.settings import KILLED_WORKER, TASK_ERRED, WORKER_DIED, Rule
-from dask_blackbox.causes import (
-    Closing, Exit, MemoryKill, Removal, TtlTimeout, Verdict, classify, gather,
-)
+from dask_blackbox.causes import Removal, Verdict
+from dask_blackbox.death_facts import FACT_WINDOW_S, DeathFacts
 
-#: Facts older than this (event time, behind the newest of the cluster) are forgotten.
-FACT_WINDOW_S = 300.0
 #: A removal whose process's end is known waits this long more for the scheduler's
 #: events about it.
 SETTLE_S = 0.3
@@ -93,7 +91,8 @@ class _Pending(NamedTuple):
 
 
 class _Cluster:
-    """What the alerter knows of one cluster."""
+    """What the alerter knows of one cluster: the facts of its removals
+    (:class:`~dask_blackbox.death_facts.DeathFacts`) and what its incidents need."""
 
     def __init__(self, cluster_id: str, name: str | None, now: float):
         self.id = cluster_id
@@ -101,14 +100,7 @@ class _Cluster:
         self.heard = now
         self.closed_at: float | None = None
         self.newest = 0.0  # newest event time seen
-        self.nanny_records = False
-        self.workers: dict[str, list] = {}  # address -> [pid, nanny, nanny_known, added]
-        self.exits: list[Exit] = []
-        self.kills: list[MemoryKill] = []
-        self.ttls: list[TtlTimeout] = []
-        self.closings: list[Closing] = []
-        self.restarts: list[float] = []
-        self.closes: list[float] = []
+        self.facts = DeathFacts(cluster_id)
         self.spans: dict[str, str] = {}
         #: stimulus -> [event time, tasks it released from processing] (recent ones);
         #: task -> the removals (stimuli) that released it
@@ -124,12 +116,7 @@ class _Cluster:
 
     def state(self) -> dict:
         return {"id": self.id, "name": self.name, "heard": self.heard, "closed_at": self.closed_at,
-                "newest": self.newest, "nanny_records": self.nanny_records,
-                "workers": self.workers, "exits": [list(e) for e in self.exits],
-                "kills": [list(k) for k in self.kills],
-                "ttls": [[t.ts, list(t.workers), t.ttl] for t in self.ttls],
-                "closings": [list(c) for c in self.closings], "restarts": self.restarts,
-                "closes": self.closes, "spans": self.spans, "released": self.released,
+                "newest": self.newest, **self.facts.state(), "spans": self.spans, "released": self.released,
                 "chains": dict(self.chains), "verdicts": self.verdicts,
                 "pending": [[list(p.removal), p.arrived, p.tasks] for p in self.pending],
                 "exit_seen": self.exit_seen, "killed": self.killed}
@@ -137,13 +124,9 @@ class _Cluster:
     @classmethod
     def from_state(cls, s: dict) -> _Cluster:
         c = cls(s["id"], s["name"], s["heard"])
-        c.closed_at, c.newest, c.nanny_records = s["closed_at"], s["newest"], s["nanny_records"]
-        c.workers = s["workers"]
-        c.exits = [Exit(*e) for e in s["exits"]]
-        c.kills = [MemoryKill(*k) for k in s["kills"]]
-        c.ttls = [TtlTimeout(t, tuple(w), ttl) for t, w, ttl in s["ttls"]]
-        c.closings = [Closing(*x) for x in s["closings"]]
-        c.restarts, c.closes, c.spans = s["restarts"], s["closes"], s["spans"]
+        c.closed_at, c.newest = s["closed_at"], s["newest"]
+        c.facts = DeathFacts.from_state(c.id, s)
+        c.spans = s["spans"]
         c.released = s["released"]
         c.chains = defaultdict(list, s["chains"])
         c.verdicts = s["verdicts"]
@@ -153,12 +136,7 @@ class _Cluster:
 
     def prune(self) -> None:
         """Forget facts older than FACT_WINDOW_S behind the newest event."""
-        old = self.newest - FACT_WINDOW_S
-        self.exits = [e for e in self.exits if e.ts >= old]
-        self.kills = [k for k in self.kills if k.ts >= old]
-        self.ttls = [t for t in self.ttls if t.ts >= old]
-        self.closings = [c for c in self.closings if c.ts >= old]
-        self.restarts = [r for r in self.restarts if r >= old]
+        self.facts.prune(self.newest - FACT_WINDOW_S)
         recent = self.newest - RELEASED_WINDOW_S
         self.released = {s: r for s, r in self.released.items() if r[0] >= recent}
         if len(self.verdicts) > MAX_DEATHS:  # oldest first (insertion order)
@@ -199,8 +177,7 @@ class Watcher:
             c = self.clusters[cid] = _Cluster(cid, envelope.get("cluster_name"), now)
         c.heard = now
         c.name = envelope.get("cluster_name") or c.name
-        if envelope["source"] == "nanny":
-            c.nanny_records = True
+        c.facts.envelope(envelope["source"])
         for event in envelope["events"]:
             try:
                 self._event(c, event, now)
@@ -224,66 +201,28 @@ class Watcher:
         elif kind == contract.LIFECYCLE:
             self._lifecycle(c, ev, now)
         elif kind == contract.WORKER_EXIT:
-            x = Exit(str(ev.get("worker") or ""), _int(ev.get("pid")), float(ts), _int(ev.get("exitcode")),
-                     str(ev.get("signal") or ""), _int(ev.get("memory")), _int(ev.get("memory_peak")),
-                     _int(ev.get("memory_limit")), _float(ev.get("memory_terminate")),
-                     _int(ev.get("host_memory")), _int(ev.get("host_memory_available")),
-                     str(ev.get("nanny_status") or ""))
-            c.exits.append(x)
+            x = c.facts.worker_exit(ev)
             if x.worker:
                 c.exit_seen[x.worker] = now
             for p in c.pending:
                 if x.pid is not None and p.removal.pid == x.pid:
                     c.exit_seen[p.removal.worker] = now
         elif kind == contract.EVENT:
-            self._structured(c, ev)
+            c.facts.structured(ev)
         elif kind == contract.SPAN:
             if len(c.spans) < MAX_SPANS and isinstance(ev.get("name"), list):
                 c.spans[str(ev["span_id"])] = "/".join(map(str, ev["name"]))
 
-    def _structured(self, c: _Cluster, ev: dict) -> None:
-        topic, msg, ts = ev.get("topic"), ev.get("msg"), float(ev["ts"])
-        if not isinstance(msg, dict):
-            return
-        if topic == "worker-restart-memory":
-            c.kills.append(MemoryKill(str(msg.get("worker") or ""), _int(msg.get("pid")), ts,
-                                      _int(msg.get("rss"))))
-        elif topic == "scheduler" and msg.get("action") == "worker-ttl-timed-out":
-            workers = msg.get("workers")
-            c.ttls.append(TtlTimeout(ts, tuple(map(str, workers)) if isinstance(workers, list) else (),
-                                     _float(msg.get("ttl"))))
-        elif msg.get("action") == "closing-worker" and isinstance(topic, str):
-            c.closings.append(Closing(topic, ts, str(msg.get("reason") or "")))
-
     def _lifecycle(self, c: _Cluster, ev: dict, now: float) -> None:
-        action, ts = ev.get("action"), float(ev["ts"])
-        detail = ev.get("detail") if isinstance(ev.get("detail"), dict) else {}
-        worker = ev.get("worker")
-        if action == "worker_added" and isinstance(worker, str):
-            c.workers[worker] = _joined(detail, ts)
-        elif action == "scheduler_start":  # the workers there before the recording
-            there = detail.get("workers")
-            for address, info in (there.items() if isinstance(there, dict) else ()):
-                if isinstance(info, dict):
-                    c.workers[str(address)] = _joined(info, None)
-        elif action == "worker_removed" and isinstance(worker, str):
-            pid, nanny, known, added = c.workers.get(worker, [None, None, False, None])
-            expected = detail.get("expected")
-            stimulus = str(ev.get("stimulus_id") or "")
-            removal = Removal(c.id, worker, ts, stimulus, str(ev.get("reason") or ""),
-                              expected if isinstance(expected, bool) else None,
-                              _int(detail.get("processing_tasks")) or 0,
-                              _int(detail.get("lost_computed_tasks")) or 0,
-                              _int(detail.get("lost_scattered_tasks")) or 0, pid, nanny, known, added)
+        removal = c.facts.lifecycle(ev)
+        if removal is not None:
+            stimulus = removal.stimulus_id
             tasks = list(c.released.get(stimulus, [0.0, []])[1])
             for key in tasks:
                 if stimulus not in c.chains[key]:
                     c.chains[key].append(stimulus)
             c.pending.append(_Pending(removal, now, tasks))
-        elif action == "restart":
-            c.restarts.append(ts)
-        elif action == "scheduler_close":
-            c.closes.append(ts)
+        elif ev.get("action") == "scheduler_close":
             c.closed_at = now
 
     def _transition(self, c: _Cluster, t: dict, now: float) -> None:
@@ -336,9 +275,7 @@ class Watcher:
                     or (exit_in and now >= max(seen, p.arrived) + SETTLE_S)):
                 waiting.append(p)
                 continue
-            facts = gather(r, c.exits, c.kills, c.ttls, c.closings, c.restarts, c.closes,
-                           c.nanny_records)
-            verdict = classify(facts)
+            verdict = c.facts.verdict(r)
             c.verdicts[r.stimulus_id] = [r.worker, r.ts, verdict.cause.value, verdict.cause.label,
                                          verdict.confidence, verdict.explanation]
             self._death_incidents(c, p, verdict, now)
@@ -395,12 +332,6 @@ _TRANSITION_FIELDS = ("key", "start", "finish", "stimulus_id", "ts", "prefix", "
                       "exception")
 
 
-def _joined(detail: dict, ts: float | None) -> list:
-    """[pid, nanny, nanny_known, when it joined] from a worker's lifecycle detail."""
-    nanny = detail.get("nanny")
-    return [_int(detail.get("pid")), nanny if isinstance(nanny, str) else None, "nanny" in detail, ts]
-
-
 def _in_span(path: str, span: str) -> bool:
     """Whether a span (its '/'-joined name) is ``span`` (a tag of it, or its path, or
     a path it lies under)."""
@@ -411,10 +342,3 @@ def _first_line(text: str) -> str:
     line = text.strip().splitlines()[0] if text.strip() else ""
     return line if len(line) <= 200 else line[:200] + "..."
 
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None

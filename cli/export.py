@@ -2,9 +2,10 @@
 the tools platform teams already run.
 
 - ``export otlp --cluster X [--span S] --endpoint URL [--protocol grpc]`` reads the
-  run from ClickHouse (:mod:`dask_blackbox.read.runs`), builds its trace
-  (:func:`dask_blackbox.exporters.traces.build_run`) and its log records, and sends
-  them to the OTLP receiver (:mod:`dask_blackbox.exporters.otlp`);
+  run from ClickHouse (:mod:`dask_blackbox.read.runs`) and its worker removals with
+  their causes (:func:`dask_blackbox.read.diagnosis.deaths`), builds its trace
+  (:func:`run_trace`) and its log records, and sends them to the OTLP receiver
+  (:mod:`dask_blackbox.exporters.otlp`);
 - ``trace --cluster X [--span S] -o run.json.gz`` writes the run as a Chrome Trace
   Event Format file (:mod:`dask_blackbox.read.tracefile`) for Perfetto.
 """
@@ -13,6 +14,12 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from dask_blackbox.exporters.model import SpanData
+    from dask_blackbox.read.backends import Backend
+    from dask_blackbox.read.runs import Run
 
 
 def add_commands(sub, parents: list) -> None:
@@ -40,6 +47,20 @@ def add_commands(sub, parents: list) -> None:
                    help="run the continuous OpenTelemetry exporter (production service)")
 
 
+def run_trace(backend: Backend, run: Run, max_task_spans: int) -> list[SpanData]:
+    """The trace of a run read back from ClickHouse (:func:`~dask_blackbox.read.runs.read_run`):
+    its records, and every removal of its cluster with the verdict the read side gives
+    it (:func:`~dask_blackbox.read.diagnosis.deaths`), a death event for each death."""
+    from dask_blackbox.causes import Classified
+    from dask_blackbox.exporters import traces
+    from dask_blackbox.read import diagnosis
+
+    removals = [Classified(d.removal, d.verdict)
+                for d in diagnosis.deaths(backend, [run.cluster_id])]
+    return traces.build_run(run.cluster_id, run.cluster_name, run.spans, run.transitions,
+                            run.lifecycle, max_task_spans, removals=removals)
+
+
 def export_otlp(args: argparse.Namespace) -> int:
     from dask_blackbox.cli.formatting import working
     from dask_blackbox.exporters import traces
@@ -51,10 +72,9 @@ def export_otlp(args: argparse.Namespace) -> int:
 
     settings = OtlpSettings.from_config(args.endpoint, args.protocol)
     with working("dask-blackbox export otlp: reading ClickHouse"):
-        run = read_run(queries.connect(), args.cluster, args.span,
-                       logs=settings.logs and not args.no_logs)
-    spans = traces.build_run(run.cluster_id, run.cluster_name, run.spans, run.transitions,
-                             run.lifecycle, settings.max_task_spans)
+        backend = queries.connect()
+        run = read_run(backend, args.cluster, args.span, logs=settings.logs and not args.no_logs)
+        spans = run_trace(backend, run, settings.max_task_spans)
     resource = traces.resource(run.cluster_id, run.cluster_name)
     items = [Item(resource, span=s) for s in spans]
     items += [Item(resource, log=traces.log_data(run.cluster_id, log, log.get("source")))

@@ -1,9 +1,11 @@
 """Why a worker left the cluster: the fixed vocabulary of causes, and the rules that
 pick one from the facts recorded around a worker's removal.
 
-The read side (``read/diagnosis.py``, from ClickHouse) and the alerts stage
-(``alerts/``, from the raw stream) gather the same facts and call :func:`classify`
-here, so a death has one cause wherever it is shown. Nothing here does I/O.
+The read side (``read/diagnosis.py``, from ClickHouse) and the stages that read the
+raw stream (the alerts stage, the continuous OpenTelemetry exporter: they collect the
+facts with :mod:`dask_blackbox.death_facts`) gather the same facts and call
+:func:`classify` here, so a death has one cause wherever it is shown. Nothing here
+does I/O.
 
 The facts, and who records them:
 
@@ -252,6 +254,17 @@ class Verdict(NamedTuple):
         return {"cause": self.cause.value, "label": self.cause.label,
                 "confidence": self.confidence, "explanation": self.explanation,
                 "summary": self.summary, "evidence": [e._asdict() for e in self.evidence]}
+
+
+class Classified(NamedTuple):
+    """A removal with the verdict :func:`classify` gave it."""
+
+    removal: Removal
+    verdict: Verdict
+
+    @property
+    def is_death(self) -> bool:
+        return self.verdict.cause.is_death
 
 
 # ----------------------------------------------------------------- gathering

@@ -8,7 +8,8 @@ The protocol:
 1. A batch of Kafka messages is **applied** in one transaction (:meth:`Journal.apply`):
    what it derives -- task spans and log records ready to send (the *outbox*),
    span snapshots, erred tasks and worker removals waiting for their span or run
-   to end, per-prefix summaries beyond the cap -- and the partitions' next offsets.
+   to end, each cluster's facts about its removals, per-prefix summaries beyond the
+   cap -- and the partitions' next offsets.
    The Kafka offsets live here, not only in the consumer group: a message is read
    again after a crash exactly when its effects were not committed, so nothing is
    derived twice and nothing is skipped. (The consumer group's committed offsets
@@ -20,6 +21,15 @@ The protocol:
    restart: the one window where a span can be sent twice is between the
    receiver's acknowledgement and that one transaction, and the span's id is
    deterministic (:mod:`.ids`), so a backend can tell it is the same span.
+
+A worker's death is the rule of :mod:`dask_blackbox.causes`, as everywhere: the journal
+keeps each running cluster's :class:`~dask_blackbox.death_facts.DeathFacts` (table
+``death_facts``, fed every event of every source) and each removal (with the process id
+and nanny its worker joined with), and classifies the removal when the run ends, or
+earlier, once the cluster's events are
+:data:`~dask_blackbox.death_facts.FACT_WINDOW_S` past it (its facts are then
+forgotten); only a death becomes a ``dask.worker.death`` event of the run span
+(:func:`.traces.death_event`).
 
 Each transaction is durable when it returns (WAL, ``synchronous=FULL``). One exporter
 owns a journal at a time (an exclusive ``flock`` on ``journal.lock``): a second one
@@ -38,7 +48,9 @@ from typing import Any, NamedTuple
 import msgspec
 import orjson
 
-from dask_blackbox import config, deaths
+from dask_blackbox import config
+from dask_blackbox.causes import Classified, Removal
+from dask_blackbox.death_facts import FACT_WINDOW_S, DeathFacts
 
 from . import traces
 from .model import Item, SpanData, SpanEvent, decode, encode
@@ -57,6 +69,7 @@ CREATE TABLE IF NOT EXISTS spans (cluster_id TEXT, span_id TEXT, version INTEGER
     PRIMARY KEY (cluster_id, span_id));
 CREATE TABLE IF NOT EXISTS events (cluster_id TEXT, span_id TEXT, kind TEXT, event BLOB);
 CREATE INDEX IF NOT EXISTS events_by_span ON events (cluster_id, span_id);
+CREATE TABLE IF NOT EXISTS death_facts (cluster_id TEXT PRIMARY KEY, state BLOB);
 CREATE TABLE IF NOT EXISTS summaries (cluster_id TEXT, prefix TEXT, action TEXT,
     actions INTEGER, seconds REAL, first_ns INTEGER, last_ns INTEGER,
     PRIMARY KEY (cluster_id, prefix, action));
@@ -165,11 +178,12 @@ class Journal:
         (the processors and the sink dead-letter them)."""
         now = time.time() if now is None else now
         counts = dict(task_spans=0, summarised=0, logs=0, late=0, skipped=0)
+        facts: dict[str, DeathFacts] = {}  # the clusters' facts this batch touches
         with self._transaction():
             for r in records:
                 try:
                     if r.topic == "raw":
-                        self._apply_envelope(r.value, now, counts)
+                        self._apply_envelope(r.value, now, counts, facts)
                     else:
                         self._apply_span_state(r.value, now, counts)
                 except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
@@ -178,6 +192,8 @@ class Journal:
                     "INSERT INTO offsets VALUES (?, ?, ?) ON CONFLICT (topic, partition) "
                     "DO UPDATE SET next_offset = excluded.next_offset",
                     (r.kafka_topic, r.partition, r.offset + 1))
+            for cluster_id, known in facts.items():
+                self._keep_facts(cluster_id, known)
         return Applied(**counts)
 
     def _cluster(self, cluster_id: str, name: str | None, now: float) -> tuple:
@@ -197,7 +213,8 @@ class Journal:
                         "last_ns = max(coalesce(last_ns, ?), ?) WHERE cluster_id = ?",
                         (lo, lo, hi, hi, cluster_id))
 
-    def _apply_envelope(self, env: Mapping, now: float, counts: dict) -> None:
+    def _apply_envelope(self, env: Mapping, now: float, counts: dict,
+                        facts: dict[str, DeathFacts]) -> None:
         from dask_blackbox import contract
 
         contract.validate_envelope(env)
@@ -214,10 +231,16 @@ class Journal:
         resource = traces.resource(cluster_id, name)
         cap = traces.TaskCap(self.max_task_spans, task_spans)
         scheduler = env["source"] == "scheduler"
+        known = None
+        if not ended:
+            known = facts.get(cluster_id)
+            if known is None:
+                known = facts[cluster_id] = self._facts(cluster_id)
+            known.envelope(env["source"])
         for ev in contract.expand_events(env["events"]):
             try:
                 self._apply_event(ev, cluster_id, resource, cap, scheduler and not ended,
-                                  env["source"], counts)
+                                  env["source"], counts, known)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
                 counts["skipped"] += 1  # an event the contract does not allow
         for (prefix, action), (n, seconds, first, last_ns) in cap.summaries.items():
@@ -232,10 +255,11 @@ class Journal:
                         (cap.admitted, cluster_id))
 
     def _apply_event(self, ev: Mapping, cluster_id: str, resource, cap: traces.TaskCap,
-                     live: bool, source: str, counts: dict) -> None:
+                     live: bool, source: str, counts: dict, facts: DeathFacts | None) -> None:
         """One event of an envelope; ``live``: from the scheduler of a cluster whose
         run has not ended (a late event of an ended run sends its task spans, which
-        stand on their own, and nothing that would wait for the run's end)."""
+        stand on their own, and nothing that would wait for the run's end);
+        ``facts``: the cluster's, None once its run ended."""
         from dask_blackbox import contract
 
         kind = ev.get("kind")
@@ -253,15 +277,52 @@ class Journal:
                     counts["late"] += 1
         elif kind == contract.LIFECYCLE:
             self._seen(cluster_id, traces.ns(ev["ts"]))
-            if ev.get("action") == "worker_removed" and live:
-                self._event(cluster_id, "", "removal", {k: ev.get(k) for k in (
-                    "ts", "worker", "reason", "stimulus_id", "detail")})
+            removal = facts.lifecycle(ev) if facts is not None else None
+            if removal is not None and live:
+                self._event(cluster_id, "", "removal", list(removal))
             elif ev.get("action") == "scheduler_close":
                 self.db.execute("UPDATE clusters SET closed_at = ? WHERE cluster_id = ?",
                                 (ev["ts"], cluster_id))
         elif kind == contract.LOG and self.logs:
             self._put("log", Item(resource, log=traces.log_data(cluster_id, ev, source)))
             counts["logs"] += 1
+        elif facts is not None:
+            facts.read(ev)  # a nanny's record of a process's end, Dask's structured events
+
+    def _facts(self, cluster_id: str) -> DeathFacts:
+        """The facts kept of a cluster whose run has not ended."""
+        row = self.db.execute("SELECT state FROM death_facts WHERE cluster_id = ?",
+                              (cluster_id,)).fetchone()
+        return (DeathFacts(cluster_id) if row is None
+                else DeathFacts.from_state(cluster_id, orjson.loads(row[0])))
+
+    def _keep_facts(self, cluster_id: str, facts: DeathFacts) -> None:
+        """Classify the removals the cluster's events are FACT_WINDOW_S past (a death
+        becomes its event), forget the facts older than that, and store the rest."""
+        last_ns, = self.db.execute("SELECT last_ns FROM clusters WHERE cluster_id = ?",
+                                   (cluster_id,)).fetchone()
+        if last_ns is not None:
+            horizon = last_ns / 1e9 - FACT_WINDOW_S
+            self._classify_removals(cluster_id, facts, before=horizon)
+            facts.prune(horizon)
+        self.db.execute("INSERT INTO death_facts VALUES (?, ?) ON CONFLICT (cluster_id) "
+                        "DO UPDATE SET state = excluded.state",
+                        (cluster_id, orjson.dumps(facts.state())))
+
+    def _classify_removals(self, cluster_id: str, facts: DeathFacts,
+                           before: float | None = None) -> None:
+        """Replace the cluster's removals (those before ``before``, event time; all
+        when None) with the events of those that were deaths."""
+        for rowid, blob in self.db.execute(
+                "SELECT rowid, event FROM events WHERE cluster_id = ? AND span_id = '' "
+                "AND kind = 'removal'", (cluster_id,)).fetchall():
+            removal = Removal(*orjson.loads(blob))
+            if before is not None and removal.ts >= before:
+                continue
+            death = Classified(removal, facts.verdict(removal))
+            if death.is_death:
+                self._event(cluster_id, "", "death", traces.death_event(death))
+            self.db.execute("DELETE FROM events WHERE rowid = ?", (rowid,))
 
     def _event(self, cluster_id: str, span_id: str, kind: str, event) -> None:
         blob = _events.encode(event) if isinstance(event, SpanEvent) else orjson.dumps(event)
@@ -347,17 +408,11 @@ class Journal:
         # already exported
         closed = self.db.execute("SELECT closed_at FROM clusters WHERE cluster_id = ?",
                                  (cluster_id,)).fetchone()[0]
-        closes = [closed] if closed is not None else []
-        events = []
-        for kind, blob in self.db.execute("SELECT kind, event FROM events WHERE cluster_id = ?",
-                                          (cluster_id,)).fetchall():
-            if kind == "exception":
-                events.append(_event.decode(blob))
-            else:
-                removal = orjson.loads(blob)
-                if deaths.is_death(removal.get("detail"), removal["ts"], closes):
-                    events.append(traces.death_event(removal))
+        self._classify_removals(cluster_id, self._facts(cluster_id))
+        events = [_event.decode(blob) for blob, in self.db.execute(
+            "SELECT event FROM events WHERE cluster_id = ?", (cluster_id,)).fetchall()]
         self.db.execute("DELETE FROM events WHERE cluster_id = ?", (cluster_id,))
+        self.db.execute("DELETE FROM death_facts WHERE cluster_id = ?", (cluster_id,))
         first_ns, last_ns = self.db.execute("SELECT first_ns, last_ns FROM clusters WHERE "
                                             "cluster_id = ?", (cluster_id,)).fetchone()
         if first_ns is None:  # nothing with a time but logs: the run is its close

@@ -8,10 +8,12 @@ and ``dask-blackbox export otlp`` (records read back from ClickHouse, through
 The trace of a run (one Dask cluster):
 
 - **the run span** (root): ``run <cluster name>``, from the first to the last thing
-  recorded; worker deaths (:func:`dask_blackbox.deaths.is_death`) are its events
-  ``dask.worker.death`` (worker, reason, tasks it was running, results lost); when
-  task spans were capped its attributes say so (``dask.task_spans.*``) and an event
-  ``dask.task_spans.capped`` states how many actions were summarised;
+  recorded; worker deaths (removals whose cause, :mod:`dask_blackbox.causes`, is not
+  an expected end) are its events ``dask.worker.death`` (:func:`death_event`: the
+  worker, the removal's reason, tasks it was running, results lost, and the cause
+  with its confidence and explanation); when task spans were capped its attributes
+  say so (``dask.task_spans.*``) and an event ``dask.task_spans.capped`` states how
+  many actions were summarised;
 - **one span per Dask span** (``distributed.spans.Span``), child of its parent span
   or of the run span, named by its last tag, from ``Span.start`` to ``Span.stop``
   (``enqueued`` while no task finished), with Dask's numbers as attributes:
@@ -44,7 +46,7 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dask_blackbox import deaths
+from dask_blackbox.causes import Classified
 
 from . import ids
 from .model import LogData, Resource, SpanData, SpanEvent
@@ -134,14 +136,27 @@ def error_event(tr: Mapping[str, Any]) -> SpanEvent:
     return SpanEvent("exception", ns(tr["ts"]), attributes)
 
 
-def death_event(lc: Mapping[str, Any]) -> SpanEvent:
-    """A worker_removed LIFECYCLE (a death) as a ``dask.worker.death`` event."""
-    lost = deaths.lost(lc.get("detail"))
-    return SpanEvent("dask.worker.death", ns(lc["ts"]), {
-        "dask.worker.address": lc.get("worker") or "",
-        "dask.worker.removal.reason": lc.get("reason") or lc.get("stimulus_id") or "",
-        "dask.stimulus_id": lc.get("stimulus_id") or "",
-        **{f"dask.worker.{k}": v for k, v in lost.items()},
+def death_event(death: Classified) -> SpanEvent:
+    """A worker's death (a removal and its verdict) as a ``dask.worker.death`` event at
+    the removal's time: ``dask.worker.address``, ``dask.worker.removal.reason`` (Dask's
+    reason, else its stimulus), ``dask.stimulus_id``, ``dask.worker.processing_tasks``,
+    ``dask.worker.lost_computed_tasks``, ``dask.worker.lost_scattered_tasks``, and the
+    verdict: ``dask.worker.death.cause`` (:class:`~dask_blackbox.causes.Cause`'s value,
+    e.g. "killed"), ``dask.worker.death.cause_label`` ("killed by the OS"),
+    ``dask.worker.death.confidence`` (high, medium, low) and
+    ``dask.worker.death.explanation`` (why, in one line)."""
+    r, v = death.removal, death.verdict
+    return SpanEvent("dask.worker.death", ns(r.ts), {
+        "dask.worker.address": r.worker,
+        "dask.worker.removal.reason": r.reason or r.stimulus_id,
+        "dask.stimulus_id": r.stimulus_id,
+        "dask.worker.processing_tasks": r.processing_tasks,
+        "dask.worker.lost_computed_tasks": r.lost_computed_tasks,
+        "dask.worker.lost_scattered_tasks": r.lost_scattered_tasks,
+        "dask.worker.death.cause": v.cause.value,
+        "dask.worker.death.cause_label": v.cause.label,
+        "dask.worker.death.confidence": v.confidence,
+        "dask.worker.death.explanation": v.explanation,
     })
 
 
@@ -270,12 +285,14 @@ def log_data(cluster_id: str, log: Mapping[str, Any], source: str | None = None)
 
 def build_run(cluster_id: str, cluster_name: str | None, spans: Iterable[Mapping],
               transitions: Iterable[Mapping], lifecycle: Iterable[Mapping],
-              max_task_spans: int) -> list[SpanData]:
+              max_task_spans: int, *, removals: Iterable[Classified]) -> list[SpanData]:
     """The whole trace of a recorded run, from its records: ``spans`` (SPAN_STATE
     records, or SPAN events for spans without one), ``transitions`` (TRANSITION
     events with startstops or into erred, in the order of their ``ts``),
-    ``lifecycle`` (LIFECYCLE events). Task spans beyond ``max_task_spans`` are
-    summarised (:class:`TaskCap`), in the order of the transitions."""
+    ``lifecycle`` (LIFECYCLE events: they extend the run), and ``removals``: its
+    workers' removals with their verdicts (an event for each that is a death). Task
+    spans beyond ``max_task_spans`` are summarised (:class:`TaskCap`), in the order of
+    the transitions."""
     cap = TaskCap(max_task_spans)
     out: list[SpanData] = []
     span_events: dict[str, list[SpanEvent]] = {}
@@ -293,13 +310,10 @@ def build_run(cluster_id: str, cluster_name: str | None, spans: Iterable[Mapping
                 out.append(span)
         if tr.get("finish") == "erred":
             span_events.setdefault(tr.get("span_id") or "", []).append(error_event(tr))
-    lifecycle = list(lifecycle)
-    closes = [lc["ts"] for lc in lifecycle if lc.get("action") == "scheduler_close"]
     run_events = list(span_events.pop("", []))
     for lc in lifecycle:
         seen(ns(lc["ts"]), ns(lc["ts"]))
-        if lc.get("action") == "worker_removed" and deaths.is_death(lc.get("detail"), lc["ts"], closes):
-            run_events.append(death_event(lc))
+    run_events += [death_event(r) for r in removals if r.is_death]
     for state in spans:
         span = dask_span(cluster_id, state, span_events.pop(state["span_id"], ()))
         seen(span.start_ns, span.end_ns)

@@ -64,13 +64,15 @@ class Death(NamedTuple):
     memory_peak: int | None
     memory_limit: int | None
     verdict: Verdict
+    #: the removal the verdict was given to (:func:`dask_blackbox.causes.classify`)
+    removal: Removal
 
     @property
     def is_death(self) -> bool:
         return self.verdict.cause.is_death
 
     def as_dict(self) -> dict:
-        out = {k: getattr(self, k) for k in self._fields if k != "verdict"}
+        out = {k: getattr(self, k) for k in self._fields if k not in ("verdict", "removal")}
         out.update(self.verdict.as_dict(), is_death=self.is_death)
         return out
 
@@ -237,7 +239,7 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
         pid = r.pid if r.pid is not None else facts.exit.pid if facts.exit else None
         out.append(Death(c, r.worker, r.ts, r.stimulus_id, r.reason, r.expected, r.processing_tasks,
                          r.lost_computed_tasks, r.lost_scattered_tasks, pid, r.nanny, r.added,
-                         max(peaks, default=None), limit, classify(facts)))
+                         max(peaks, default=None), limit, classify(facts), r))
     out.sort(key=lambda d: (d.ts, d.cluster_id))
     return out
 

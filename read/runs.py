@@ -1,7 +1,8 @@
 """A recorded run read back as the contract's records: what ``dask-blackbox export
-otlp`` hands to :func:`dask_blackbox.exporters.traces.build_run`, so that a run
-exported on demand from ClickHouse is the trace the continuous exporter builds from
-Kafka as it happens (the same records, the same ids).
+otlp`` hands to :func:`dask_blackbox.exporters.traces.build_run` (with the verdicts of
+:func:`dask_blackbox.read.diagnosis.deaths`), so that a run exported on demand from
+ClickHouse is the trace the continuous exporter builds from Kafka as it happens (the
+same records, the same ids, the same deaths with the same causes).
 
 :func:`read_run` takes a cluster (name or id: the latest run of that name, see
 :func:`~dask_blackbox.read.panels.resolve`) and optionally a span (its tag or

@@ -28,9 +28,10 @@ run's first recorded moment, in microseconds since the Unix epoch).
   under its parent; spans that overlap without nesting go on another row. A span
   none of whose tasks finished in memory (Dask's ``Span.start`` unset) is a
   zero-length complete event at its ``enqueued`` time.
-- **Deaths and errors as instant events** (``ph: "i"``): a worker's death
-  (:func:`dask_blackbox.deaths.is_death`) on its process (``s: "p"``), an erred
-  task on the spans' process (``s: "p"``) with its key and exception.
+- **Deaths and errors as instant events** (``ph: "i"``): a worker's death (a
+  removal whose cause, :func:`dask_blackbox.read.diagnosis.deaths`, is not an
+  expected end) on its process (``s: "p"``) with its cause, an erred task on the
+  spans' process (``s: "p"``) with its key and exception.
 
 Metadata events (``ph: "M"``) name every process and thread. The rows are read from
 ClickHouse with the times already in microseconds, and the file is written with
@@ -46,7 +47,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
-from dask_blackbox import deaths
+from dask_blackbox.read import diagnosis
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.panels import resolve
@@ -162,20 +163,17 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         "SELECT toInt64(toUnixTimestamp64Micro(ts)), key, prefix, worker, exception "
         f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
         f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
-    _, removals = backend.query(
-        "SELECT toFloat64(ts), toInt64(toUnixTimestamp64Micro(ts)), action, worker, reason, "
-        f"stimulus_id, detail FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('worker_removed', 'scheduler_close') ORDER BY ts", p)
+    removals = [d for d in diagnosis.deaths(backend, [scope.cluster_id]) if d.is_death]
 
     spans = []
     for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
         begin = start if start > 0 else enqueued
         spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
-    starts = ([s[0] for s in spans] + [e[0] for e in erred] + [r[1] for r in removals]
-              + [first for _, _, first in per_worker])
+    starts = ([s[0] for s in spans] + [e[0] for e in erred]
+              + [round(d.ts * 1e6) for d in removals] + [first for _, _, first in per_worker])
     epoch = min(starts) if starts else 0
 
-    workers = sorted({w for w, _, _ in per_worker} | {r[3] for r in removals if r[3]})
+    workers = sorted({w for w, _, _ in per_worker} | {d.worker for d in removals if d.worker})
     pid_of = {w: i + 1 for i, w in enumerate(workers)}
     events: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"name": "dask spans"}},
@@ -258,19 +256,15 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     span_events.sort(key=lambda e: e[:3])
     events.extend(e[3] for e in span_events)
 
-    closes = [r[0] for r in removals if r[2] == "scheduler_close"]
-    for ts, ts_us, action, worker, reason, stimulus_id, detail in removals:
-        if action != "worker_removed" or worker not in pid_of:
-            continue
-        try:
-            info = orjson.loads(detail) if detail else None
-        except orjson.JSONDecodeError:
-            info = None
-        if deaths.is_death(info, ts, closes):
+    for d in removals:
+        if d.worker in pid_of:
             events.append({"name": "worker died", "cat": "death", "ph": "i", "s": "p",
-                           "ts": ts_us - epoch, "pid": pid_of[worker], "tid": 0,
-                           "args": {"worker": worker, "reason": reason or stimulus_id,
-                                    **deaths.lost(info)}})
+                           "ts": round(d.ts * 1e6) - epoch, "pid": pid_of[d.worker], "tid": 0,
+                           "args": {"worker": d.worker, "cause": d.verdict.cause.label,
+                                    "why": d.verdict.summary, "reason": d.reason,
+                                    "processing_tasks": d.processing_tasks,
+                                    "lost_computed_tasks": d.lost_computed_tasks,
+                                    "lost_scattered_tasks": d.lost_scattered_tasks}})
     for ts_us, key, prefix, worker, exception in erred:
         events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
                        "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,

@@ -6,7 +6,8 @@
 - SIGKILLed mid-stream (after its third acknowledged request) and started again, it
   loses nothing and sends nothing twice: the collector ends up with exactly the trace
   ``dask-blackbox export otlp`` builds from ClickHouse (same ids, names, parents,
-  times, attributes) and every log record once.
+  times, attributes, events: the SIGKILLed worker's death with its cause, "killed")
+  and every log record once.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from collections import Counter
 from prometheus_client.parser import text_string_to_metric_families
 
 from dask_blackbox import runfiles
+from dask_blackbox.cli.export import run_trace
 from dask_blackbox.exporters import traces
 from dask_blackbox.read.runs import read_run
 
@@ -101,9 +103,7 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
         first.kill()
 
     expected_run = read_run(run["backend"], run["cluster_id"])
-    expected = {s.span_id: s for s in traces.build_run(
-        expected_run.cluster_id, expected_run.cluster_name, expected_run.spans,
-        expected_run.transitions, expected_run.lifecycle, 10_000)}
+    expected = {s.span_id: s for s in run_trace(run["backend"], expected_run, 10_000)}
     assert len(before) < len(expected)  # the kill came mid-stream
 
     second = ExporterProcess(run["env"], data_dir, tmp_path / "exporter-2.log", **settings)
@@ -122,7 +122,12 @@ def test_unreachable_then_sigkill_mid_stream(recorded_run, otel_collector, tmp_p
             assert s.get("parentSpanId", "") == (f"{want.parent_id:016x}" if want.parent_id else "")
             assert (int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])) == (want.start_ns, want.end_ns)
             assert s["attributes"] == {k: v for k, v in want.attributes.items()}, want.name
-            assert [e["name"] for e in s["events"]] == [e.name for e in want.events]
+            assert [(e["name"], e["timeUnixNano"], e["attributes"]) for e in s["events"]] == [
+                (e.name, str(e.time_ns), e.attributes) for e in want.events], want.name
+        [root] = [s for s in spans if s["spanId"] == root_id]
+        deaths = [e["attributes"] for e in root["events"] if e["name"] == "dask.worker.death"]
+        assert [(d["dask.worker.address"], d["dask.worker.death.cause"]) for d in deaths] == [
+            (run["doomed"], "killed")]
         logs = collector.logs()
         assert len(logs) == len(expected_run.logs)
         assert Counter((l["timeUnixNano"], l["body"]["stringValue"]) for l in logs) == Counter(

@@ -4,7 +4,10 @@ the same records (exporters.traces.build_run: same ids, names, times, attributes
 events), whenever the spans finish; a run past the cap is summarised the same way; a
 resent envelope adds nothing; a snapshot after its span was exported is counted late;
 a second exporter on the same journal is refused. Reopening the journal after a
-"crash" (closing it mid-way) keeps offsets and the outbox."""
+"crash" (closing it mid-way) keeps offsets and the outbox. A worker's death is an
+event only when the rules of dask_blackbox.causes, given the facts every source sent
+(the nanny's record of the process's end, a restart), say it was one, and it carries
+their cause."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import orjson
 import pytest
 
 from dask_blackbox import contract
+from dask_blackbox.causes import Cause, Classified, Exit, Removal, classify, gather
 from dask_blackbox.exporters import traces
 from dask_blackbox.exporters.journal import Journal, JournalBusy, Record
 
@@ -40,6 +44,13 @@ def span_state(span_id, name, parent, version, done, start, stop, tasks):
             "states": {"memory": tasks}, "all_durations": {"compute": stop - start},
             "cumulative_worker_metrics": [], "done": done, "updated_at": T0,
             "nthreads_intervals": [], "active_cpu_seconds": 1.0}
+
+
+#: the records' removal (its worker never seen joining), and its verdict by the rules:
+#: no nanny recorded anything, so how its process ended is unknown (a death)
+REMOVAL = Removal(CLUSTER, "tcp://w:2", T0 + 9, "handle-worker-cleanup-1",
+                  "worker-handle-scheduler-connection-broken", False, processing_tasks=2)
+REMOVALS = [Classified(REMOVAL, classify(gather(REMOVAL, closes=[T0 + 30])))]
 
 
 def records():
@@ -98,7 +109,7 @@ def test_the_journal_derives_the_trace_export_otlp_builds(tmp_path, cap):
     got = sent(journal)
     finals = {s["span_id"]: s for s in states}  # the latest version of each
     expected = {s.span_id: s for s in traces.build_run(CLUSTER, "journal", finals.values(),
-                                                       trs, lifecycle, cap)}
+                                                       trs, lifecycle, cap, removals=REMOVALS)}
     # the Dask spans, the summaries and the run span waited for the run's end
     assert moved == sum(1 for s in expected.values() if "dask.task.key" not in s.attributes)
     assert set(got) == set(expected)
@@ -107,6 +118,7 @@ def test_the_journal_derives_the_trace_export_otlp_builds(tmp_path, cap):
     [run] = [s for s in got.values() if s.parent_id is None]
     assert [e.name for e in run.events] == ["dask.worker.death"] + (
         ["dask.task_spans.capped"] if cap < 13 else [])
+    assert run.events[0].attributes["dask.worker.death.cause"] == Cause.UNKNOWN.value
     logs = [item.log for item in outbox(journal) if item.log]
     # a request carries one signal: the oldest items up to the first of another kind
     first = journal.pending(10_000)
@@ -153,9 +165,79 @@ def test_a_span_keeps_its_first_events_and_counts_the_rest():
     erred = [transition(f"div-{i}", "erred", T0 + i, "s-fail", exception="E('x' * 16384)",
                         traceback="t" * 16384) for i in range(300)]
     [state] = [s for s in records()[1] if s["span_id"] == "s-fail"]
-    spans = traces.build_run(CLUSTER, "journal", [state], erred, [], 10)
+    spans = traces.build_run(CLUSTER, "journal", [state], erred, [], 10, removals=[])
     [failing] = [s for s in spans if s.name == "failing"]
     assert len(failing.events) == traces.MAX_EVENTS
     assert failing.attributes["dask.events.dropped"] == 300 - traces.MAX_EVENTS
     assert failing.events[0].attributes["dask.task.key"] == "div-0"  # the earliest kept
     assert failing.error == "300 task(s) erred"
+
+
+def lifecycle_event(ts, action, worker=None, stimulus_id=None, reason=None, detail=None):
+    return {"kind": "lifecycle", "ts": ts, "action": action, "worker": worker, "client": None,
+            "reason": reason, "stimulus_id": stimulus_id, "detail": detail}
+
+
+def worker_exit(ts, worker, pid, exitcode, signal):
+    return {"kind": "worker_exit", "ts": ts, "worker": worker, "pid": pid, "exitcode": exitcode,
+            "signal": signal, "memory": None, "memory_peak": None, "memory_limit": None,
+            "memory_terminate": None, "host_memory": None, "host_memory_available": None,
+            "nanny_status": "running"}
+
+
+def test_a_death_is_an_event_with_the_cause_of_every_sources_facts(tmp_path):
+    """A SIGKILLed worker (its nanny's record) is killed, a worker a client.restart()
+    took down is no death, a worker gone with no end of its process is a lost
+    connection: the causes the rules give the same facts. The facts survive a restart
+    of the exporter; a removal the cluster's events are FACT_WINDOW_S past is
+    classified then, and its facts forgotten."""
+    def joined(t, worker, pid):
+        return lifecycle_event(t, "worker_added", worker, detail={"pid": pid,
+                                                                  "nanny": worker.replace("w", "n")})
+
+    def removed(t, worker, stimulus, expected=False, tasks=0):
+        return lifecycle_event(t, "worker_removed", worker, stimulus, stimulus.rsplit("-", 1)[0],
+                               {"expected": expected, "processing_tasks": tasks})
+
+    first = [envelope(0, [joined(T0, f"tcp://w:{i}", 100 + i) for i in (1, 2, 3)]
+                      + [removed(T0 + 10, "tcp://w:1", "handle-worker-cleanup-1", tasks=2),
+                         lifecycle_event(T0 + 20, "restart"),
+                         removed(T0 + 21, "tcp://w:2", "handle-worker-cleanup-2")]),
+             envelope(0, [worker_exit(T0 + 10.2, "tcp://w:1", 101, -9, "SIGKILL"),
+                          worker_exit(T0 + 21.5, "tcp://w:2", 102, 0, "")], source="nanny")]
+    second = [envelope(1, [removed(T0 + 400, "tcp://w:3", "handle-worker-cleanup-3"),
+                           lifecycle_event(T0 + 420, "scheduler_close")])]
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.apply(as_records(first, []), now=100.0)
+    journal.close()  # the facts are journalled: a restarted exporter has them
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.apply([Record("raw", "bb.raw", 0, 2, orjson.loads(orjson.dumps(second[0])))], now=101.0)
+    # the first two removals lie FACT_WINDOW_S behind the newest event: classified now,
+    # and the facts about them forgotten
+    assert sorted(k for k, in journal.db.execute("SELECT kind FROM events")) == ["death", "removal"]
+    [(state,)] = journal.db.execute("SELECT state FROM death_facts").fetchall()
+    assert orjson.loads(state)["exits"] == [] and orjson.loads(state)["restarts"] == []
+    journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=110.0)
+    assert journal.db.execute("SELECT count() FROM death_facts").fetchone() == (0,)
+    [run] = [s for s in sent(journal).values() if s.parent_id is None]
+
+    exits = [Exit("tcp://w:1", 101, T0 + 10.2, -9, "SIGKILL", nanny_status="running"),
+             Exit("tcp://w:2", 102, T0 + 21.5, 0, "", nanny_status="running")]
+    removals = [Removal(CLUSTER, f"tcp://w:{i}", T0 + t, f"handle-worker-cleanup-{i}",
+                        "handle-worker-cleanup", False, tasks, 0, 0, 100 + i, f"tcp://n:{i}",
+                        True, T0) for i, t, tasks in ((1, 10, 2), (2, 21, 0), (3, 400, 0))]
+    classified = [Classified(r, classify(gather(r, exits, restarts=[T0 + 20], closes=[T0 + 420],
+                                                nanny_records=True))) for r in removals]
+    assert [c.verdict.cause for c in classified] == [Cause.KILLED, Cause.EXPECTED,
+                                                     Cause.CONNECTION_LOST]
+    lifecycle = [ev for env in first + second for ev in env["events"] if ev["kind"] == "lifecycle"]
+    [want] = [s for s in traces.build_run(CLUSTER, "journal", [], [], lifecycle, 100, removals=classified)
+              if s.parent_id is None]
+    assert run == want
+    assert [(e.attributes["dask.worker.address"], e.attributes["dask.worker.death.cause"],
+             e.attributes["dask.worker.death.cause_label"]) for e in run.events] == [
+        ("tcp://w:1", "killed", "killed by the OS"), ("tcp://w:3", "connection-lost", "connection lost")]
+    assert run.events[0].attributes["dask.worker.processing_tasks"] == 2
+    assert "SIGKILL" in run.events[0].attributes["dask.worker.death.explanation"]
+    assert run.error == "2 worker(s) died"
+    journal.close()

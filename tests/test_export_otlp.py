@@ -5,8 +5,8 @@ over HTTP/protobuf and gRPC, and read back from what the collector received.
 - the span tree is ``dask-blackbox spans --tree``: names, parents, durations to the
   microsecond, task counts, task seconds; one root, the run, naming the cluster;
 - the task spans are the task stream's bars (worker, key, action, start, stop);
-- erred tasks are exception events, the killed worker a death event; the log
-  records arrive as OTLP logs in the run's trace;
+- erred tasks are exception events, the killed worker a death event with its cause
+  ("killed"); the log records arrive as OTLP logs in the run's trace;
 - the ids are deterministic (the gRPC export of a span is the same spans);
 - a run larger than ``max-task-spans`` is capped, summarised per prefix, and says so;
 - an unreachable or refusing receiver, or a bad endpoint, is a one-line error.
@@ -154,6 +154,11 @@ def test_errors_deaths_and_logs(recorded_run, http_export):
     deaths = [e for e in root["events"] if e["name"] == "dask.worker.death"]
     assert [d["attributes"]["dask.worker.address"] for d in deaths] == [recorded_run["doomed"]]
     assert deaths[0]["attributes"]["dask.worker.processing_tasks"] == 2
+    # the planted SIGKILL, with the cause every page gives it (read.diagnosis)
+    death = deaths[0]["attributes"]
+    assert (death["dask.worker.death.cause"], death["dask.worker.death.cause_label"],
+            death["dask.worker.death.confidence"]) == ("killed", "killed by the OS", "medium")
+    assert death["dask.worker.death.explanation"].startswith("SIGKILL, and neither Dask nor its nanny")
     logs = http_export["logs"]
     trace = f"{ids.trace_id(recorded_run['cluster_id']):032x}"
     assert logs and {log["traceId"] for log in logs} == {trace}

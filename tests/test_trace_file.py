@@ -145,6 +145,7 @@ def test_trace_file_is_valid_and_is_the_run(recorded_run, tmp_path):
     deaths = [e for e in events if e["ph"] == "i" and e["cat"] == "death"]
     assert [process[d["pid"]] for d in deaths] == [recorded_run["doomed"]]
     assert deaths[0]["args"]["processing_tasks"] == 2
+    assert deaths[0]["args"]["cause"] == "killed by the OS"  # the planted SIGKILL
     errors = {e["args"]["key"] for e in events if e["ph"] == "i" and e["cat"] == "error"}
     assert errors == {"div-bad", "inc-after-bad"}
 
