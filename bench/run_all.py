@@ -27,6 +27,7 @@ BENCHMARKS = [
     "scheduler_overhead.py",
     "processor_throughput.py",
     "processor_ttl.py",
+    "flood.py",
     "query_latency.py",
     "sink_ingest.py",
     "history.py",

@@ -369,7 +369,9 @@ class KafkaBroker(LocalBroker):
         super().prepare()
         self.controller_port = (self.quorum.controllers[self.node_id] if self.quorum
                                 else free_port())
-        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        from dask_blackbox import runfiles
+
+        runfiles.private_dir(self.data_dir)
         self._check_data_dir()
         (self.data_dir / "server.properties").write_text(self._properties())
         (self.data_dir / "log4j2.properties").write_text(_LOG4J)

@@ -10,6 +10,11 @@ id, raw start/stop times next to the elapsed time, tracebacks, depth) are left o
 ``wide`` prints every column and every value as it is, however wide; ``json`` and
 ``csv`` carry every column with full values, for programs.
 
+Recorded data can hold anything, terminal escape codes too. No format prints a
+control character (C0, DEL, C1) as it is: the tables and CSV show each as a visible
+escape (``\x1b``; CSV keeps newlines and tabs inside its quoted fields), JSON as
+``\u001b``; column names and section titles alike.
+
 .. _rich: https://rich.readthedocs.io
 """
 
@@ -22,6 +27,7 @@ import json
 import math
 import os
 import contextlib
+import re
 import sys
 from collections.abc import Iterator, Sequence
 
@@ -51,6 +57,22 @@ _SHORT = 19
 
 # --------------------------------------------------------------- plain values
 
+#: Control characters: C0, DEL and C1 (a terminal acts on them).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+#: The same, but newlines and tabs (CSV quotes them).
+_CONTROL_BUT_LINES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match) -> str:
+    return {"\n": "\\n", "\t": "\\t", "\r": "\\r"}.get(match[0], f"\\x{ord(match[0]):02x}")
+
+
+def printable(text: str, lines: bool = False) -> str:
+    """``text`` with every control character shown as an escape (``\x1b``, ``\n``);
+    ``lines``: newlines and tabs are kept."""
+    return (_CONTROL_BUT_LINES if lines else _CONTROL).sub(_escape, text)
+
+
 
 def _plain(value):
     if isinstance(value, (datetime.datetime, datetime.date)):
@@ -76,7 +98,8 @@ def _cell(value) -> str:
 
 
 def _wide(columns: Sequence[str], rows: Sequence[Sequence]) -> str:
-    cells = [[_cell(v) for v in r] for r in rows]
+    columns = [printable(str(c)) for c in columns]
+    cells = [[printable(_cell(v)) for v in r] for r in rows]
     widths = [max([len(c)] + [len(r[i]) for r in cells]) for i, c in enumerate(columns)]
     lines = ["  ".join(c.ljust(w) for c, w in zip(columns, widths)).rstrip(),
              "  ".join("-" * w for w in widths)]
@@ -228,18 +251,19 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     # the unit of its row's metric.
     by_row = bool(columns) and columns[0] == "metric"
     cells = [
-        [Text(names[r_index] if names is not None and columns[i] == "name"
-              else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i], today),
+        [Text(printable(names[r_index] if names is not None and columns[i] == "name"
+                        else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i],
+                                    today)),
               no_wrap=True, overflow="ellipsis")
          for i in keep]
         for r_index, row in enumerate(rows)
     ]
-    naturals = [max([len(columns[i])] + [c[j].cell_len for c in cells]) for j, i in enumerate(keep)]
+    naturals = [max([len(printable(str(columns[i])))] + [c[j].cell_len for c in cells]) for j, i in enumerate(keep)]
     widths = _fit(naturals, [columns[i] in _NAME_COLUMNS for i in keep], width)
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
     for j, i in enumerate(keep):
         numeric = any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
-        table.add_column(columns[i], justify="right" if numeric else "left",
+        table.add_column(printable(str(columns[i])), justify="right" if numeric else "left",
                          overflow="ellipsis", no_wrap=True, width=widths[j])
     for row_cells in cells:
         table.add_row(*row_cells)
@@ -267,8 +291,8 @@ def render(columns: Sequence[str], rows: Sequence[Sequence], fmt: str = "table",
     if fmt == "csv":
         out = io.StringIO()
         writer = csv.writer(out, lineterminator="\n")
-        writer.writerow(columns)
-        writer.writerows([_cell(v) for v in r] for r in rows)
+        writer.writerow([printable(str(c), lines=True) for c in columns])
+        writer.writerows([printable(_cell(v), lines=True) for v in r] for r in rows)
         return out.getvalue().rstrip("\n")
     if fmt == "wide":
         return _wide(columns, rows)
@@ -297,6 +321,7 @@ def print_result(result, fmt: str) -> None:
     """Print ``(columns, rows)`` or a mapping of titled ``(columns, rows)`` sections."""
     if isinstance(result, dict):
         for title, (columns, rows) in result.items():
+            title = printable(str(title))
             print(f"== {title}" if fmt in ("table", "wide") else f"# {title}")
             print(render(columns, rows, fmt))
             print()

@@ -23,7 +23,7 @@ import sys
 import dask.config
 
 from dask_blackbox import config
-from dask_blackbox.cli.formatting import FORMATS, print_result, working
+from dask_blackbox.cli.formatting import FORMATS, print_result, printable, working
 
 # Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
 _QUERY_COMMANDS = {
@@ -39,19 +39,26 @@ _QUERY_COMMANDS = {
 
 
 def _duration_ago_or_time(text: str) -> datetime.datetime:
-    """'2h', '30m', '7d' (that long ago) or an ISO date/time (UTC if no zone)."""
+    """'2h', '30m', '7d' (that long ago) or an ISO date/time (UTC if no zone), between
+    1900 and 2299 (what ClickHouse's DateTime64 holds)."""
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text.strip())
     now = datetime.datetime.now(datetime.timezone.utc)
-    if m:
-        unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
-        return now - datetime.timedelta(**{unit: float(m[1])})
     try:
-        t = datetime.datetime.fromisoformat(text)
+        if m:
+            unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+            t = now - datetime.timedelta(**{unit: float(m[1])})
+        else:
+            t = datetime.datetime.fromisoformat(text)
+            t = t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+        if not 1900 <= t.astimezone(datetime.timezone.utc).year <= 2299:
+            raise OverflowError
     except ValueError:
         raise argparse.ArgumentTypeError(
             f"{text!r} is neither a duration like 2h / 30m / 7d nor an ISO date-time"
         ) from None
-    return t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)
+    except OverflowError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a time between 1900 and 2299") from None
+    return t
 
 
 def _key_value(text: str) -> tuple[str, object]:
@@ -194,18 +201,28 @@ def _run_query_command(args: argparse.Namespace) -> int:
     return 0
 
 
+#: Producers with something missing that ``status`` lists, at most (the worst first).
+STATUS_PRODUCERS = 50
+
+
 def _status(args: argparse.Namespace) -> int:
+    """Lag, what was recorded, the producers with envelopes missing, gaps or drops
+    (at most STATUS_PRODUCERS, the worst first: a fleet of thousands of clusters
+    answers as fast as one), rows per table."""
     from dask_blackbox.cli.supervisor import pipeline_lag
     from dask_blackbox.read import queries
 
     lag = asyncio.run(pipeline_lag())
+    backend = queries.connect()
     print_result({
         "consumer lag (messages not yet committed)": (
             ["group", "topic", "lag"],
             [(g, t, n) for g, topics in lag.items() for t, n in topics.items()],
         ),
-        "sequence gaps and drops per producer": queries.gaps_and_drops(queries.connect()),
-        "rows per table": queries.table_counts(queries.connect()),
+        "recorded": queries.recording_summary(backend),
+        f"producers with envelopes missing, gaps or drops (at most {STATUS_PRODUCERS})":
+            queries.gaps_and_drops(backend, problems_only=True, limit=STATUS_PRODUCERS),
+        "rows per table": queries.table_counts(backend),
     }, args.format)
     return 0
 
@@ -229,7 +246,8 @@ def _up(args: argparse.Namespace) -> int:
           f"DASK_BLACKBOX__KAFKA__TOPIC_PREFIX={config.topic_prefix()}", flush=True)
     code = pipeline.run_until_signal()
     print("dask-blackbox: stopping", flush=True)
-    drained = pipeline.stop(progress=lambda m: print("  " + m, flush=True))
+    # Bounded, but long enough for a child restarted to drain to rejoin its group.
+    drained = pipeline.stop(drain_timeout=120, progress=lambda m: print("  " + m, flush=True))
     if not drained:
         print("dask-blackbox: warning: stopped before everything was loaded", file=sys.stderr)
     print("dask-blackbox: stopped", flush=True)
@@ -315,5 +333,5 @@ def main(argv: list[str] | None = None) -> int:
 
 def _one_line(e: BaseException) -> str:
     text = str(e).strip() or type(e).__name__
-    first = text.splitlines()[0]
+    first = printable(text.splitlines()[0])
     return first if len(first) < 400 else first[:400] + "..."

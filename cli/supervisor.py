@@ -12,7 +12,8 @@ One supervisor per data directory: ``up`` holds an exclusive ``flock`` on
 directory fails at once, whatever the timing. While it runs it writes
 ``<data-dir>/up.json``, so other commands (``demo``, ``status``, ``query``, the query
 commands, the producers) find the broker it started. The data directory, its
-``logs/`` and the chDB store are created readable by their owner only (0700).
+``logs/`` and the chDB store are readable by their owner only (0700: created so, and
+an existing one's mode is fixed).
 
 Children write to pipes the supervisor reads: each child's lines go to
 ``<data-dir>/logs/<child>.log``, rotated at ``blackbox.local.log-max-bytes`` (two older
@@ -25,6 +26,20 @@ Children die with the supervisor (``PR_SET_PDEATHSIG``), so even a supervisor ki
 with SIGKILL leaves no orphans. A clean stop drains first: the processors finish the
 raw topic, the sink loads everything, and only then does the broker stop, so nothing
 Kafka acknowledged is lost (the memory-only Tansu loses everything when it stops).
+
+``up`` supervises (:meth:`LocalPipeline.run_until_signal`): a child that exits is
+started again, after a backoff (:data:`RESTART_BACKOFF`: 1 s, doubling up to 30 s,
+back to 1 s once a child ran a minute), with one line on stderr (and in
+``logs/up.log``) when it died, how, and when it restarts, and one when it is ready
+again. The broker and its port outlive a processor or sink restart, so what Kafka
+acknowledged waits there: a restarted sink repairs and resumes its journal
+(:mod:`dask_blackbox.sinks.loader`), a restarted faust worker rebuilds its clusters
+from the changelog and reads again what it had not committed
+(:mod:`dask_blackbox.stream_processors.processor`). A broker that exits is started
+again on the same port and its topics created again (Tansu comes back empty: what
+it held and the sink had not loaded is lost, and ``up`` says so). A stop always
+drains what can be drained: a sink or processor down at that moment (waiting for its
+restart) is started at once, and the drain waits for it.
 """
 
 from __future__ import annotations
@@ -73,6 +88,11 @@ def alert_rules() -> tuple:
     return AlertSettings.from_config().rules if rules_configured() else ()
 _PR_SET_PDEATHSIG = 1
 
+#: Seconds before a dead child is started again: the first, the longest (each restart
+#: doubles it), and how long a child must have run for the next death to count as a
+#: first one again.
+RESTART_BACKOFF = (1.0, 30.0, 60.0)
+
 
 class PipelineError(RuntimeError):
     """The local pipeline could not start or stopped unexpectedly; the message says which part."""
@@ -88,9 +108,7 @@ def _detach_and_die_with_parent() -> None:
     ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def _private_dir(path: pathlib.Path) -> None:
-    """Create ``path`` (and missing parents) readable by its owner only."""
-    path.mkdir(parents=True, exist_ok=True, mode=0o700)
+_private_dir = runfiles.private_dir
 
 
 def prepare_data_dir() -> pathlib.Path:
@@ -185,10 +203,14 @@ class Child:
     file, and into memory (the last lines, and the patterns seen in this run)."""
 
     def __init__(self, name: str, proc: subprocess.Popen, log: pathlib.Path,
-                 max_bytes: int) -> None:
+                 max_bytes: int, restarts: int = 0) -> None:
         self.name, self.proc, self.log = name, proc, log
+        #: when it was started (monotonic), and how many children of this name
+        #: died and were replaced before it
+        self.began, self.restarts = time.monotonic(), restarts
         self.recent: collections.deque[str] = collections.deque(maxlen=200)
         self._watches: list[tuple[re.Pattern, threading.Event]] = []
+        self._seen: dict[re.Pattern, threading.Event] = {}
         self._lock = threading.Lock()
         self._handler = logging.handlers.RotatingFileHandler(
             log, maxBytes=max_bytes, backupCount=2, encoding="utf-8", delay=True)
@@ -218,6 +240,13 @@ class Child:
             self._watches.append((pattern, seen))
         return seen
 
+    def seen(self, pattern: re.Pattern) -> bool:
+        """Whether a line of this run's output matched ``pattern`` (watched from the
+        first call on, and in the lines kept from before it)."""
+        if pattern not in self._seen:
+            self._seen[pattern] = self.watch(pattern)
+        return self._seen[pattern].is_set()
+
     def alive(self) -> bool:
         return self.proc.poll() is None
 
@@ -227,6 +256,27 @@ class Child:
             self._reader.join(2)
         with self._lock:
             return "\n".join(list(self.recent)[-lines:])
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How to start one child, again after it died: its ``command`` and ``env``
+    (called at each start), and ``ready``: whether a started child serves."""
+
+    name: str
+    command: object  # Callable[[], list[str]]
+    env: object = None  # Callable[[], dict[str, str] | None] | None
+    ready: object = None  # Callable[[Child], bool] | None
+
+
+def describe_exit(code: int | None) -> str:
+    """``exited with code 3`` or ``was killed by SIGKILL``."""
+    if code is not None and code < 0:
+        try:
+            return f"was killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"was killed by signal {-code}"
+    return f"exited with code {code}"
 
 
 @dataclass
@@ -246,6 +296,15 @@ class LocalPipeline:
     _sigterm: int | None = None
     _previous_sigterm: object = None
     _starting: bool = False
+    _data: pathlib.Path | None = None
+    #: how to start each child again, by name
+    _recipes: dict = field(default_factory=dict)
+    #: dead children: name -> when it starts again (monotonic)
+    _due: dict = field(default_factory=dict)
+    #: name -> the backoff before its next restart
+    _backoff: dict = field(default_factory=dict)
+    #: names of restarted children not yet seen ready
+    _unready: set = field(default_factory=set)
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 60.0, progress=print) -> None:
@@ -254,7 +313,7 @@ class LocalPipeline:
         self.started = time.monotonic()
         self._catch_sigterm()
         try:
-            data = prepare_data_dir()
+            data = self._data = prepare_data_dir()
             config.clickhouse_dsn()  # a malformed DSN fails here, before anything starts
             alert_rules()  # and so does a bad alert rule
             self._max_bytes = config.get_bytes("local.log-max-bytes")
@@ -272,26 +331,30 @@ class LocalPipeline:
             self._write_state(data)
             # Sink and processors start side by side; each spends most of its start
             # joining its consumer group.
-            sink = self._spawn("sink", [sys.executable, "-m", "dask_blackbox.cli", *SINK_ARGS], data)
+            sink = self._start(Recipe(
+                "sink", lambda: [sys.executable, "-m", "dask_blackbox.cli", *SINK_ARGS],
+                ready=_sink_loading))
             workers = self._spawn_processors(data)
-            # The sink describes itself in this file once it serves queries.
-            self._wait(sink, timeout, lambda: (runfiles.read(data, runfiles.SINK) or {}).get("pid")
-                       == sink.proc.pid)
+            # The sink describes itself in sink.json; ready means it loads.
+            self._wait(sink, timeout, lambda: _sink_loading(sink))
             progress("sink       ready, ClickHouse at")
             progress(f"             {config.redact(config.clickhouse_dsn())}")
             for w in workers:
-                self._wait(w, timeout, w.watch(_FAUST_READY).is_set)
+                self._wait(w, timeout, lambda w=w: _faust_ready(w))
             progress(f"processors {self.processors} faust worker(s) ready "
                      f"(app {config.get('processors.app-id')})")
             if config.get("exporter.endpoint", None):
-                exporter = self._spawn("exporter", [sys.executable, "-m", "dask_blackbox.cli",
-                                                    *EXPORTER_ARGS], data)
-                self._wait(exporter, timeout, exporter.watch(_EXPORTER_READY).is_set)
+                exporter = self._start(Recipe(
+                    "exporter", lambda: [sys.executable, "-m", "dask_blackbox.cli", *EXPORTER_ARGS],
+                    ready=_exporter_ready))
+                self._wait(exporter, timeout, lambda: _exporter_ready(exporter))
                 progress(f"exporter   OpenTelemetry traces to "
                          f"{config.redact(config.get('exporter.endpoint'))}")
             if alert_rules():  # the alerter, when there is something to alert on
-                alerts = self._spawn("alerts", [sys.executable, "-m", "dask_blackbox.cli", "alerts"], data)
-                self._wait(alerts, timeout, alerts.watch(_ALERTS_READY).is_set)
+                alerts = self._start(Recipe(
+                    "alerts", lambda: [sys.executable, "-m", "dask_blackbox.cli", "alerts"],
+                    ready=_alerts_ready))
+                self._wait(alerts, timeout, lambda: _alerts_ready(alerts))
                 progress(f"alerts     {len(alert_rules())} rule(s), log {alerts.log}")
             self._starting = False
         except BaseException:
@@ -318,13 +381,23 @@ class LocalPipeline:
             signal.signal(signal.SIGTERM, self._previous_sigterm)
             self._previous_sigterm = None
 
-    def _spawn(self, name: str, cmd: list[str], data: pathlib.Path, env=None) -> Child:
+    def _start(self, recipe: Recipe, restarts: int = 0) -> Child:
+        """Start the child ``recipe`` describes (replacing a dead one of its name)."""
+        self._recipes[recipe.name] = recipe
+        env = recipe.env() if recipe.env is not None else None
         proc = subprocess.Popen(
-            cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            env=env or child_env(), preexec_fn=_detach_and_die_with_parent,
+            recipe.command(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL, env=env or child_env(),
+            preexec_fn=_detach_and_die_with_parent,
         )
-        child = Child(name, proc, data / "logs" / f"{name}.log", self._max_bytes)
-        self.children.append(child)
+        child = Child(recipe.name, proc, self._data / "logs" / f"{recipe.name}.log",
+                      self._max_bytes, restarts)
+        for i, old in enumerate(self.children):
+            if old.name == recipe.name:
+                self.children[i] = child
+                break
+        else:
+            self.children.append(child)
         return child
 
     def _start_broker(self, data: pathlib.Path, progress) -> None:
@@ -335,7 +408,7 @@ class LocalPipeline:
         try:
             broker = self.local_broker = brokers.from_config(data, self.broker)
             broker.prepare()
-            child = self._spawn("broker", broker.command(), data, env=broker.env())
+            child = self._start(Recipe("broker", broker.command, broker.env))
             broker.wait_ready(child.proc, timeout=90, log_tail=lambda: child.log_tail(60))
         except BrokerError as e:
             raise PipelineError(str(e)) from None
@@ -349,11 +422,12 @@ class LocalPipeline:
             _private_dir(data / "faust")
             workdir = data / "faust" / f"worker-{i}"
             _private_dir(workdir)
-            workers.append(self._spawn(f"processor-{i}", [
+            workers.append(self._start(Recipe(f"processor-{i}", lambda workdir=workdir: [
                 sys.executable, "-m", "faust", *PROCESSOR_ARGS,
                 "--datadir", str(workdir), "-l", "info",
+                # a fresh web port at each start: the old one may linger
                 "worker", "--web-host", "127.0.0.1", "--web-port", str(free_port()),
-            ], data))
+            ], ready=_faust_ready)))
         return workers
 
     def _wait(self, child: Child, timeout: float, ready) -> None:
@@ -419,11 +493,9 @@ class LocalPipeline:
         return True
 
     # ------------------------------------------------------------------- run
-    def failed_child(self) -> Child | None:
-        return next((c for c in self.children if not c.alive()), None)
-
     def run_until_signal(self) -> int:
-        """Serve until SIGINT/SIGTERM (exit 0) or until a child dies (exit 1)."""
+        """Serve until SIGINT/SIGTERM (then 0), supervising: a child that dies is
+        started again (see the module docstring)."""
         def on_signal(signum, frame):
             self._sigterm = signum
 
@@ -433,11 +505,7 @@ class LocalPipeline:
         next_memory_check = 0.0
         try:
             while self._sigterm is None:
-                dead = self.failed_child()
-                if dead is not None:
-                    print(f"dask-blackbox: error: {dead.name} exited with code "
-                          f"{dead.proc.returncode}; see {dead.log}", file=sys.stderr)
-                    return 1
+                self.supervise(self._say)
                 if time.monotonic() >= next_memory_check:
                     self.check_broker_memory(
                         lambda m: print(f"dask-blackbox: {m}", file=sys.stderr, flush=True))
@@ -448,13 +516,87 @@ class LocalPipeline:
             for s, handler in previous.items():
                 signal.signal(s, handler)
 
+    def _say(self, message: str) -> None:
+        """One line on stderr and in logs/up.log."""
+        print(f"dask-blackbox: {message}", file=sys.stderr, flush=True)
+        if self._log is not None:
+            self._log.warning(message)
+
+    def supervise(self, say=print) -> None:
+        """One round of supervision: note the children that died (``say`` one line
+        each, with the backoff before their restart), start those whose backoff
+        passed, and ``say`` when a restarted one is ready."""
+        now = time.monotonic()
+        for child in list(self.children):
+            name = child.name
+            if not child.alive() and name not in self._due:
+                first, longest, steady = RESTART_BACKOFF
+                ran = now - child.began
+                backoff = first if ran >= steady else min(longest, self._backoff.get(name, first / 2) * 2)
+                self._backoff[name] = backoff
+                self._due[name] = now + backoff
+                self._unready.discard(name)
+                lost = (" (Tansu keeps nothing: what it held and the sink had not loaded is "
+                        "lost)" if name == "broker" and self.local_broker is not None
+                        and not self.local_broker.persistent else "")
+                say(f"{name} {describe_exit(child.proc.returncode)} after {ran:.0f}s{lost}; "
+                    f"restarting it in {backoff:.0f}s (restart {child.restarts + 1}; its log: "
+                    f"{child.log})")
+            elif name in self._due and now >= self._due[name]:
+                self._restart(child, say)
+            elif name in self._unready and child.alive():
+                recipe = self._recipes[name]
+                if recipe.ready is None or recipe.ready(child):
+                    self._unready.discard(name)
+                    say(f"{name} ready again (pid {child.proc.pid}, restart {child.restarts})")
+
+    def _restart(self, dead: Child, say) -> Child:
+        del self._due[dead.name]
+        child = self._start(self._recipes[dead.name], dead.restarts + 1)
+        if dead.name == "broker":
+            try:
+                self.local_broker.wait_ready(child.proc, timeout=90,
+                                             log_tail=lambda: child.log_tail(60))
+                asyncio.run(kafka.ensure_topics(timeout=30))
+            except (BrokerError, kafka.KafkaUnreachable) as e:
+                say(f"broker did not come back: {e}")
+                return child  # its death is noted next round
+        say(f"{dead.name} restarted (pid {child.proc.pid})")
+        self._unready.add(dead.name)
+        return child
+
+    def _revive_for_drain(self, timeout: float, progress) -> None:
+        """Start at once every sink or processor that is down (waiting for its
+        restart), and wait (up to ``timeout``) until each is ready: a drain needs
+        them."""
+        broker = next((c for c in self.children if c.name == "broker"), None)
+        if broker is not None and not broker.alive():
+            return
+        revived = []
+        for child in list(self.children):
+            if child.name != "broker" and not child.alive():
+                self._due.pop(child.name, None)
+                progress(f"{child.name} is down; starting it to drain")
+                revived.append(self._start(self._recipes[child.name], child.restarts + 1))
+        deadline = time.monotonic() + timeout
+        for child in revived:
+            ready = self._recipes[child.name].ready
+            while ready is not None and child.alive() and not ready(child) \
+                    and time.monotonic() < deadline:
+                time.sleep(0.1)
+
     # ------------------------------------------------------------------ stop
     def stop(self, drain_timeout: float = 30.0, progress=lambda msg: None) -> bool:
         """Drain (bounded), then stop processors, sink and broker in that order.
         Returns whether the pipeline was fully drained."""
         drained = True
+        if drain_timeout:
+            self._revive_for_drain(drain_timeout, progress)
         running = {c.name: c for c in self.children if c.alive()}
-        if drain_timeout and "sink" in running:
+        if drain_timeout and "broker" in self._recipes and "broker" not in running:
+            progress("the broker is gone: nothing left to drain")
+            drained = False
+        elif drain_timeout and "sink" in running:
             progress("draining: waiting until the sink has loaded everything")
             drained = wait_drained(drain_timeout)
         for child in self.children:
@@ -495,3 +637,24 @@ def _supervisor_log(path: pathlib.Path, max_bytes: int) -> logging.Logger:
 
 def _terminate(child: Child, timeout: float = 15.0) -> None:
     brokers.terminate(child.proc, timeout)
+
+
+def _sink_loading(child: Child) -> bool:
+    """The sink ``child`` wrote sink.json and loads (its partitions prepared)."""
+    info = runfiles.read(config.data_dir(), runfiles.SINK) or {}
+    return info.get("pid") == child.proc.pid and info.get("loading") is True
+
+
+def _faust_ready(child: Child) -> bool:
+    """The faust worker ``child`` printed its Ready line in this run."""
+    return child.seen(_FAUST_READY)
+
+
+def _exporter_ready(child: Child) -> bool:
+    """The exporter ``child`` printed its ready line in this run."""
+    return child.seen(_EXPORTER_READY)
+
+
+def _alerts_ready(child: Child) -> bool:
+    """The alerter ``child`` printed its ready line in this run."""
+    return child.seen(_ALERTS_READY)

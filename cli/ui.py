@@ -1,10 +1,12 @@
 """``dask-blackbox ui`` and ``dask-blackbox report``.
 
-``ui [--host 127.0.0.1] [--port 8787]`` serves the web UI and its JSON API
-(:mod:`dask_blackbox.read.web`) over the configured ClickHouse: the running sink's
-query server when a local sink owns the chDB directory, else the DSN directly. It
-binds to loopback by default; the UI has no authentication, so bind elsewhere only
-behind something that has.
+``ui [--host 127.0.0.1] [--port 8787] [--trusted-host NAME ...]`` serves the web UI
+and its JSON API (:mod:`dask_blackbox.read.web`) over the configured ClickHouse: the
+running sink's query server when a local sink owns the chDB directory, else the DSN
+directly. It binds to loopback by default; the UI has no authentication, so bind
+elsewhere only behind something that has. It answers only requests whose ``Host``
+is a loopback name, ``--host`` or a ``--trusted-host`` (the name a proxy in front of
+it forwards): a 400 otherwise.
 
 ``report --cluster NAME_OR_ID [--span NAME] [--since T] [--until T] -o FILE.html``
 writes the Run page as one self-contained HTML file
@@ -34,6 +36,9 @@ def add_commands(subparsers, parents: list[argparse.ArgumentParser]) -> None:
                                help="web UI and JSON API over the recorded history")
     ui.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1)")
     ui.add_argument("--port", type=int, default=8787, help="port (default 8787; 0: any free port)")
+    ui.add_argument("--trusted-host", dest="trusted_hosts", metavar="NAME", action="append",
+                    default=[], help="a Host name to answer besides the loopback names and "
+                                     "--host (e.g. the name a proxy forwards); repeatable")
 
     report = subparsers.add_parser("report", parents=parents,
                                    help="write a run's panels as one self-contained HTML file")
@@ -81,5 +86,5 @@ def _ui(args: argparse.Namespace) -> int:
     def ready(url: str) -> None:
         print(f"dask-blackbox: UI at {url} (Ctrl-C stops)", flush=True)
 
-    web.serve(args.host, args.port, connect=connect, ready=ready)
+    web.serve(args.host, args.port, connect=connect, ready=ready, trusted=args.trusted_hosts)
     return 0

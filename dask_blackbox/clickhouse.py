@@ -24,7 +24,7 @@ from urllib.parse import urlparse, urlunparse
 import clickhouse_connect
 from clickhouse_connect.driver.exceptions import ClickHouseError, DataError, DatabaseError
 
-from dask_blackbox import config
+from dask_blackbox import config, runfiles
 
 #: ClickHouse error codes that mean "these rows cannot be stored", not "try later".
 REJECTION_CODES = frozenset({
@@ -82,10 +82,11 @@ def chdb_owner(directory: pathlib.Path) -> str | None:
 
 
 def check_writable(directory: pathlib.Path, key: str) -> None:
-    """Create ``directory`` if needed and prove it is writable, or raise ConfigError
-    naming ``key`` (the setting that points there)."""
+    """Create ``directory`` if needed, private (:func:`dask_blackbox.runfiles.private_dir`),
+    and prove it is writable, or raise ConfigError naming ``key`` (the setting that
+    points there)."""
     try:
-        directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+        runfiles.private_dir(directory)
         probe = directory / f".write-test-{os.getpid()}"
         probe.write_bytes(b"")
         probe.unlink()

@@ -97,21 +97,40 @@ def topic(name: str) -> str:
 
 # ------------------------------------------------------------------ secrets
 
+#: A secret's name in ``name=value``, ``name: value`` or JSON text.
+_SECRET_NAMES = (r"(?:password|passwd|pwd|(?<![A-Za-z0-9])pass|token|secret|sasl[-_]password"
+                 r"|(?:access|secret|api|private)[-_]?key)")
+#: An unquoted value: up to a separator, also across spaces to words that are not the
+#: next ``name=``.
+_BARE_VALUE = r"[^&\s\",'}]+(?:[ \t]+(?![A-Za-z_][\w.-]*[ \t]*[=:])[^&\s\",'}]+)*"
+
 _SECRET_PATTERNS = (
-    # scheme://user:password@host (up to the last @ of the authority)
-    (re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^\s/?#]*)(?P<post>@)"), "***"),
-    # password=..., token=..., secret=... in query strings, key=value text and JSON;
-    # a quoted value is hidden whole
-    (re.compile(r"(?P<pre>(?:password|passwd|pwd|token|secret|sasl[-_]password)[\"']?\s*[=:]\s*)"
-                r"(?P<secret>\"[^\"]*\"?|'[^']*'?|[^&\s\",'}]+)(?P<post>)", re.I), "***"),
+    # scheme://user:password@host: up to the last @ of the authority, the password
+    # may hold spaces and newlines
+    (re.compile(r"(?P<pre>[A-Za-z][A-Za-z0-9+.-]*://[^:/@\s]*:)(?P<secret>[^/?#]*)(?P<post>@)"),
+     "***"),
+    # Authorization: Basic <base64> (or Bearer, Digest ...): the credentials
+    (re.compile(r"(?P<pre>\bauthorization[\"']?\s*[=:]\s*[\"']?(?:[A-Za-z-]+[ \t]+)?)"
+                r"(?P<secret>[^\s\"',}]+)(?P<post>)", re.I), "***"),
+    # password=..., pass=..., token=..., secret=..., access_key=... in query strings,
+    # key=value text, YAML and JSON; a quoted value is hidden whole (newlines and
+    # escaped quotes included)
+    (re.compile(r"(?P<pre>" + _SECRET_NAMES + r"[\"']?\s*[=:][ \t]*)"
+                r"(?P<secret>\"(?:[^\"\\]|\\.)*\"?|'(?:[^'\\]|\\.)*'?|" + _BARE_VALUE
+                + r")(?P<post>)", re.I), "***"),
 )
 
 
 def redact(text: Any) -> str:
     """``text`` with every password, token and secret replaced by ``***``: user
-    info in URLs (``http://bob:secret@host``), and ``password=``, ``token=``,
-    ``secret=`` values in query strings, settings and JSON. The one redaction used
-    for anything printed, logged, raised or written where others can read it."""
+    info in URLs (``http://bob:secret@host``, the password may hold spaces and
+    newlines), the credentials of an ``Authorization:`` header, and the values of
+    ``password``, ``passwd``, ``pwd``, ``pass``, ``token``, ``secret``,
+    ``sasl-password``, ``access_key``, ``secret_key``, ``api_key`` and
+    ``private_key`` in query strings, ``key=value`` text, YAML and JSON (a quoted
+    value whole; an unquoted one across spaces up to the next ``name=``). The one
+    redaction used for anything printed, logged, raised or written where others can
+    read it."""
     out = str(text)
     for pattern, replacement in _SECRET_PATTERNS:
         out = pattern.sub(lambda m: m.group("pre") + replacement + m.group("post"), out)

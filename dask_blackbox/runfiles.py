@@ -7,9 +7,15 @@ token), and removes it when it stops:
 - ``up.json``, by the local supervisor (``dask-blackbox up``):
   ``{"pid", "kafka", "topic_prefix", "clickhouse", "started_at"}``;
 - ``sink.json``, by the sink while it runs:
-  ``{"pid", "query_url", "dsn", "started_at", "token", "metrics_url"}``;
+  ``{"pid", "query_url", "dsn", "started_at", "token", "metrics_url", "loading"}``
+  (``loading``: the sink has its partitions and loads; false while it joins its group
+  and repairs what a crash left, when it already serves queries);
 - ``exporter.json``, by the continuous OpenTelemetry exporter while it runs:
   ``{"pid", "endpoint", "journal", "started_at", "metrics_url"}``.
+
+The data directory and what a pipeline keeps under it (logs, the chDB store, the
+brokers' and processors' data) are private to their owner: :func:`private_dir`
+creates them 0700, and takes group and other permissions away from one that exists.
 
 A file is *live* only while the process that wrote it runs (its ``pid`` answers
 signal 0); a file left behind by a killed process is stale and ignored. This module
@@ -31,6 +37,18 @@ EXPORTER = "exporter.json"
 def path(directory: pathlib.Path, name: str) -> pathlib.Path:
     """Where run file ``name`` lives in ``directory``."""
     return pathlib.Path(directory) / name
+
+
+def private_dir(directory: pathlib.Path) -> pathlib.Path:
+    """Create ``directory`` (and missing parents) readable by its owner only (0700);
+    an existing one that this user owns loses any group and other permissions. Raises
+    OSError when it cannot be created or changed."""
+    directory = pathlib.Path(directory)
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    st = directory.stat()
+    if st.st_mode & 0o077 and st.st_uid == os.geteuid():
+        os.chmod(directory, st.st_mode & 0o700)
+    return directory
 
 
 def pid_alive(pid: Any) -> bool:

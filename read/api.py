@@ -2,8 +2,9 @@
 
 Endpoints (GET; every answer is JSON):
 
-``/api/clusters?name=&since=&until=``
-    every recorded cluster, with how it ended (:func:`panels.clusters`).
+``/api/clusters?name=&since=&until=&limit=&offset=``
+    one page of the recorded clusters, newest first, with how each ended and how
+    many match (:func:`panels.clusters`: ``limit`` default 100, at most 1000).
 ``/api/run/{panel}?cluster=&span=&since=&until=``
     one panel of the Run page, ``panel`` one of :data:`panels.RUN_PANELS`: summary,
     task_stream, progress, task_states, markers, memory, spans, fine_metrics,
@@ -32,6 +33,7 @@ stack trace.
 from __future__ import annotations
 
 import datetime
+import math
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -42,7 +44,8 @@ from dask_blackbox.read import panels
 from dask_blackbox.read.backends import Backend, QueryError
 
 ENDPOINTS = [
-    ("/api/clusters?name=&since=&until=", "every recorded cluster and how it ended"),
+    ("/api/clusters?name=&since=&until=&limit=&offset=",
+     "one page of the recorded clusters, newest first, and how each ended"),
     *[(f"/api/run/{name}?cluster=&span=&since=&until="
        + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key="}.get(name, ""),
        (fn.__doc__ or "").strip().split("\n\n")[0].replace("\n", " "))
@@ -57,26 +60,39 @@ class BadParameter(ValueError):
     """A query parameter that cannot be used; the message names it."""
 
 
+#: The times ClickHouse's DateTime64 holds, in seconds since the epoch:
+#: 1900-01-01T00:00:00 .. 2299-12-31T23:59:59 UTC.
+EARLIEST, LATEST = -2208988800.0, 10413791999.0
+
+
 def parse_time(text: str | None, name: str) -> float | None:
     """``since``/``until``: ISO date-time (UTC unless zoned), epoch seconds, or a
-    duration ago like 2h / 30m / 7d / 45s."""
+    duration ago like 2h / 30m / 7d / 45s; a time between 1900 and 2299 (what
+    ClickHouse's DateTime64 holds). BadParameter naming ``name`` otherwise."""
     if text is None or not str(text).strip():
         return None
     text = str(text).strip()
+    try:
+        value = _seconds(text)
+    except (ValueError, OverflowError):
+        raise BadParameter(f"{name}={text[:80]!r} is neither an ISO date-time, seconds since the "
+                           "epoch, nor a duration like 2h / 30m / 7d") from None
+    if not (math.isfinite(value) and EARLIEST <= value <= LATEST):
+        raise BadParameter(f"{name}={text[:80]!r} is not a time between 1900-01-01 and 2299-12-31")
+    return value
+
+
+def _seconds(text: str) -> float:
     m = re.fullmatch(r"(\d+(?:\.\d+)?)([smhd])", text)
-    now = datetime.datetime.now(datetime.timezone.utc)
     if m:
         unit = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days"}[m[2]]
+        now = datetime.datetime.now(datetime.timezone.utc)
         return (now - datetime.timedelta(**{unit: float(m[1])})).timestamp()
     try:
         return float(text)
     except ValueError:
         pass
-    try:
-        t = datetime.datetime.fromisoformat(text)
-    except ValueError:
-        raise BadParameter(f"{name}={text!r} is neither an ISO date-time, seconds since the epoch, "
-                           "nor a duration like 2h / 30m / 7d") from None
+    t = datetime.datetime.fromisoformat(text)
     return (t if t.tzinfo else t.replace(tzinfo=datetime.timezone.utc)).timestamp()
 
 
@@ -87,7 +103,7 @@ def _int(params: Mapping, name: str, default: int, low: int = 1, high: int = 100
     try:
         n = int(value)
     except ValueError:
-        raise BadParameter(f"{name} must be an integer, not {value!r}") from None
+        raise BadParameter(f"{name} must be an integer, not {str(value)[:80]!r}") from None
     if not low <= n <= high:
         raise BadParameter(f"{name} must be between {low} and {high}, not {n}")
     return n
@@ -130,7 +146,9 @@ def run_panel(backend: Backend, panel: str, params: Mapping) -> dict:
 
 def clusters(backend: Backend, params: Mapping) -> dict:
     return panels.clusters(backend, _opt(params, "name"), parse_time(params.get("since"), "since"),
-                           parse_time(params.get("until"), "until"))
+                           parse_time(params.get("until"), "until"),
+                           limit=_int(params, "limit", panels.CLUSTERS_PAGE, 1, panels.CLUSTERS_PAGE_MAX),
+                           offset=_int(params, "offset", 0, 0, 10**12))
 
 
 def task(backend: Backend, params: Mapping) -> dict:

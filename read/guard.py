@@ -17,12 +17,20 @@ read side runs SQL. For each statement it:
    ``system.table_functions`` except the few that only generate or read local tables,
    :data:`SAFE_TABLE_FUNCTIONS`, and the scalar functions in
    :data:`DENIED_FUNCTIONS`);
-3. runs the canonical text -- what ran is exactly what was checked -- with ClickHouse's
+3. checks the parameters (:func:`check_parameters`): a mapping whose every name is a
+   ``{name:Type}`` placeholder of the canonical text, outside string literals, and no
+   ``%(name)s`` form in the text. clickhouse-connect binds parameters on the server
+   (``param_<name>``, never spliced into the SQL) only when the text has such a
+   placeholder; otherwise it splices them into the text itself (``query % values``,
+   or raw bytes after a ``$name$`` marker), which would run text that was never
+   checked. So the guard never lets it: with parameters, binding is always
+   server-side;
+4. runs the canonical text -- what ran is exactly what was checked -- with ClickHouse's
    ``readonly=1`` (no writes, no DDL, no settings changes: a query's own ``SETTINGS``
    cannot lift the limits) and the limits ``blackbox.query.max-execution-time``,
    ``max-memory-usage`` and ``max-result-rows``.
 
-A statement refused in steps 1-2 raises :class:`QueryRejected` (one line, saying
+A statement refused in steps 1-3 raises :class:`QueryRejected` (one line, saying
 why) before it reaches ClickHouse. Every error message goes through
 :func:`dask_blackbox.config.redact`.
 """
@@ -73,12 +81,19 @@ _TOKEN = re.compile(r"""
     (?P<space>\s+)
   | (?P<string>'(?:[^'\\]|\\.)*')
   | (?P<quoted>`(?:[^`\\]|\\.)*`|"(?:[^"\\]|\\.)*")
-  | (?P<param>\{\s*[A-Za-z_][A-Za-z0-9_]*\s*:[^{}'`"]*\})
+  | (?P<param>\{\s*[A-Za-z_][A-Za-z0-9_]*\s*:(?:[^{}'`"]|'(?:[^'\\]|\\.)*')*\})
   | (?P<word>[A-Za-z_][A-Za-z0-9_$]*)
   | (?P<number>[0-9][0-9A-Za-z_.]*)
   | (?P<other>.)
 """, re.S | re.X)
 
+#: A server-side placeholder as clickhouse-connect routes it: a name and a type.
+_PLACEHOLDER = re.compile(r"\{([A-Za-z_][A-Za-z0-9_]*):([^{}]+)\}", re.S)
+#: Python's mapping format (``%(name)s``), what client-side binding substitutes.
+_PYFORMAT = re.compile(r"%\([^)]*\)")
+
+_BIND = ("parameters are bound by ClickHouse only, each to a {name:Type} placeholder "
+         "outside string literals")
 _WHAT_RUNS = ("only read-only statements are served: one SELECT, WITH, SHOW, DESCRIBE, "
               "EXPLAIN or EXISTS")
 
@@ -130,6 +145,36 @@ def check_canonical(sql: str, denied: frozenset[str]) -> None:
                 f"other servers or process memory); {_WHAT_RUNS}")
         if t.is_word("EXPLAIN"):
             _check_explain(toks, i + 1)
+
+
+def placeholders(sql: str) -> set[str]:
+    """Names of the ``{name:Type}`` placeholders of ``sql`` outside string literals and
+    quoted identifiers."""
+    return {m[1] for t in tokens(sql) if t.kind == "param" and (m := _PLACEHOLDER.fullmatch(t.text))}
+
+
+def check_parameters(sql: str, parameters) -> dict | None:
+    """The parameters to send with the canonical statement ``sql``, checked so that
+    they can only be bound on the server: None or a mapping (empty: None) whose every
+    name is a ``{name:Type}`` placeholder of ``sql`` (:func:`placeholders`), and, with
+    parameters, no ``%(name)s`` anywhere in ``sql``. QueryRejected otherwise."""
+    if parameters is None:
+        return None
+    if not isinstance(parameters, dict):
+        raise QueryRejected(
+            f"query refused: parameters must be a mapping of names to values, not a "
+            f"{type(parameters).__name__}; {_BIND}")
+    if not parameters:
+        return None
+    if _PYFORMAT.search(sql):
+        raise QueryRejected(f"query refused: %(name)s placeholders are not bound; {_BIND}")
+    named = placeholders(sql)
+    stray = sorted(repr(k)[:60] for k in parameters if not isinstance(k, str) or k not in named)
+    if stray:
+        raise QueryRejected(
+            f"query refused: parameter {', '.join(stray)} is not a {{name:Type}} placeholder "
+            f"of the statement; {_BIND}")
+    return parameters
 
 
 def _check_explain(toks: list[Token], i: int) -> None:
@@ -222,8 +267,9 @@ class ReadOnlyClient:
         """clickhouse-connect's QueryResult of ``sql`` run read-only; QueryRejected
         before it runs if it is not one read, QueryError if ClickHouse fails it."""
         canonical = self.check(sql)
+        bound = check_parameters(canonical, parameters)
         try:
-            return self._client.query(canonical, parameters=parameters or None,
+            return self._client.query(canonical, parameters=bound,
                                       settings=self.limits.settings)
         except Exception as e:
             raise QueryError(_clickhouse_message(e)) from None

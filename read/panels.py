@@ -37,6 +37,7 @@ from dask_blackbox.read import cost as costs
 from dask_blackbox.read import critical_path as paths
 from dask_blackbox.read import diagnosis, history, queries, regressions, rollup_panels
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.filters import Filter
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.queries import TimeBound, UnknownCluster
@@ -350,7 +351,8 @@ def progress(backend: Backend, scope: Scope) -> dict:
         # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
         # million keys), and several times cheaper than comparing the strings
         f"SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), countIf(finish = 'erred') "
-        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' GROUP BY prefix", p)
+        f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' GROUP BY prefix",
+        {k: v for k, v in p.items() if k != "w"})
     totals = {prefix or "(none)": n for prefix, n, _, _ in totals_rows}
     per_prefix = {prefix or "(none)": {"tasks": n, "memory": m, "erred": e}
                   for prefix, n, m, e in totals_rows}
@@ -722,35 +724,70 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
 # ------------------------------------------------------------- other pages
 
 
+#: Clusters on one page of :func:`clusters` unless asked otherwise, and at most.
+CLUSTERS_PAGE = 100
+CLUSTERS_PAGE_MAX = 1000
+
+
 def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
-             until: TimeBound = None, now: float | None = None) -> dict:
-    """Every recorded cluster (``name``: substring of the name or id), with how it
-    ended: "closed" (the scheduler's close was recorded), "alive" (heard from in
-    the last two minutes) or "gone" (neither: killed, or the producer lost), and
-    the workers it lost (deaths: removals whose cause is not "expected", see
-    :mod:`.diagnosis`)."""
+             until: TimeBound = None, now: float | None = None, limit: int = CLUSTERS_PAGE,
+             offset: int = 0) -> dict:
+    """One page of the recorded clusters (``name``: substring of the name or id, any
+    case; since/until: those active in that window), newest first (first seen, then
+    id): ``limit`` of them from ``offset``, with how each ended: "closed" (the
+    scheduler's close was recorded), "alive" (heard from in the last two minutes) or
+    "gone" (neither: killed, or the producer lost), and the workers it lost (deaths:
+    removals whose cause is not "expected", see :mod:`.diagnosis`). ``{"clusters":
+    [...], "total": <clusters matching>,
+    "offset", "limit"}``; the work is the page's, whatever the number of clusters."""
     import time as _time
 
-    columns, rows = queries.clusters(backend, since=since, until=until)
-    _, ends = backend.query(
-        "SELECT cluster_id, countIf(action = 'scheduler_close') > 0 "
-        f"FROM {_t(backend, 'lifecycle')} GROUP BY cluster_id")
-    closed_ = dict(ends)
+    if not 1 <= limit <= CLUSTERS_PAGE_MAX or offset < 0:
+        raise ValueError(f"limit must be 1..{CLUSTERS_PAGE_MAX} and offset >= 0")
+    f = Filter()
+    if name:
+        f.add("positionCaseInsensitiveUTF8(concat(cluster_name, ' ', cluster_id), {name:String}) > 0",
+              name=name)
+    start, stop = _epoch(since, "since"), _epoch(until, "until")
+    if start is not None:
+        f.add("last_seen >= toDateTime64({since:Float64}, 6, 'UTC')", since=start)
+    if stop is not None:
+        f.add("first_seen < toDateTime64({until:Float64}, 6, 'UTC')", until=stop)
+    _, counted = backend.query(f"SELECT count() FROM {_t(backend, 'clusters')} {f.where()}",
+                               f.parameters)
+    _, rows = backend.query(
+        "SELECT cluster_id, cluster_name, first_seen, last_seen, tasks_computed, tasks_erred "
+        f"FROM {_t(backend, 'clusters')} {f.where()} ORDER BY first_seen DESC, cluster_id "
+        "LIMIT {limit:UInt32} OFFSET {offset:UInt64}",
+        {**f.parameters, "limit": limit, "offset": offset})
+    ids = [r[0] for r in rows]
+    workers, ends = {}, {}
+    if ids:
+        _, found = backend.query(
+            "SELECT cluster_id, uniqExact(worker) FROM ("
+            f"SELECT cluster_id, worker FROM {_t(backend, 'lifecycle')} "
+            "WHERE worker != '' AND cluster_id IN {ids:Array(String)} UNION ALL "
+            f"SELECT DISTINCT cluster_id, worker FROM {_t(backend, 'worker_metrics')} "
+            "WHERE cluster_id IN {ids:Array(String)}) GROUP BY cluster_id", {"ids": ids})
+        workers = dict(found)
+        _, found = backend.query(
+            "SELECT cluster_id, countIf(action = 'scheduler_close') > 0, "
+            "countIf(action = 'worker_removed') "
+            f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id IN {{ids:Array(String)}} "
+            "GROUP BY cluster_id", {"ids": ids})
+        lost_ = diagnosis.death_counts(backend, ids)
+        ends = {c: (closed, lost_.get(c, 0), removed) for c, closed, removed in found}
     now = _time.time() if now is None else now
     out = []
-    for row in rows:
-        r = dict(zip(columns, row))
-        if name and name.lower() not in (r["cluster_name"] + " " + r["cluster_id"]).lower():
-            continue
-        closed, lost = closed_.get(r["cluster_id"], False), r["workers_lost"]
-        last = _ts(r["last_seen"]) or 0.0
+    for cluster_id, cluster_name, first_seen, last_seen, tasks, errors in rows:
+        closed, lost, removed = ends.get(cluster_id, (False, 0, 0))
+        last = _ts(last_seen) or 0.0
         status = "closed" if closed else "alive" if now - last < 120 else "gone"
-        out.append({"cluster_name": r["cluster_name"], "cluster_id": r["cluster_id"],
-                    "first_seen": _ts(r["first_seen"]), "last_seen": last, "status": status,
-                    "workers": r["workers"], "tasks": r["tasks"], "errors": r["errors"],
-                    "workers_lost": lost, "workers_removed": r["workers_removed"]})
-    out.sort(key=lambda r: -(r["first_seen"] or 0))
-    return {"clusters": out}
+        out.append({"cluster_name": cluster_name, "cluster_id": cluster_id,
+                    "first_seen": _ts(first_seen), "last_seen": last, "status": status,
+                    "workers": workers.get(cluster_id, 0), "tasks": tasks, "errors": errors,
+                    "workers_lost": lost, "workers_removed": removed})
+    return {"clusters": out, "total": counted[0][0], "offset": offset, "limit": limit}
 
 
 def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
@@ -824,7 +861,8 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
             "cpu, executing, ready, in_flight "
             f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
             "AND worker = {w:String} AND toFloat64(ts) BETWEEN {t:Float64} - 5 * {win:Float64} "
-            "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2", p)
+            "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2",
+            {k: v for k, v in p.items() if k != "u"})
         entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
         p["prods"] = producers_of.get(worker, [])
         _, lines = backend.query(

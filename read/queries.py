@@ -25,8 +25,8 @@ from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build
 
 __all__ = ["Backend", "QueryError", "QueryRejected", "Result", "TimeBound", "UnknownCluster",
            "connect", "cluster_ids", "story", "spans", "prefixes", "metrics", "clusters", "failures",
-           "compare", "table_counts", "gaps_and_drops", "SPAN_COST_COLUMNS", "PREFIX_COST_COLUMNS",
-           "logs", "logs_count", "LEVELS"]
+           "compare", "table_counts", "gaps_and_drops", "recording_summary",
+           "SPAN_COST_COLUMNS", "PREFIX_COST_COLUMNS", "logs", "logs_count", "LEVELS"]
 
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
@@ -363,11 +363,20 @@ def table_counts(backend: Backend) -> Result:
     return backend.query(" UNION ALL ".join(parts) + " ORDER BY table")
 
 
-def gaps_and_drops(backend: Backend, cluster: str | None = None) -> Result:
+def gaps_and_drops(backend: Backend, cluster: str | None = None, problems_only: bool = False,
+                   limit: int | None = None) -> Result:
     """Per producer: envelopes received, first and last seq, envelopes missing between
     them (seen by the sink), gaps the processors reported, events the producer
-    dropped."""
+    dropped. ``problems_only``: only producers with something missing, reported or
+    dropped; ``limit``: at most that many rows (the worst first when
+    ``problems_only``)."""
     f = build(backend, cluster, None, None, None, cluster_column="e.cluster_id")
+    having = ("HAVING missing > 0 OR ifNull(gaps_reported, 0) > 0 OR ifNull(dropped_events, 0) > 0 "
+              if problems_only else "")
+    order = ("missing + ifNull(gaps_reported, 0) + ifNull(dropped_events, 0) DESC, "
+             if problems_only else "")
+    if limit is not None:
+        f.parameters["limit"] = int(limit)
     return backend.query(
         "SELECT e.cluster_id AS cluster_id, any(e.cluster_name) AS cluster_name, "
         "e.producer_id AS producer_id, any(e.source) AS source, count() AS envelopes, "
@@ -383,9 +392,26 @@ def gaps_and_drops(backend: Backend, cluster: str | None = None) -> Result:
         f"FROM {table(backend, 'drops')} GROUP BY cluster_id, producer_id) AS d "
         "ON e.cluster_id = d.cluster_id AND e.producer_id = d.producer_id "
         f"{f.where()} "
-        "GROUP BY e.cluster_id, e.producer_id ORDER BY cluster_name, source, producer_id",
+        f"GROUP BY e.cluster_id, e.producer_id {having}"
+        f"ORDER BY {order}cluster_name, source, producer_id"
+        + (" LIMIT {limit:UInt32}" if limit is not None else ""),
         f.parameters,
     )
+
+
+def recording_summary(backend: Backend) -> Result:
+    """One row: clusters and producers recorded, envelopes, and how many producers
+    have envelopes missing, gaps reported or events dropped."""
+    return backend.query(
+        "SELECT uniqExact(cluster_id) AS clusters, count() AS producers, sum(n) AS envelopes, "
+        "countIf(missing > 0) AS producers_missing_envelopes, "
+        f"(SELECT uniqExact(cluster_id, producer_id) FROM {table(backend, 'gaps')}) "
+        "AS producers_with_gaps, "
+        f"(SELECT uniqExact(cluster_id, producer_id) FROM {table(backend, 'drops')} "
+        "WHERE dropped_events > 0) AS producers_with_drops "
+        "FROM (SELECT cluster_id, producer_id, count() AS n, "
+        "max(seq) - min(seq) + 1 - uniqExact(seq) AS missing "
+        f"FROM {table(backend, 'envelopes')} GROUP BY cluster_id, producer_id)")
 
 
 def _logs_filter(backend: Backend, cluster: str | None, since: TimeBound, until: TimeBound,

@@ -35,7 +35,7 @@ import numpy as np
 from bokeh.embed import file_html
 from bokeh.document import Document
 from bokeh.models import (ColumnDataSource, DatetimeAxis, DatetimeTicker, DatetimeTickFormatter,
-                          FixedTicker, HoverTool, NumeralTickFormatter, OpenURL, Range1d,
+                          CustomJS, FixedTicker, HoverTool, NumeralTickFormatter, Range1d,
                           TapTool)
 from bokeh.plotting import figure
 from bokeh.resources import INLINE, Resources
@@ -55,6 +55,15 @@ STATE_COLORS = {"released": "#999999", "waiting": "#7f7f7f", "no-worker": "#8c56
 MEMORY_COLORS = {"managed": "#0f5d9c", "unmanaged": "#7eb5e0", "spilled": "#999999"}
 ACTIVITY_PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b",
                     "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+#: The task stream's click: the task page of the bar clicked, every value encoded.
+_OPEN_TASK = """
+const i = source.selected.indices[0];
+if (i === undefined) return;
+window.location.href = "task?cluster=" + encodeURIComponent(cluster)
+    + "&key=" + encodeURIComponent(source.data.key[i]);
+"""
 
 
 def color_of(name: str) -> str:
@@ -216,10 +225,11 @@ class _Figures:
                          alpha="alpha", line_color=None, source=source)
         fig.add_tools(HoverTool(renderers=[glyph], tooltips=tooltips))
         if self.web and stream["mode"] == "bars":
-            cluster = urllib.parse.quote(self.scope.cluster_id, safe="")
-            fig.add_tools(TapTool(renderers=[glyph],
-                                  callback=OpenURL(url=f"task?cluster={cluster}&key=@key",
-                                                   same_tab=True)))
+            # A click opens the bar's task page; the key is encoded whole (Bokeh's
+            # OpenURL uses encodeURI, which keeps "&" and "=": a key holding
+            # "&cluster=" would open another cluster's task).
+            fig.add_tools(TapTool(renderers=[glyph], callback=CustomJS(
+                args={"source": source, "cluster": self.scope.cluster_id}, code=_OPEN_TASK)))
         fig.yaxis.ticker = FixedTicker(ticks=list(range(len(rows))))
         fig.yaxis.major_label_overrides = {i: name for i, name in enumerate(rows)} if len(rows) <= 60 else {}
         fig.yaxis.major_label_text_font_size = "8pt"

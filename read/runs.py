@@ -108,7 +108,8 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
         transitions.append(tr)
     _, rows = backend.query(
         "SELECT toFloat64(ts), action, worker, client, reason, stimulus_id, detail "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} ORDER BY ts", p)
+        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} ORDER BY ts",
+        {"c": p["c"]})
     lifecycle = [{"kind": "lifecycle", "ts": ts, "action": action, "worker": worker or None,
                   "client": client or None, "reason": reason or None,
                   "stimulus_id": stimulus_id or None, "detail": _json(detail)}

@@ -6,8 +6,9 @@ the header ``X-Blackbox-Token`` (the random token the sink writes to
 ``<data-dir>/sink.json``, readable only by its owner). The answer is JSON
 ``{"columns": [...], "types": [...], "rows": [[...], ...]}`` or, with status 400,
 ``{"error": "..."}`` (plus ``"rejected": true`` when the statement was refused
-before it ran). Parameters are bound server-side by clickhouse-connect
-(``{name:Type}`` placeholders), never spliced into the SQL. ``GET /ping`` answers
+before it ran). Parameters are bound by ClickHouse, never spliced into the SQL: each
+must be a ``{name:Type}`` placeholder of the statement
+(:func:`~dask_blackbox.read.guard.check_parameters`). ``GET /ping`` answers
 ``{"ok": true}`` to the same token.
 
 Every statement goes through :class:`~dask_blackbox.read.guard.ReadOnlyClient`: one
@@ -18,11 +19,16 @@ URLs, other servers or the sink's memory), run under ``readonly=1`` and the
 with a one-line ``error``.
 
 The request itself is bounded: every connection has a socket timeout
-(``blackbox.query.socket-timeout``; a client that stops sending is cut off, it never
-holds a thread for longer), and ``POST /query`` needs a ``Content-Length`` of at most
-1 MiB that the body fills: missing is 411, not a non-negative integer is 400, larger
-than 1 MiB is 413, a body shorter than announced is 400. Error messages are redacted
-(:func:`dask_blackbox.config.redact`).
+(``blackbox.query.socket-timeout``: a client that stops sending is cut off) and a
+whole-request deadline (``blackbox.query.request-timeout``: the whole request must
+have arrived that long after the connection was accepted, and the answer must have
+been taken that long after the query ran, or the connection is shut; a client that
+sends a byte now and then holds a thread no longer). At most
+``blackbox.query.server-threads`` requests are handled at once; a connection past
+that is answered 503 at once and closed. ``POST /query`` needs a ``Content-Length``
+of at most 1 MiB that the body fills: missing is 411, not a non-negative integer is
+400, larger than 1 MiB is 413, a body shorter than announced is 400. Error messages
+are redacted (:func:`dask_blackbox.config.redact`).
 """
 
 from __future__ import annotations
@@ -32,7 +38,9 @@ import decimal
 import hmac
 import logging
 import re
+import socket
 import threading
+import time
 import uuid
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -98,27 +106,121 @@ def decode_result(body: bytes) -> tuple[list[str], list[tuple]]:
     return answer["columns"], rows
 
 
+class Deadline:
+    """Shuts a connection's socket down (both ways) once ``seconds`` pass after
+    :meth:`arm`, unless :meth:`disarm` came first: a read or write blocked on it
+    then ends at once."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        self.sock = sock
+        self._timer: threading.Timer | None = None
+        self.expired = False
+
+    def arm(self, seconds: float) -> None:
+        self.disarm()
+        self._timer = threading.Timer(seconds, self._expire)
+        self._timer.daemon = True
+        self._timer.start()
+
+    def disarm(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _expire(self) -> None:
+        self.expired = True
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+
+_BUSY = (b"HTTP/1.0 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+         b"Connection: close\r\nContent-Length: 55\r\n\r\n"
+         b'{"error":"the query server is busy; try again shortly"}')
+
+
+class _BoundedServer(ThreadingHTTPServer):
+    """ThreadingHTTPServer with at most ``threads`` requests handled at once; a
+    connection past that gets a 503 and is closed at once."""
+
+    daemon_threads = True
+
+    def __init__(self, address, handler, threads: int) -> None:
+        self._slots = threading.BoundedSemaphore(threads)
+        super().__init__(address, handler)
+
+    def process_request(self, request, client_address) -> None:
+        if not self._slots.acquire(blocking=False):
+            try:
+                request.settimeout(1.0)
+                request.sendall(_BUSY)
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            threading.Thread(target=self._handle, args=(request, client_address),
+                             daemon=True).start()
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _handle(self, request, client_address) -> None:
+        try:
+            self.process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
 class QueryServer:
     """Serves read-only SQL against ``client`` on 127.0.0.1:``port`` (0: any free
     port) in a background thread. ``limits`` (default ``blackbox.query.*``) bound
-    every query; ``socket_timeout`` (default ``blackbox.query.socket-timeout``)
-    every connection."""
+    every query; ``socket_timeout``, ``request_timeout`` and ``threads`` (defaults
+    ``blackbox.query.socket-timeout``, ``request-timeout``, ``server-threads``)
+    every connection and how many are served at once."""
 
     def __init__(self, client, port: int, token: str, limits: Limits | None = None,
-                 socket_timeout: float | None = None) -> None:
+                 socket_timeout: float | None = None, request_timeout: float | None = None,
+                 threads: int | None = None) -> None:
         self.reader = ReadOnlyClient(client, limits)
         self.token = token
         if socket_timeout is None:
             socket_timeout = config.get_seconds("query.socket-timeout", minimum=0.001)
+        if request_timeout is None:
+            request_timeout = config.get_seconds("query.request-timeout", minimum=0.001)
+        if threads is None:
+            threads = config.get_int("query.server-threads", minimum=1)
         server = self
 
         class Handler(BaseHTTPRequestHandler):
             timeout = socket_timeout  # StreamRequestHandler puts it on the socket
 
+            def setup(self):
+                super().setup()
+                self.deadline = Deadline(self.connection)
+                self.deadline.arm(request_timeout)
+
+            def finish(self):
+                self.deadline.disarm()
+                try:
+                    super().finish()
+                except OSError:  # the deadline shut the socket
+                    pass
+
+            def handle_one_request(self):
+                try:
+                    super().handle_one_request()
+                except OSError:  # the deadline shut the socket mid-request
+                    self.close_connection = True
+                self.close_connection = True  # one request per connection
+
             def log_message(self, fmt, *args):  # requests are not worth a log line each
                 logger.debug(fmt, *args)
 
             def _reply(self, status: int, body: bytes) -> None:
+                # The answer must be taken within the deadline too.
+                self.deadline.arm(request_timeout)
                 self.send_response(status)
                 self.send_header("Content-Type", "application/json")
                 self.send_header("Content-Length", str(len(body)))
@@ -146,7 +248,9 @@ class QueryServer:
                     self._reply(404, b'{"error":"not found"}')
                     return
                 try:
-                    request = orjson.loads(self._body())
+                    raw = self._body()
+                    self.deadline.disarm()  # the request is in: the query's own limits apply
+                    request = orjson.loads(raw)
                     if not isinstance(request, dict):
                         raise BadRequest(400, "the body must be a JSON object")
                     body = server.execute(request.get("sql"), request.get("parameters"))
@@ -182,8 +286,7 @@ class QueryServer:
                     raise BadRequest(400, f"the body is shorter than its Content-Length ({length})")
                 return body
 
-        self.httpd = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.httpd.daemon_threads = True
+        self.httpd = _BoundedServer(("127.0.0.1", port), Handler, threads)
         self._thread = threading.Thread(target=self.httpd.serve_forever, name="sink-query-server",
                                         daemon=True)
 
@@ -195,8 +298,6 @@ class QueryServer:
     def execute(self, sql, parameters) -> bytes:
         if not isinstance(sql, str):
             raise QueryRejected("the request needs 'sql', a string")
-        if parameters is not None and not isinstance(parameters, dict):
-            raise QueryRejected("'parameters' must be an object")
         result = self.reader.query(sql, parameters)
         types = [t.name for t in result.column_types]
         return encode_result(result.column_names, types, result.result_rows)

@@ -15,6 +15,15 @@ package under ``/static``):
 
 An unknown cluster, span or key answers 404 with a page naming it; a bad parameter
 400; a ClickHouse failure 502 -- never a stack trace.
+
+It answers only requests addressed to it: the ``Host`` header must name a loopback
+address (``localhost``, ``127.0.0.1``, ``[::1]``) or one of the ``hosts`` it was
+created with (``dask-blackbox ui --host`` and ``--trusted-host``); anything else is a
+400 before any page or file is served, so a page of another site that rebinds its
+name to this address (DNS rebinding) reads nothing. Every URL the pages hold is
+relative (BokehJS from ``./static/``, links to other pages), none built from the
+request's host, and every value in a link is URL-encoded (task keys in the task
+stream's click too).
 """
 
 from __future__ import annotations
@@ -43,9 +52,50 @@ def _bokeh_static() -> str:
     return str(bokehjs_path())
 
 
-def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
+#: Host names every UI answers to.
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+
+def trusted_hosts(hosts=()) -> frozenset[str]:
+    """The ``Host`` names the UI answers to: :data:`LOOPBACK_HOSTS` and ``hosts``
+    (lower case; an IPv6 address in brackets, as a Host header carries it)."""
+    out = set(LOOPBACK_HOSTS)
+    for host in hosts:
+        host = str(host).strip().lower()
+        if ":" in host and not host.startswith("["):
+            host = f"[{host}]"
+        if host:
+            out.add(host)
+    return frozenset(out)
+
+
+class TrustedHosts:
+    """ASGI middleware: a request whose ``Host`` header is not one of ``hosts`` gets
+    a 400 naming it; nothing else of the app runs."""
+
+    def __init__(self, app, hosts: frozenset[str]) -> None:
+        self.app, self.hosts = app, hosts
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] in ("http", "websocket"):
+            from starlette._utils import parse_host_header
+            from starlette.datastructures import Headers
+
+            raw = Headers(scope=scope).get("host")
+            parsed = parse_host_header(raw)
+            if parsed is None or parsed.host.lower() not in self.hosts:
+                message = (f"host {raw!r:.80} is not one this UI answers to ({', '.join(sorted(self.hosts))}); "
+                           "start it with --trusted-host NAME to add one")
+                body = api.dumps({"error": message})
+                await Response(body, 400, media_type="application/json")(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starlette:
     """The ASGI app. ``connect`` returns the backend (default
-    :func:`dask_blackbox.read.backends.connect`), called on the first request."""
+    :func:`dask_blackbox.read.backends.connect`), called on the first request;
+    ``hosts``: names it answers to besides the loopback ones (:func:`trusted_hosts`)."""
     if connect is None:
         from dask_blackbox.read.backends import connect
     backends = api.Backends(connect)
@@ -93,8 +143,8 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
     async def clusters_page(request: Request) -> str:
         q = params(request)
         data = await call(api.clusters, q)
-        return report.render_page("clusters.html", clusters=data["clusters"], query=q,
-                                  page_title="Clusters - dask-blackbox", generated=0)
+        return report.render_page("clusters.html", clusters=data["clusters"], page=_page_links(q, data),
+                                  query=q, page_title="Clusters - dask-blackbox", generated=0)
 
     def _run_data(backend: Backend, q: dict) -> dict:
         f = api.filters(q)
@@ -114,7 +164,7 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
             data = await call(_run_data, q)
             query_string = urllib.parse.urlencode(
                 {k: v for k, v in q.items() if k in ("cluster", "span", "since", "until") and v})
-            page = await run_in_threadpool(_render_run, data, _root(request), q, query_string)
+            page = await run_in_threadpool(_render_run, data, _ROOT, q, query_string)
             return HTMLResponse(page)
         except Exception as e:
             return error_page(e)
@@ -144,7 +194,7 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
                                       page_title="Compare - dask-blackbox")
         data = await call(api.compare, q)
         figures = report.compare_figures(data)
-        return report.render_page("compare.html", figures=figures, root_url=_root(request), cmp=data,
+        return report.render_page("compare.html", figures=figures, root_url=_ROOT, cmp=data,
                                   spans=[], query=q, generated=0,
                                   page_title=f"Compare {data['span'] or data['cluster']} - dask-blackbox")
 
@@ -191,11 +241,27 @@ def create_app(connect: Callable[[], Backend] | None = None) -> Starlette:
         exception_handlers={404: not_found},
         lifespan=lifespan,
     )
+    app.add_middleware(TrustedHosts, hosts=trusted_hosts(hosts))
     return app
 
 
-def _root(request: Request) -> str:
-    return str(request.base_url)
+#: Where pages find BokehJS (``./static/``): relative, never the request's host.
+_ROOT = "./"
+
+
+def _page_links(q: dict, data: dict) -> dict:
+    """The clusters page's paging: which rows are shown, and the relative links to the
+    previous and next pages (the filters kept, URL-encoded)."""
+    offset, limit, total = data["offset"], data["limit"], data["total"]
+    keep = {k: v for k, v in q.items() if k in ("name", "since", "until", "limit") and v}
+
+    def link(start: int) -> str:
+        return "./?" + urllib.parse.urlencode({**keep, "offset": start} if start else keep)
+
+    return {"first": offset + 1 if data["clusters"] else 0, "last": offset + len(data["clusters"]),
+            "total": total,
+            "previous": link(max(0, offset - limit)) if offset > 0 else None,
+            "next": link(offset + limit) if offset + limit < total else None}
 
 
 def _render_run(data: dict, root_url: str, q: dict, query_string: str) -> str:
@@ -209,11 +275,13 @@ def _all_span_names(backend: Backend) -> list[str]:
 
 
 def serve(host: str = "127.0.0.1", port: int = 8787, connect: Callable[[], Backend] | None = None,
-          ready: Callable[[str], None] | None = None) -> None:
-    """Serve the UI until interrupted (uvicorn). ``ready(url)`` is called once it listens."""
+          ready: Callable[[str], None] | None = None, trusted=()) -> None:
+    """Serve the UI until interrupted (uvicorn). ``ready(url)`` is called once it listens.
+    It answers to the loopback names, ``host`` and ``trusted`` (:class:`TrustedHosts`)."""
     import uvicorn
 
-    config = uvicorn.Config(create_app(connect), host=host, port=port, log_level="warning",
+    config = uvicorn.Config(create_app(connect, hosts=[host, *trusted]), host=host, port=port,
+                            log_level="warning",
                             access_log=False, lifespan="on")
     server = uvicorn.Server(config)
     if ready is not None:

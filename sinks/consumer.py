@@ -11,6 +11,20 @@ is committed. The rebalance callbacks wait for the batch in flight, so a partiti
 never revoked half way through a batch; messages read but not yet handed to loading
 when partitions are revoked are dropped (they were not committed, so their new owner
 reads them again).
+
+Starting (:meth:`SinkConsumer._prepare`, on every assignment): the committed offsets of
+the assigned partitions are read at once, then :meth:`Loader.recover` repairs what a
+crash left. A journal entry it returns (a batch loaded from the committed offset,
+maybe never committed) is checked against the message at that offset, unless the
+committed offset proves the check moot: a partition the group never committed on
+this broker cannot hold a batch this broker's group loaded (every load starts from a
+committed offset, the beginning being committed first), so its entry comes from
+another broker incarnation and the partition is read from its beginning. The other
+checks run side by side on one reader, bounded by :data:`CHECK_TIMEOUT` in all: the
+message at the offset is found (its fingerprint decides) or is known to be absent
+(the broker answered that partition's fetch with nothing there; not the same message)
+at once, whatever the broker. :attr:`SinkConsumer.loading` is set once the first
+assignment is prepared: from then on the sink loads.
 """
 
 from __future__ import annotations
@@ -28,6 +42,10 @@ from dask_blackbox.sinks.batch import Batch, fingerprint
 from dask_blackbox.sinks.tables import Message
 
 logger = logging.getLogger("sinks.consumer")
+
+#: Longest time the journal checks of one assignment take together, in seconds; a
+#: check not done by then counts as "not the same message" (read again).
+CHECK_TIMEOUT = 10.0
 
 
 class SinkConsumer(ConsumerRebalanceListener):
@@ -67,6 +85,8 @@ class SinkConsumer(ConsumerRebalanceListener):
         # The next offset wanted per partition. A fetch issued before a seek may still
         # deliver records from the old position; those are skipped.
         self._position: dict[tuple[str, int], int] = {}
+        #: set once the first assignment is prepared (recovered): the sink loads
+        self.loading = asyncio.Event()
 
     # ----------------------------------------------------------- lifecycle
 
@@ -99,12 +119,15 @@ class SinkConsumer(ConsumerRebalanceListener):
             tps = sorted(assigned)
             if tps:
                 await self._prepare(tps)
+            self.loading.set()
 
     async def _prepare(self, tps: list[TopicPartition]) -> None:
         """Know each partition's committed offset (committing the beginning for a
         partition the group never committed, so every batch starts at a committed
-        offset), then repair what a crash left (see Loader.recover)."""
-        committed = {tp: await self.consumer.committed(tp) for tp in tps}
+        offset), then repair what a crash left (see Loader.recover and the module
+        docstring)."""
+        offsets = await asyncio.gather(*(self.consumer.committed(tp) for tp in tps))
+        committed = dict(zip(tps, offsets))
         fresh = [tp for tp, offset in committed.items() if offset is None]
         if fresh:
             beginnings = await self.consumer.beginning_offsets(fresh)
@@ -112,9 +135,17 @@ class SinkConsumer(ConsumerRebalanceListener):
             committed.update(beginnings)
         positions = {(tp.topic, tp.partition): offset for tp, offset in committed.items()}
         loaded = await self._retrying(self.loader.recover, list(positions), positions)
-        for (topic, partition), entry in loaded.items():
-            tp = TopicPartition(topic, partition)
-            if await self._same_message_at(tp, entry):
+        moot = {(tp.topic, tp.partition) for tp in fresh} & set(loaded)
+        for topic, partition in sorted(moot):
+            logger.info(
+                "%s[%d]: the journal's last loaded batch starts at offset %d, but the group "
+                "never committed this partition on this broker (another broker incarnation): "
+                "reading it from its beginning", topic, partition, loaded[(topic, partition)].from_offset)
+        to_check = {TopicPartition(*key): entry for key, entry in loaded.items() if key not in moot}
+        same = await self._same_messages(to_check) if to_check else {}
+        for tp, entry in sorted(to_check.items()):
+            topic, partition = tp.topic, tp.partition
+            if same[tp]:
                 logger.warning(
                     "%s[%d] offsets %d..%d were loaded but not committed before a crash; "
                     "committing them without loading again", topic, partition,
@@ -134,26 +165,40 @@ class SinkConsumer(ConsumerRebalanceListener):
         self._next_start = dict(self.committed)
         self._position = dict(self.committed)
 
-    async def _same_message_at(self, tp: TopicPartition, entry: Loaded) -> bool:
-        """Whether the first message at or after ``entry.from_offset`` is the one the
-        journal fingerprinted (and not another broker incarnation's). Read with a
-        separate group-less consumer, outside this consumer's rebalance."""
+    async def _same_messages(self, entries: dict[TopicPartition, Loaded]) -> dict[TopicPartition, bool]:
+        """Per partition, whether the first message at or after ``entry.from_offset``
+        is the one the journal fingerprinted (and not another broker incarnation's).
+        All partitions at once, on one group-less consumer (outside this consumer's
+        rebalance), within :data:`CHECK_TIMEOUT`: a partition whose fetch the broker
+        answered twice with nothing at that offset has no such message."""
         reader = AIOKafkaConsumer(**self.settings.kafka.client_kwargs(), group_id=None,
-                                  enable_auto_commit=False)
+                                  enable_auto_commit=False, fetch_max_wait_ms=200)
         await reader.start()
+        found: dict[TopicPartition, bool] = {}
+        empty_rounds = dict.fromkeys(entries, 0)
         try:
-            reader.assign([tp])
-            reader.seek(tp, entry.from_offset)
+            reader.assign(list(entries))
+            for tp, entry in entries.items():
+                reader.seek(tp, entry.from_offset)
             loop = asyncio.get_running_loop()
-            deadline = loop.time() + 10.0
-            while loop.time() < deadline:
-                records = (await reader.getmany(tp, timeout_ms=500, max_records=1)).get(tp)
-                if records:
-                    found = fingerprint(self._message(records[0]))
-                    return found == (entry.first_timestamp, entry.first_crc)
-            return False
+            deadline = loop.time() + CHECK_TIMEOUT
+            while len(found) < len(entries) and loop.time() < deadline:
+                pending = [tp for tp in entries if tp not in found]
+                fetched = await reader.getmany(*pending, timeout_ms=300, max_records=1)
+                for tp in pending:
+                    records = fetched.get(tp)
+                    if records:
+                        message = fingerprint(self._message(records[0]))
+                        found[tp] = message == (entries[tp].first_timestamp, entries[tp].first_crc)
+                        reader.pause(tp)
+                    elif reader.highwater(tp) is not None:
+                        empty_rounds[tp] += 1
+                        if empty_rounds[tp] >= 2:
+                            found[tp] = False
+                            reader.pause(tp)
         finally:
             await reader.stop()
+        return {tp: found.get(tp, False) for tp in entries}
 
     async def _retrying(self, fn, *args):
         """Run blocking ``fn`` in a thread until it succeeds (ClickHouse may be down)."""

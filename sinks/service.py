@@ -8,9 +8,11 @@ the schema migrations, start the *companion* the caller passed, if any (``dask-b
 query server for a ``chdb://`` DSN, which only this process may open), create the
 Kafka topics, start the consumer, serve ``/metrics`` when ``blackbox.sink.metrics-port``
 is set (:mod:`.metrics`). Then ``<data-dir>/sink.json`` is written (``{"pid",
-"query_url", "dsn", "started_at", "token", "metrics_url"}``; mode 0600, the token
-guards the query server; see :mod:`dask_blackbox.runfiles`) and one line ``sink
-ready ...`` goes to stdout.
+"query_url", "dsn", "started_at", "token", "metrics_url", "loading"}``; mode 0600, the
+token guards the query server; see :mod:`dask_blackbox.runfiles`) with ``loading``
+false: queries are served. Ready means loading: once the consumer group has given the
+sink its partitions and they are prepared (a crash repaired, :mod:`.consumer`),
+sink.json says ``loading: true`` and one line ``sink ready ...`` goes to stdout.
 
 SIGTERM or SIGINT stops it cleanly: a batch being inserted is finished and committed,
 a batch waiting for ClickHouse is given up uncommitted, then everything is closed and
@@ -110,20 +112,27 @@ async def serve(companion: CompanionFactory | None = None) -> None:
             registry.register(SinkMetrics(consumer))
             metrics_server, metrics_url = metrics.serve(registry, s.metrics_host, s.metrics_port,
                                                         "blackbox.sink.metrics-port")
-        runfiles.write(s.data_dir, runfiles.SINK, {
-            "pid": os.getpid(), "query_url": server.url if server else None, "dsn": config.redact(s.dsn),
-            "started_at": time.time(), "token": token, "metrics_url": metrics_url,
-        })
+        info = {"pid": os.getpid(), "query_url": server.url if server else None,
+                "dsn": config.redact(s.dsn), "started_at": time.time(), "token": token,
+                "metrics_url": metrics_url, "loading": False}
+        runfiles.write(s.data_dir, runfiles.SINK, info)
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, consumer.stop)
-        print(
-            f"sink ready: {clickhouse.redact(s.dsn)} database={s.target.database} "
-            f"group={s.group_id} topics={','.join(topics)} "
-            f"query_url={server.url if server else '-'}",
-            flush=True,
-        )
-        await consumer.run()
+        running = asyncio.ensure_future(consumer.run())
+        ready = asyncio.ensure_future(consumer.loading.wait())
+        await asyncio.wait([running, ready], return_when=asyncio.FIRST_COMPLETED)
+        if ready.done():
+            runfiles.write(s.data_dir, runfiles.SINK, {**info, "loading": True})
+            print(
+                f"sink ready: {clickhouse.redact(s.dsn)} database={s.target.database} "
+                f"group={s.group_id} topics={','.join(topics)} "
+                f"query_url={server.url if server else '-'}",
+                flush=True,
+            )
+        else:
+            ready.cancel()
+        await running
         logger.info("stopping after %d batches", consumer.batches_loaded)
     finally:
         runfiles.remove(s.data_dir, runfiles.SINK)

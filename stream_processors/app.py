@@ -88,6 +88,10 @@ class BlackboxApp(faust.App):
     blackbox: ProcessorSettings
     processor: Processor
 
+    async def on_stop(self) -> None:
+        await self.processor.outbox.stop()
+        await super().on_stop()
+
     async def on_first_start(self) -> None:
         await super().on_first_start()
         # The raw topic must exist, with the configured partitions, before the

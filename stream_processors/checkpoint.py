@@ -10,7 +10,15 @@ before it. Messages on the changelog, all keyed ``[cluster_id, ...]`` (orjson):
 - ``[c, "B", slot, i]``: part ``i`` of a base, in slot 0 or 1 (alternating, so a new
   base never overwrites the one the current marker references);
 - ``[c, "M"]``: the *marker*, written last: the epoch, the base ``[slot, parts]``
-  and the list of deltas ``[[epoch, parts], ...]`` that make up the state.
+  and the list of deltas ``[[epoch, parts], ...]`` that make up the state, and
+  (format 3) ``inline``: the records changed since the last base or delta part,
+  ``[[record_key, value], ...]``, applied after them.
+
+A small checkpoint is the marker alone: its changes join ``inline`` (which every
+marker carries whole, as the previous marker is overwritten), until ``inline``
+passes :data:`INLINE_BYTES`; then those changes are written as a delta part, and
+``inline`` starts empty again. So the busy clusters of a flood cost one changelog
+message per checkpoint, not two.
 
 Parts are JSON objects ``{"format": F, "records": [[record_key, value], ...]}``
 (``value`` null: record deleted), at most about :data:`PART_BYTES` each so every
@@ -41,12 +49,15 @@ PART_BYTES = 256 * 1024
 #: size of that base, or once there are this many deltas.
 COMPACT_MIN_BYTES = 1024 * 1024
 COMPACT_MAX_DELTAS = 200
+#: Changes carried in the marker at most (encoded); past it they become a delta part.
+INLINE_BYTES = 8 * 1024
 
 Message = tuple[bytes, "bytes | None"]
 
 
-#: Record formats this build reads; it writes the last one.
-FORMATS = (1, 2)
+#: Record formats this build reads; it writes the last one. Format 3 records are
+#: format 2's; a format 3 marker may carry records inline.
+FORMATS = (1, 2, 3)
 FORMAT = FORMATS[-1]
 
 
@@ -96,18 +107,22 @@ _PART_HEAD = b'{"format":%d,"records":[' % FORMAT
 
 
 def _parts(records: Iterable[tuple[str, object]], part_bytes: int) -> list[bytes]:
+    return _pack((orjson.dumps(item) for item in records), part_bytes)
+
+
+def _pack(items: Iterable[bytes], part_bytes: int) -> list[bytes]:
+    """Parts of about ``part_bytes`` holding the encoded ``[record_key, value]`` items."""
     parts: list[bytes] = []
-    items: list[bytes] = []
+    batch: list[bytes] = []
     size = 0
-    for item in records:
-        encoded = orjson.dumps(item)
-        if items and size + len(encoded) > part_bytes:
-            parts.append(_PART_HEAD + b",".join(items) + b"]}")
-            items, size = [], 0
-        items.append(encoded)
+    for encoded in items:
+        if batch and size + len(encoded) > part_bytes:
+            parts.append(_PART_HEAD + b",".join(batch) + b"]}")
+            batch, size = [], 0
+        batch.append(encoded)
         size += len(encoded) + 1
-    if items:
-        parts.append(_PART_HEAD + b",".join(items) + b"]}")
+    if batch:
+        parts.append(_PART_HEAD + b",".join(batch) + b"]}")
     return parts
 
 
@@ -127,11 +142,19 @@ class Journal:
 
     def __init__(self, cluster_id: str, part_bytes: int = PART_BYTES,
                  compact_min_bytes: int = COMPACT_MIN_BYTES,
-                 compact_max_deltas: int = COMPACT_MAX_DELTAS):
+                 compact_max_deltas: int = COMPACT_MAX_DELTAS,
+                 inline_bytes: int = INLINE_BYTES):
         self.cluster_id = cluster_id
         self.part_bytes = part_bytes
         self.compact_min_bytes = compact_min_bytes
         self.compact_max_deltas = compact_max_deltas
+        self.inline_bytes = inline_bytes
+        #: record key -> value of the records changed since the last base or delta
+        #: part (carried in the marker, encoded at each checkpoint: encoded values
+        #: kept for long cost more memory than the values)
+        self.inline: dict[str, object] = {}
+        self._head = b"[" + orjson.dumps(cluster_id) + b","
+        self._marker_key = entry_key(cluster_id, "M")
         self.epoch = 0
         #: [slot, number of parts] of the current base, or None
         self.base: list | None = None
@@ -140,39 +163,48 @@ class Journal:
         self.base_bytes = 0
         self.delta_bytes = 0
 
+    def _key(self, kind: str, a: int, b: int) -> bytes:
+        """``entry_key(cluster_id, kind, a, b)``, without encoding the id again."""
+        return self._head + b'"%s",%d,%d]' % (kind.encode(), a, b)
+
     def commit(
         self, changes: dict[str, object], records: Callable[[], dict[str, object]],
         partition: int, base: bool = False,
     ) -> list[Message]:
         """The changelog messages of the next checkpoint, in the order to send them:
-        ``changes`` as a delta, or ``records()`` as a new base (always if ``base``)."""
+        ``changes`` inline in the marker, as a delta, or ``records()`` as a new base
+        (always if ``base``)."""
         self.epoch += 1
-        c = self.cluster_id
         out: list[Message] = []
         stale: list[bytes] = []
-        delta = _parts(changes.items(), self.part_bytes)
-        delta_size = sum(map(len, delta))
+        inline = self.inline
+        inline.update(changes)
+        pending = orjson.dumps(list(inline.items()))
         if (
             base
-            or self.delta_bytes + delta_size > max(self.base_bytes, self.compact_min_bytes)
+            or self.delta_bytes + len(pending) > max(self.base_bytes, self.compact_min_bytes)
             or len(self.deltas) >= self.compact_max_deltas
         ):
             slot = 0 if self.base is None else 1 - self.base[0]
-            base = _parts(records().items(), self.part_bytes)
-            out += [(entry_key(c, "B", slot, i), p) for i, p in enumerate(base)]
+            parts = _parts(records().items(), self.part_bytes)
+            out += [(self._key("B", slot, i), p) for i, p in enumerate(parts)]
             stale += self._referenced_parts()
-            self.base = [slot, len(base)]
+            self.base = [slot, len(parts)]
             self.deltas = []
-            self.base_bytes = sum(map(len, base))
+            self.base_bytes = sum(map(len, parts))
             self.delta_bytes = 0
-        elif delta:
-            out += [(entry_key(c, "D", self.epoch, i), p) for i, p in enumerate(delta)]
-            self.deltas.append([self.epoch, len(delta)])
-            self.delta_bytes += delta_size
-        out.append((entry_key(c, "M"), orjson.dumps({
+            inline.clear()
+        elif len(pending) > self.inline_bytes:
+            parts = _parts(inline.items(), self.part_bytes)
+            out += [(self._key("D", self.epoch, i), p) for i, p in enumerate(parts)]
+            self.deltas.append([self.epoch, len(parts)])
+            self.delta_bytes += sum(map(len, parts))
+            inline.clear()
+        out.append((self._marker_key, orjson.dumps({
             "format": FORMAT, "epoch": self.epoch, "partition": partition, "base": self.base,
             "deltas": self.deltas, "base_bytes": self.base_bytes,
             "delta_bytes": self.delta_bytes,
+            "inline": orjson.Fragment(pending) if inline else [],
         })))
         out += [(k, None) for k in stale]
         return out
@@ -211,6 +243,7 @@ class Journal:
         j.deltas = marker["deltas"]
         j.base_bytes = marker["base_bytes"]
         j.delta_bytes = marker["delta_bytes"]
+        inline = marker.get("inline") or []
         referenced = {("M",)}
         records: dict[str, tuple[int, object]] = {}
         origins: dict[str, bytes] = {}
@@ -241,5 +274,15 @@ class Journal:
                 else:
                     records[rk] = (fmt, value)
                     origins[rk] = origin
+        fmt = marker.get("format", 1)
+        for rk, value in inline:
+            # carried on by the next checkpoint's marker
+            j.inline[rk] = value
+            if value is None:
+                records.pop(rk, None)
+                origins.pop(rk, None)
+            else:
+                records[rk] = (fmt, value)
+                origins[rk] = j._marker_key
         garbage = [entry_key(cluster_id, *p) for p in entries if p not in referenced]
         return Recovered(j, records, marker["partition"], garbage, origins)

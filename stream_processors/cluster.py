@@ -82,7 +82,7 @@ class BadRecord(ValueError):
 
 
 class ClusterState:
-    def __init__(self, cluster_id: str, window: float, max_keys: int):
+    def __init__(self, cluster_id: str, window: float, max_keys: int, budget=None):
         self.cluster_id = cluster_id
         self.cluster_name: str | None = None
         #: raw-topic partition the cluster's envelopes arrive on (None: not known yet)
@@ -100,7 +100,8 @@ class ClusterState:
         #: restart it counts as just seen), which the finished-cluster TTL counts from
         self.close_seen: float | None = None
         self.sequences = ProducerSequences()
-        self.tree = SpanTree(max_keys)
+        #: ``budget``: the processor's :class:`~.bounds.KeyBudget`, shared by its clusters
+        self.tree = SpanTree(max_keys, budget)
         self.windows = PrefixWindows(window)
         #: producer_id -> processor wall clock of its last applied envelope (not
         #: persisted: after a restart every producer counts as just seen)
@@ -274,14 +275,14 @@ class ClusterState:
     @classmethod
     def from_records(
         cls, cluster_id: str, records: dict[str, tuple[int, object]], window: float,
-        max_keys: int,
+        max_keys: int, budget=None,
     ) -> ClusterState:
         """The state the records (record key -> ``(format, value)``) describe.
 
         Span and key records that cannot be read are skipped, and span links that
         would make a cycle are cut; each is listed in ``problems``. A meta record
         that cannot be read raises :class:`BadRecord`."""
-        state = cls(cluster_id, window, max_keys)
+        state = cls(cluster_id, window, max_keys, budget)
         if "m" not in records:
             raise BadRecord("m", "the cluster meta record is missing")
         fmt, meta = records["m"]

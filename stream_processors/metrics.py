@@ -5,6 +5,10 @@ worker's web port (beside ``/blackbox/stats/``):
   :meth:`~.processor.Processor.stats` (envelopes, events, duplicates,
   dead_letters, gaps, partials, snapshots, ...), since this worker started;
 - ``dask_blackbox_processor_clusters``: clusters held in memory;
+- ``dask_blackbox_processor_live_keys`` and ``dask_blackbox_processor_refused_keys_total``:
+  task keys held, and refused past ``processors.max-live-keys-total`` (:mod:`.bounds`;
+  clusters refused past ``max-live-clusters`` are the counters ``refused_clusters`` and
+  ``refused_envelopes``);
 - ``dask_blackbox_consumer_lag{group, topic}``: raw messages the app's consumer
   group has not committed (asked of the broker at each scrape).
 """
@@ -32,6 +36,12 @@ class ProcessorMetrics(Collector):
                                       value=value)
         yield GaugeMetricFamily("dask_blackbox_processor_clusters", "Clusters held in memory",
                                 value=len(self.processor.clusters))
+        keys = self.processor.keys
+        yield GaugeMetricFamily("dask_blackbox_processor_live_keys",
+                                "Task keys held across the clusters in memory", value=keys.used)
+        yield CounterMetricFamily("dask_blackbox_processor_refused_keys",
+                                  "Task keys not tracked past processors.max-live-keys-total",
+                                  value=keys.refused)
         lag = GaugeMetricFamily(metrics.LAG, metrics.LAG_HELP, labels=["group", "topic"])
         for topic, n in sorted(self.lag.items()):
             lag.add_metric([self.settings.app_id, topic], n)

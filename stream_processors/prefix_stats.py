@@ -83,6 +83,9 @@ class PrefixWindows:
         # The key and partial of the previous call: most consecutive transitions
         # go to the same one.
         self._last: tuple | None = None
+        # The earliest window start of an open partial (inf: none): a watermark
+        # before its end closes nothing, without looking at every partial.
+        self._earliest = math.inf
 
     def partial(
         self, producer_id: str, seq: int, span_id: str | None, prefix: str | None,
@@ -100,6 +103,8 @@ class PrefixWindows:
         p = self.open.get(key)
         if p is None:
             p = self.open[key] = Partial(seq)
+            if start < self._earliest:
+                self._earliest = start
         else:
             p.last_seq = seq
         self._last = (producer_id, span_id, prefix, start, p)
@@ -110,6 +115,8 @@ class PrefixWindows:
         close its windows that end at or before its watermark."""
         mark = max(ts, self.watermark.get(producer_id, ts))
         self.watermark[producer_id] = mark
+        if self._earliest + self.width > mark:
+            return []
         return self._close(lambda k: k[0] == producer_id and k[3] + self.width <= mark)
 
     def close_producer(self, producer_id: str) -> list[tuple[PartialKey, Partial]]:
@@ -130,6 +137,7 @@ class PrefixWindows:
             del self.open[k]
         if closed:
             self._last = None
+            self._earliest = min((k[3] for k in self.open), default=math.inf)
         return closed
 
     def to_list(self) -> list:
@@ -138,6 +146,7 @@ class PrefixWindows:
     def load(self, row: list) -> None:
         self.watermark = row[0]
         self.open = {tuple(r[:4]): Partial.from_list(r[4:]) for r in row[1]}
+        self._earliest = min((k[3] for k in self.open), default=math.inf)
 
 
 def partial_id(cluster_id: str, key: PartialKey, p: Partial) -> str:

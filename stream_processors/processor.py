@@ -21,7 +21,10 @@ of a valid envelope that its cluster refuses (:class:`~.cluster.Rejection`: the
 reason names the event, its kind and the field), and the rest is applied.
 
 Every ``snapshot-interval`` (:meth:`Processor.tick`), the spans that changed are
-published as snapshots (not awaited: a snapshot lost in a crash is published again
+published as snapshots (a tick looks only at the clusters changed since the previous
+one, and at every cluster once per ``ProcessorSettings.sweep_interval``: the
+time-driven work below happens then, so its work follows what arrives, not how many
+clusters are held) (not awaited: a snapshot lost in a crash is published again
 after the restart, which re-publishes every span), the partials of producers silent
 for a whole window are closed, producers silent for ``idle-cluster-ttl`` are
 forgotten by their cluster, and clusters are forgotten (their checkpoint deleted):
@@ -36,6 +39,11 @@ same condition. Before such a cluster is forgotten, its spans are
 published as they stand (every span whose tree is not done gets a last snapshot, its
 ``done`` false) and its open partials are closed, and the worker waits for the
 broker to acknowledge them.
+
+What a processor holds is bounded (:mod:`.bounds`): past
+``processors.max-live-clusters`` a new cluster is refused (one dead letter per
+cluster, its envelopes counted), past ``max-live-keys-total`` new task keys are not
+tracked (counted).
 
 After a rebalance (:meth:`Processor.on_recovered`), the clusters of the partitions
 this worker owns are rebuilt from the changelog (:func:`read_changelog`). A record
@@ -64,7 +72,9 @@ from dask_blackbox.contract import (
 )
 
 from . import envelopes
+from .bounds import ClusterAdmission, KeyBudget
 from .checkpoint import Journal, entry_key, parse_key
+from .outbox import Outbox
 from .cluster import BadRecord, ClusterState
 from .settings import ProcessorSettings
 
@@ -88,6 +98,11 @@ class Processor:
         self.raw_topic = raw_topic
         self.table = table
         self.outputs = outputs
+        #: topic names: the outputs' by contract name, and the table's changelog
+        self.output_names = {name: t.get_topic_name() for name, t in outputs.items()}
+        self.changelog = table.changelog_topic.get_topic_name()
+        #: derived records and checkpoints go out in batches (:mod:`.outbox`)
+        self.outbox = Outbox(settings.kafka)
         self.clusters: dict[str, ClusterState] = {}
         self.journals: dict[str, Journal] = {}
         #: one batch, tick or recovery at a time: each runs apply-publish-checkpoint
@@ -96,7 +111,15 @@ class Processor:
         self.counters = {"envelopes": 0, "events": 0, "duplicates": 0, "dead_letters": 0,
                          "gaps": 0, "partials": 0, "snapshots": 0, "adopted": 0,
                          "not_owned": 0, "rejected_events": 0, "expired_idle": 0,
-                         "forgotten_producers": 0, "forget_postponed": 0}
+                         "forgotten_producers": 0, "forget_postponed": 0,
+                         "refused_clusters": 0, "refused_envelopes": 0}
+        #: the bounds of what this processor holds (:mod:`.bounds`)
+        self.keys = KeyBudget(settings.max_live_keys_total)
+        self.admission = ClusterAdmission(settings.max_live_clusters)
+        #: clusters changed (applied to, rebuilt) since the last tick
+        self._dirty: set[str] = set()
+        #: when the next tick looks at every cluster (see ProcessorSettings.sweep_interval)
+        self._next_sweep = 0.0
         #: (wall clock, process CPU seconds) when the first batch of envelopes began,
         #: and when the latest one was done (for throughput measurements)
         self.first_began: tuple[float, float] | None = None
@@ -108,17 +131,16 @@ class Processor:
         return {tp.partition for tp in self.app.consumer.assignment()
                 if tp.topic == self.raw_topic}
 
-    def _publish(self, topic: str, key: str | None, record: dict):
-        """Send a derived record; returns the future of its acknowledgement."""
-        return self.outputs[topic].send_soon(
-            key=None if key is None else key.encode(), value=orjson.dumps(record))
+    async def _publish(self, topic: str, key: str | None, record: dict) -> None:
+        """Add a derived record to the outbox (on the broker once it is flushed)."""
+        await self.outbox.add(self.output_names[topic], None if key is None else key.encode(),
+                              orjson.dumps(record))
 
     async def process(self, events: Iterable) -> None:
         """Apply, publish and checkpoint one batch of raw-topic faust events."""
         began = (time.time(), time.process_time())
         async with self.lock:
             owned = self._owned_partitions()
-            sent = []
             touched: dict[str, ClusterState] = {}
             n_envelopes = n_events = 0
             for event in events:
@@ -132,10 +154,16 @@ class Processor:
                 except InvalidEnvelope as e:
                     record = envelopes.dead_letter(msg.topic, msg.partition, msg.offset,
                                                    msg.key, msg.value, str(e))
-                    sent.append(self._publish(DEAD_LETTER, record["key"], record))
+                    await self._publish(DEAD_LETTER, record["key"], record)
                     self.counters["dead_letters"] += 1
                     continue
-                state = self._state(envelope["cluster_id"], msg.partition)
+                cluster_id = envelope["cluster_id"]
+                if cluster_id not in self.clusters:
+                    admitted, first = self.admission.admit(cluster_id, len(self.clusters))
+                    if not admitted:
+                        await self._refuse(msg, cluster_id, first)
+                        continue
+                state = self._state(cluster_id, msg.partition)
                 state.last_offset = msg.offset
                 touched[state.cluster_id] = state  # a duplicate moves last_offset too
                 n_envelopes += 1
@@ -147,20 +175,24 @@ class Processor:
                 gaps, closed, rejected = applied
                 if rejected:
                     for record in self._rejections(msg, rejected):
-                        sent.append(self._publish(DEAD_LETTER, record["key"], record))
+                        await self._publish(DEAD_LETTER, record["key"], record)
                     self.counters["rejected_events"] += len(rejected)
                     self.counters["dead_letters"] += min(
                         len(rejected), MAX_REJECTIONS_PER_MESSAGE + 1)
                 for gap in gaps:
-                    sent.append(self._publish(GAPS, state.cluster_id, gap.record(state.cluster_id)))
+                    await self._publish(GAPS, state.cluster_id, gap.record(state.cluster_id))
                 for record in state.partial_records(closed):
-                    sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
+                    await self._publish(PREFIX_STATS, state.cluster_id, record)
                 self.counters["gaps"] += len(gaps)
                 self.counters["partials"] += len(closed)
-            if sent:
-                await asyncio.gather(*sent)
+            # Gaps, partials and dead letters are on the broker before the checkpoints
+            # that count them as published, and the checkpoints before faust acks
+            # (and later commits) the batch's offsets.
+            await self.outbox.flush()
             for state in touched.values():
-                self._checkpoint(state)
+                await self._checkpoint(state)
+            await self.outbox.flush()
+            self._dirty.update(touched)
             if n_envelopes:
                 self.counters["envelopes"] += n_envelopes
                 self.counters["events"] += n_events
@@ -179,80 +211,112 @@ class Processor:
                                       "envelope was applied")
                 for reason in reasons]
 
+    async def _refuse(self, msg, cluster_id: str, first: bool) -> None:
+        """Count an envelope of a refused cluster; the cluster's first one becomes a
+        dead letter (:mod:`.bounds`)."""
+        self.counters["refused_envelopes"] += 1
+        if first:
+            reason = self.admission.reason(cluster_id)
+            record = envelopes.dead_letter(msg.topic, msg.partition, msg.offset, msg.key,
+                                           msg.value, reason)
+            await self._publish(DEAD_LETTER, record["key"], record)
+            self.counters["dead_letters"] += 1
+            self.counters["refused_clusters"] += 1
+            logger.warning("%s", reason)
+
     def _state(self, cluster_id: str, partition: int) -> ClusterState:
         state = self.clusters.get(cluster_id)
         if state is None:
             state = self.clusters[cluster_id] = ClusterState(
-                cluster_id, self.settings.prefix_window, self.settings.max_live_keys)
+                cluster_id, self.settings.prefix_window, self.settings.max_live_keys, self.keys)
             self.journals[cluster_id] = Journal(cluster_id)
         state.partition = partition
         return state
 
-    def _checkpoint(self, state: ClusterState) -> None:
+    async def _checkpoint(self, state: ClusterState) -> None:
         journal = self.journals[state.cluster_id]
         messages = journal.commit(state.take_changes(), state.records, state.partition)
-        self._write(state.partition, messages)
+        await self._write(state.partition, messages)
 
-    def _write(self, partition: int, messages) -> None:
-        send = self.table.send_changelog
+    async def _write(self, partition: int, messages) -> None:
+        """Changelog messages, to the changelog partition of the cluster's raw one
+        (on the broker once the outbox is flushed)."""
+        add = self.outbox.add
         for key, value in messages:
-            send(partition, key, value, key_serializer="raw", value_serializer="raw")
+            await add(self.changelog, key, value, partition)
 
     # ------------------------------------------------------------- periodic
 
     async def tick(self) -> None:
-        """Publish changed spans; close idle producers' partials; forget producers
-        and clusters past their TTLs."""
+        """Publish changed spans; at a sweep also close idle producers' partials and
+        forget producers and clusters past their TTLs."""
         async with self.lock:
             now = time.time()
-            settings = self.settings
-            sent, touched, expired = [], [], []
-            due = [s for s in self.clusters.values() if self._forgets(s, now)]
-            committed = await self._committed({s.partition for s in due}) if due else {}
-            for state in self.clusters.values():
-                idle, finished = self._past_ttls(state, now)
-                may_forget = committed.get(state.partition, -1) > state.last_offset
-                if not may_forget and self._forgets(state, now):
-                    # Its latest message may be read again (by this worker after a
-                    # rebalance, or by the partition's next owner): the cluster, or
-                    # a producer, forgotten now would start over from it, with new
-                    # partial ids and a gap. The next tick asks again.
-                    self.counters["forget_postponed"] += 1
-                    idle = finished = False
-                for record in state.snapshots(final=idle and not finished):
-                    # awaited only for a cluster about to be forgotten
-                    future = self._publish(SPAN_STATE, state.cluster_id, record)
-                    if idle or finished:
-                        sent.append(future)
-                    self.counters["snapshots"] += 1
-                closed = state.close_idle(now, settings.prefix_window)
-                more, gone = (state.forget_producers(now, settings.idle_cluster_ttl)
-                              if may_forget else ([], []))
-                closed += more
-                if idle or finished:
-                    closed += state.windows.close_all()
-                    expired.append(state)
-                if closed:
-                    for record in state.partial_records(closed):
-                        sent.append(self._publish(PREFIX_STATS, state.cluster_id, record))
-                    self.counters["partials"] += len(closed)
-                if closed or gone:
-                    touched.append(state)
-                self.counters["forgotten_producers"] += len(gone)
-            if sent:
-                await asyncio.gather(*sent)
-            for state in touched:
-                if state not in expired:
-                    self._checkpoint(state)
-            for state in expired:
-                self._forget(state.cluster_id)
-                if state.close_seen is not None:
-                    logger.info("forgot cluster %s, closed %.0fs ago", state.cluster_id,
-                                now - state.close_seen)
-                else:
-                    self.counters["expired_idle"] += 1
-                    logger.info("forgot cluster %s, silent for %.0fs without closing",
-                                state.cluster_id, now - state.last_applied)
+            if now < self._next_sweep:
+                # Between sweeps: only the clusters that changed, only their spans.
+                for cluster_id in self._dirty:
+                    state = self.clusters.get(cluster_id)
+                    for record in state.snapshots() if state is not None else ():
+                        await self._publish(SPAN_STATE, cluster_id, record)
+                        self.counters["snapshots"] += 1
+                self._dirty = set()
+                await self.outbox.flush()
+                return
+            self._next_sweep = now + self.settings.sweep_interval
+            self._dirty = set()
+            await self._sweep(now)
+
+    async def _sweep(self, now: float) -> None:
+        """Every cluster: its changed spans, its producers' idle partials, and the
+        TTLs of producers and of the cluster."""
+        settings = self.settings
+        touched, expired = [], []
+        candidates = list(self.clusters.values())
+        due = [s for s in candidates if self._forgets(s, now)]
+        committed = await self._committed({s.partition for s in due}) if due else {}
+        for state in candidates:
+            idle, finished = self._past_ttls(state, now)
+            may_forget = committed.get(state.partition, -1) > state.last_offset
+            if not may_forget and self._forgets(state, now):
+                # Its latest message may be read again (by this worker after a
+                # rebalance, or by the partition's next owner): the cluster, or
+                # a producer, forgotten now would start over from it, with new
+                # partial ids and a gap. The next tick asks again.
+                self.counters["forget_postponed"] += 1
+                idle = finished = False
+            for record in state.snapshots(final=idle and not finished):
+                await self._publish(SPAN_STATE, state.cluster_id, record)
+                self.counters["snapshots"] += 1
+            closed = state.close_idle(now, settings.prefix_window)
+            more, gone = (state.forget_producers(now, settings.idle_cluster_ttl)
+                          if may_forget else ([], []))
+            closed += more
+            if idle or finished:
+                closed += state.windows.close_all()
+                expired.append(state)
+            if closed:
+                for record in state.partial_records(closed):
+                    await self._publish(PREFIX_STATS, state.cluster_id, record)
+                self.counters["partials"] += len(closed)
+            if closed or gone:
+                touched.append(state)
+            self.counters["forgotten_producers"] += len(gone)
+        # Snapshots and partials are on the broker before a checkpoint counts
+        # them as published, or a cluster is forgotten.
+        await self.outbox.flush()
+        for state in touched:
+            if state not in expired:
+                await self._checkpoint(state)
+        for state in expired:
+            await self._forget(state.cluster_id)
+            if state.close_seen is not None:
+                logger.info("forgot cluster %s, closed %.0fs ago", state.cluster_id,
+                            now - state.close_seen)
+            else:
+                self.counters["expired_idle"] += 1
+                logger.info("forgot cluster %s, silent for %.0fs without closing",
+                            state.cluster_id, now - state.last_applied)
+        await self.outbox.flush()
 
     def _past_ttls(self, state: ClusterState, now: float) -> tuple[bool, bool]:
         """(silent past idle-cluster-ttl, closed past finished-cluster-ttl)"""
@@ -279,9 +343,11 @@ class Processor:
                            "of %s are unknown: %s", self.raw_topic, e)
             return {}
 
-    def _forget(self, cluster_id: str) -> None:
+    async def _forget(self, cluster_id: str) -> None:
         state = self.clusters.pop(cluster_id)
-        self._write(state.partition, self.journals.pop(cluster_id).drop())
+        state.tree.release()
+        self._dirty.discard(cluster_id)
+        await self._write(state.partition, self.journals.pop(cluster_id).drop())
 
     # ------------------------------------------------------------- rebalance
 
@@ -295,7 +361,7 @@ class Processor:
         """
         async with self.lock:
             # Our own last checkpoints must be on the log before we read it.
-            await self.app.producer.flush()
+            await self.outbox.flush()
             owned = self._owned_partitions()
             # faust's copy of the changelog is not used (see read_changelog)
             self.table.data.clear()
@@ -305,30 +371,33 @@ class Processor:
             for key, (_, value) in entries.items():
                 cid, path = parse_key(key)
                 by_cluster[cid][path] = value
+            for state in self.clusters.values():
+                state.tree.release()
             self.clusters.clear()
             self.journals.clear()
-            sent = []
-            for cid, found in by_cluster.items():
+            for i, (cid, found) in enumerate(by_cluster.items()):
+                if i % 500 == 499:
+                    await asyncio.sleep(0)  # heartbeats, fetches: thousands of clusters take a while
                 rec = Journal.recover(cid, found)
                 if rec.journal is None:
                     continue  # an interrupted first checkpoint; the next one overwrites it
-                self._write(rec.partition, [(k, None) for k in rec.garbage])
+                await self._write(rec.partition, [(k, None) for k in rec.garbage])
                 try:
                     state = ClusterState.from_records(
                         cid, rec.records, self.settings.prefix_window,
-                        self.settings.max_live_keys)
+                        self.settings.max_live_keys, self.keys)
                 except BadRecord as e:
                     origin = rec.origins.get(e.key, entry_key(cid, "M"))
-                    sent.append(self._recovery_dead_letter(
+                    await self._recovery_dead_letter(
                         topic, rec.partition, entries, origin, e.key, rec.records,
-                        f"cluster {cid}: {e}; the cluster's state is dropped"))
-                    self._write(rec.partition, rec.journal.drop())
+                        f"cluster {cid}: {e}; the cluster's state is dropped")
+                    await self._write(rec.partition, rec.journal.drop())
                     continue
                 for rk, why in state.problems:
-                    sent.append(self._recovery_dead_letter(
+                    await self._recovery_dead_letter(
                         topic, rec.partition, entries,
                         rec.origins.get(rk, entry_key(cid, "M")), rk, rec.records,
-                        f"cluster {cid}: record {rk}: {why}"))
+                        f"cluster {cid}: record {rk}: {why}")
                 state.partition = rec.partition
                 # Whatever was published before a crash is published again.
                 state.tree.republish_all()
@@ -336,16 +405,16 @@ class Processor:
                 self.journals[cid] = rec.journal
                 if state.problems:
                     # the repaired state replaces the bad records on the changelog
-                    self._write(rec.partition, rec.journal.commit(
+                    await self._write(rec.partition, rec.journal.commit(
                         {}, state.records, rec.partition, base=True))
-            if sent:
-                await asyncio.gather(*sent)
+            await self.outbox.flush()
+            self._dirty = set(self.clusters)  # every span is published again
             self.counters["adopted"] += len(self.clusters)
             logger.info("raw partitions %s: %d clusters rebuilt from the changelog",
                         sorted(owned), len(self.clusters))
             await self._rewind_uncommitted()
 
-    def _recovery_dead_letter(self, topic: str, partition: int, entries: dict,
+    async def _recovery_dead_letter(self, topic: str, partition: int, entries: dict,
                               origin: bytes, record_key: str, records: dict | None,
                               reason: str):
         offset = entries.get(origin, (-1, None))[0]
@@ -354,7 +423,7 @@ class Processor:
             topic, partition, offset, origin, orjson.dumps([record_key, value]), reason)
         self.counters["dead_letters"] += 1
         logger.warning("changelog %s: %s", topic, reason)
-        return self._publish(DEAD_LETTER, record["key"], record)
+        return await self._publish(DEAD_LETTER, record["key"], record)
 
     async def _rewind_uncommitted(self) -> None:
         """Start raw partitions without a committed offset from their beginning.
@@ -393,8 +462,12 @@ class Processor:
         message); ``expired_idle`` clusters forgotten for silence (idle-cluster-ttl)
         and ``forgotten_producers`` producers forgotten so; ``forget_postponed`` how
         many times a cluster past its TTL was kept because its latest raw message was
-        not committed yet."""
-        return {**self.counters, "clusters": len(self.clusters),
+        not committed yet; ``refused_clusters`` and ``refused_envelopes`` the clusters
+        refused past ``max-live-clusters`` and their envelopes, ``live_keys`` the task
+        keys held and ``refused_keys`` those refused past ``max-live-keys-total``
+        (:mod:`.bounds`)."""
+        return {**self.counters, "clusters": len(self.clusters), "live_keys": self.keys.used,
+                "refused_keys": self.keys.refused,
                 "first_began": self.first_began, "last_done": self.last_done}
 
 

@@ -34,6 +34,12 @@ class ProcessorSettings:
     idle_cluster_ttl: float
     #: ``processors.max-live-keys``: live task keys tracked per cluster
     max_live_keys: int
+    #: ``processors.max-live-clusters``: clusters one processor holds at once; a new
+    #: cluster past it is refused (:mod:`.bounds`)
+    max_live_clusters: int
+    #: ``processors.max-live-keys-total``: live task keys one processor tracks across
+    #: its clusters (:mod:`.bounds`)
+    max_live_keys_total: int
     #: ``processors.batch-max-envelopes`` and ``batch-max-wait``: raw messages
     #: processed and checkpointed together, and the longest wait for a batch to fill
     batch_max_envelopes: int
@@ -57,12 +63,23 @@ class ProcessorSettings:
                 key = name.replace("_", "-")
                 bound = "more than 0s" if minimum == 0 else f"at least {minimum}s"
                 raise ConfigError(f"blackbox.processors.{key}: {value!r}s must be {bound}")
-        for name in ("max_live_keys", "batch_max_envelopes"):
+        for name in ("max_live_keys", "batch_max_envelopes", "max_live_clusters",
+                     "max_live_keys_total"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 key = name.replace("_", "-")
                 raise ConfigError(
                     f"blackbox.processors.{key}: {value!r} must be an integer >= 1")
+
+    @property
+    def sweep_interval(self) -> float:
+        """How often :meth:`.processor.Processor.tick` looks at every cluster (the
+        time-driven work: closing idle producers' partials, the TTLs); in between it
+        looks only at the clusters that changed: a tenth of the shortest of
+        prefix-window, idle-cluster-ttl and finished-cluster-ttl, at least
+        snapshot-interval."""
+        shortest = min(self.prefix_window, self.idle_cluster_ttl, self.finished_cluster_ttl)
+        return max(self.snapshot_interval, shortest / 10)
 
     @classmethod
     def from_config(cls) -> ProcessorSettings:
@@ -79,6 +96,8 @@ class ProcessorSettings:
             idle_cluster_ttl=config.get_seconds("processors.idle-cluster-ttl",
                                                 minimum=tiny),
             max_live_keys=config.get_int("processors.max-live-keys"),
+            max_live_clusters=config.get_int("processors.max-live-clusters"),
+            max_live_keys_total=config.get_int("processors.max-live-keys-total"),
             batch_max_envelopes=config.get_int("processors.batch-max-envelopes"),
             batch_max_wait=config.get_seconds("processors.batch-max-wait", minimum=tiny),
             session_timeout=config.get_seconds("processors.session-timeout", minimum=1.0),

@@ -317,8 +317,10 @@ class SpanTree:
     checkpoint) and :meth:`take_unpublished` (since the last snapshot).
     """
 
-    def __init__(self, max_keys: int):
+    def __init__(self, max_keys: int, budget=None):
         self.max_keys = max_keys
+        #: the processor's :class:`~.bounds.KeyBudget` (None: only ``max_keys`` bounds)
+        self.budget = budget
         self.spans: dict[str, Span] = {}
         self.groups: dict[int, Group] = {}
         #: group name -> its live Group (a forgotten group's name may be reused)
@@ -386,6 +388,8 @@ class SpanTree:
         elif finish == "forgotten":
             if entry is not None:
                 del self.registry[key]
+                if self.budget is not None:
+                    self.budget.give_back()
                 self._dirty_keys.setdefault(key, True)
             group.live -= 1
             if group.live <= 0:
@@ -577,6 +581,11 @@ class SpanTree:
         """Spans whose tree is not done."""
         return {sid for sid, (_, done) in self._tree_stops().items() if not done}
 
+    def release(self) -> None:
+        """The tree is dropped: its keys go back to the budget."""
+        if self.budget is not None:
+            self.budget.give_back(len(self.registry))
+
     def _span(self, span_id: str) -> Span:
         s = self.spans.get(span_id)
         if s is None:
@@ -593,6 +602,9 @@ class SpanTree:
                     "transitions count as new tasks and forgotten ones go unattributed",
                     self.max_keys,
                 )
+            return None
+        if self.budget is not None and not self.budget.take():
+            self.overflowed = True
             return None
         entry = self.registry[key] = [uid, -1]
         self._dirty_keys.setdefault(key, False)
@@ -743,6 +755,9 @@ class SpanTree:
         self.unattributed = meta["unattributed"]
         self.overflowed = meta["overflowed"]
         self.spans = dict(spans)
+        if self.budget is not None:
+            self.budget.give_back(len(self.registry))
+            self.budget.used += len(registry)
         self.registry = registry
         for t, n in meta.get("nthreads", ()):
             self.nthreads_times.append(t)

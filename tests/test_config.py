@@ -82,3 +82,22 @@ def test_topics_are_created_on_the_real_broker(bb_config):
     names = asyncio.run(kafka.ensure_topics())  # second call: already there, no error
     assert set(names) <= asyncio.run(listed())
     assert names == [config.topic(t) for t in TOPICS]
+
+
+def test_existing_directories_are_made_private(tmp_path):
+    """The data directory the sink and `up` use, and the chDB store, are 0700 even
+    when they existed with a looser mode."""
+    import stat
+
+    from dask_blackbox import clickhouse
+    from dask_blackbox.cli.supervisor import prepare_data_dir
+
+    data, store = tmp_path / "data", tmp_path / "data" / "clickhouse"
+    for path in (data, store):
+        path.mkdir(mode=0o755)
+        path.chmod(0o755)
+    with dask.config.set({"blackbox.data-dir": str(data)}):
+        assert prepare_data_dir() == data
+    clickhouse.check_writable(store, "blackbox.clickhouse.dsn")
+    for path in (data, store):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o700, path

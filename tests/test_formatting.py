@@ -6,8 +6,11 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 
-from dask_blackbox.cli.formatting import render, seconds, short_id
+import pytest
+
+from dask_blackbox.cli.formatting import FORMATS, render, seconds, short_id
 
 NOW = datetime.datetime.now(datetime.timezone.utc).replace(microsecond=250_000)
 SPAN_COLUMNS = ["cluster", "name", "span_id", "parent_id", "enqueued", "start", "stop",
@@ -66,3 +69,22 @@ def test_wide_json_and_csv_keep_every_column_and_value():
 def test_story_times_keep_milliseconds():
     text = render(["key", "start", "finish", "ts"], [("x", "released", "waiting", NOW.timestamp())])
     assert NOW.strftime("%H:%M:%S") + ".250" in text
+
+
+#: What a terminal acts on: C0 (but the newline between lines), DEL and C1.
+TERMINAL_CONTROLS = re.compile(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]")
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_no_format_passes_terminal_escapes(fmt):
+    """Recorded names, keys and messages reach the terminal through every format
+    without a control character the terminal would act on (a title change, a colour,
+    a carriage return over the line); they stay visible as escapes."""
+    hostile = "a\x1b]0;owned\x07b\x1b[31mc\x9b2Jd\re\x00f"
+    columns = ["key\x1b[8m", "exception"]
+    text = render(columns, [(hostile, {"x\x1b": hostile}), ("\x7f", None)], fmt)
+    found = TERMINAL_CONTROLS.findall(text.replace("\t", "") if fmt == "csv" else text)
+    assert not found, (fmt, found, text)
+    assert ("\\x1b" if fmt != "json" else "\\u001b") in text
+    if fmt == "json":
+        assert json.loads(text)[0]["key\x1b[8m"] == hostile  # the value itself is kept

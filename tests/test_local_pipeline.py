@@ -29,6 +29,10 @@ def cli(*args, timeout=120, **kwargs):
 
 @pytest.fixture
 def up(tmp_path):
+    # Directories a careless umask left open to everyone: up makes them private.
+    for path in (tmp_path / "data", tmp_path / "data" / "logs", tmp_path / "data" / "clickhouse"):
+        path.mkdir(mode=0o755)
+        path.chmod(0o755)
     # A threshold Tansu passes at once: the memory warning must come, once.
     running = Up(tmp_path / "data", "--set", "local.tansu-memory-warning=1KiB")
     try:
@@ -60,7 +64,8 @@ def test_up_serves_queries_and_stops_with_nothing_left(up):
     assert "consumer lag" in status.stdout and "rows per table" in status.stdout
     second = cli("up", "--data-dir", str(data_dir))
     assert second.returncode == 1 and "already runs" in second.stderr
-    # Private: the data directory, its logs and the chDB store (0700).
+    # Private: the data directory, its logs and the chDB store (0700), though they
+    # existed with 0755.
     for path in (data_dir, data_dir / "logs", data_dir / "clickhouse"):
         assert stat.S_IMODE(path.stat().st_mode) == 0o700, path
     # Tansu's memory passed the threshold: one warning, in the output and the log.

@@ -461,8 +461,10 @@ def test_checkpoints_recover_from_a_crash_at_any_message(recorded):
     every changelog message, then for each cut of that log (a crash after message
     i): recover, re-apply the stream from where the recovered state stands
     (duplicates skipped by seq) and compare with the uninterrupted state."""
-    # small parts and frequent bases, so cuts fall inside multi-part checkpoints
-    sizes = {"part_bytes": 2000, "compact_min_bytes": 20_000, "compact_max_deltas": 5}
+    # small parts, little carried inline and frequent bases, so cuts fall inside
+    # multi-part checkpoints
+    sizes = {"part_bytes": 2000, "compact_min_bytes": 20_000, "compact_max_deltas": 5,
+             "inline_bytes": 400}
     source = [orjson.loads(v) for _, v in recorded.raw]
     cid = source[0]["cluster_id"]
 

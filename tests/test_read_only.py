@@ -6,17 +6,22 @@ Two real sinks load real (empty) topics into chDB: one keeps running, so the CLI
 ("direct"). On both paths every known bypass is refused before it reaches
 ClickHouse, with one line, and nothing changed: a multi-statement string that drops a
 table, a string literal holding ``/*`` that hid ``INTO OUTFILE``, ``file()`` and
-``url()``, a plain ``DROP TABLE``. Queries have a time and a memory limit, and the
-query server refuses bad ``Content-Length`` headers and never hangs on a client.
+``url()``, a plain ``DROP TABLE``; and parameters that clickhouse-connect would splice
+into the text on the client (``%(name)s`` in a literal, a ``$name$`` marker with bytes,
+positional ``%s``, a name that is no placeholder), which would run text that was never
+checked. Queries have a time and a memory limit, and the query server refuses bad
+``Content-Length`` headers and never hangs on a client.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import pathlib
 import socket
 import subprocess
 import sys
+import time
 import uuid
 
 import dask.config
@@ -34,7 +39,9 @@ BACKEND = {"server": "RemoteBackend", "direct": "DirectBackend"}
 #: Limits the sinks' query servers run with (and the direct path gets by --set).
 LIMITS = {"DASK_BLACKBOX__QUERY__MAX_EXECUTION_TIME": "2s",
           "DASK_BLACKBOX__QUERY__MAX_MEMORY_USAGE": "64MiB",
-          "DASK_BLACKBOX__QUERY__SOCKET_TIMEOUT": "1s"}
+          "DASK_BLACKBOX__QUERY__SOCKET_TIMEOUT": "1s",
+          "DASK_BLACKBOX__QUERY__REQUEST_TIMEOUT": "2s",
+          "DASK_BLACKBOX__QUERY__SERVER_THREADS": "3"}
 
 
 def _settings(broker: str, data_dir) -> dict[str, str]:
@@ -105,6 +112,77 @@ def python_api(env: dict[str, str], *sqls: str) -> list[str]:
     assert backend == BACKEND[env["_path"]]
     assert len(outcomes) == len(sqls), out.stdout
     return outcomes
+
+
+_BIND_PYTHON = """
+import json, sys
+from dask_blackbox.read import queries
+target = sys.argv[1]
+cases = {
+    # Old clickhouse-connect routing: no {name:Type} in the text, so `query % values`:
+    # each quoted value closes the literal, and what it holds runs as SQL.
+    "pyformat in a literal": ("SELECT '%(a)s" + target + "%(b)s'",
+                              {"a": "x INTO OUTFILE", "b": "TRUNCATE --"}),
+    # A "$name$" key with bytes: the raw bytes are spliced after the marker.
+    "bytes after a heredoc marker": ("SELECT 'x$a$'",
+                                     {"$a$": ("' INTO OUTFILE '" + target + "' TRUNCATE --").encode()}),
+    "positional %s": ("SELECT '%s' AS a", ["' INTO OUTFILE '" + target + "' TRUNCATE --"]),
+    "a name beside a placeholder": ("SELECT {a:String} AS a, '%(b)s' AS b", {"a": "x", "b": "y"}),
+    "a placeholder inside a literal": ("SELECT '{a:String}' AS a", {"a": "x"}),
+    "a name that is no placeholder": ("SELECT {a:String} AS a", {"a": "x", "b": "y"}),
+    "bound on the server": ("SELECT {a:String} AS a, {t:DateTime64(3, 'UTC')} AS t",
+                            {"a": "' INTO OUTFILE '" + target + "' --", "t": 1.5}),
+}
+backend = queries.connect()
+out = {"backend": type(backend).__name__}
+for name, (sql, params) in cases.items():
+    try:
+        columns, rows = backend.query(sql, params)
+    except queries.QueryRejected as e:
+        out[name] = "rejected: " + str(e)
+    except queries.QueryError as e:
+        out[name] = "failed: " + str(e)
+    else:
+        out[name] = ["ran", [list(map(str, r)) for r in rows]]
+print(json.dumps(out))
+"""
+
+BIND_CASES = ("pyformat in a literal", "bytes after a heredoc marker", "positional %s",
+              "a name beside a placeholder", "a placeholder inside a literal",
+              "a name that is no placeholder")
+
+
+@pytest.fixture(scope="module")
+def bound(paths, tmp_path_factory):
+    """Per path: (the file a bypass would overwrite, each case's outcome through
+    ``queries.connect().query(sql, parameters)``), all cases in one process."""
+    out = {}
+    for path, env in paths.items():
+        target = tmp_path_factory.mktemp("bind") / "precious.txt"
+        target.write_text("precious\n")
+        run = subprocess.run([sys.executable, "-c", _BIND_PYTHON, str(target)],
+                             env=subprocess_env(env), capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        outcomes = json.loads(run.stdout.strip().splitlines()[-1])
+        assert outcomes.pop("backend") == BACKEND[path]
+        out[path] = (target, outcomes)
+    return out
+
+
+@pytest.mark.parametrize("case", BIND_CASES)
+@pytest.mark.parametrize("path", ["server", "direct"])
+def test_parameters_are_never_bound_on_the_client(bound, path, case):
+    target, outcomes = bound[path]
+    assert str(outcomes[case]).startswith("rejected: query refused: "), outcomes[case]
+    assert "placeholder" in outcomes[case] or "mapping" in outcomes[case], outcomes[case]
+    assert target.read_text() == "precious\n"
+
+
+@pytest.mark.parametrize("path", ["server", "direct"])
+def test_placeholders_are_bound_on_the_server(bound, path):
+    target, outcomes = bound[path]
+    assert outcomes["bound on the server"] == [
+        "ran", [[f"' INTO OUTFILE '{target}' --", "1970-01-01 00:00:01.500000"]]]
 
 
 def table_exists(env: dict[str, str]) -> bool:
@@ -255,6 +333,68 @@ def test_query_server_rejects_bad_content_length(paths):
     # A client that connects and says nothing is dropped.
     assert _exchange(host, port, b"", hold_open=True) == b""
     # And the server still serves.
+    ok = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
+    assert ok.startswith(b"HTTP/1.0 200 ") and b'"rows":[[1]]' in ok, ok[:300]
+
+
+class Trickle:
+    """A client that sends its request a byte at a time, each byte well within the
+    socket timeout (1s), as a slow or hostile client would; it notes when the server
+    closed the connection."""
+
+    def __init__(self, host: str, port: int, token: str) -> None:
+        self.sock = socket.create_connection((host, port), timeout=5)
+        self.request = _post(token, "Content-Length: 1000\r\n", b"{")
+        self.sent = 0
+        self.closed_after: float | None = None
+        self.started = time.monotonic()
+
+    def step(self) -> None:
+        if self.closed_after is not None:
+            return
+        try:
+            self.sock.sendall(self.request[self.sent % len(self.request):][:1])
+            self.sent += 1
+            self.sock.setblocking(False)
+            try:
+                answer = self.sock.recv(65536)
+            except BlockingIOError:
+                return
+            finally:
+                self.sock.setblocking(True)
+            if answer == b"" or answer:
+                self.closed_after = time.monotonic() - self.started
+        except OSError:
+            self.closed_after = time.monotonic() - self.started
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+def test_query_server_bounds_whole_requests_and_threads(paths):
+    """The request timeout (2s here) bounds the whole request, not one read; at most
+    3 requests are handled at once, a fourth is answered 503 at once."""
+    host, port, token = _server(paths["server"])
+    body = b'{"sql": "SELECT 1"}'
+    slow = [Trickle(host, port, token) for _ in range(3)]
+    try:
+        for _ in range(3):  # a few bytes each: every thread is taken
+            for t in slow:
+                t.step()
+            time.sleep(0.2)
+        busy = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
+        assert busy.startswith(b"HTTP/1.0 503 "), busy[:200]
+        assert b"busy" in busy
+        give_up = time.monotonic() + 15
+        while time.monotonic() < give_up and any(t.closed_after is None for t in slow):
+            for t in slow:
+                t.step()
+            time.sleep(0.3)
+        assert all(t.closed_after is not None for t in slow), [t.sent for t in slow]
+        assert all(t.sent < 40 for t in slow), [t.sent for t in slow]  # cut off, not done
+    finally:
+        for t in slow:
+            t.close()
     ok = _exchange(host, port, _post(token, f"Content-Length: {len(body)}\r\n", body))
     assert ok.startswith(b"HTTP/1.0 200 ") and b'"rows":[[1]]' in ok, ok[:300]
 

@@ -141,3 +141,28 @@ def test_one_redaction_function():
                  f"sasl-password: {SASL_PASSWORD}", f"token='{SASL_PASSWORD} x'"):
         assert not leaks(config.redact(text)), config.redact(text)
     assert config.redact("http://host:8123/db") == "http://host:8123/db"
+
+
+@pytest.mark.parametrize("text", [
+    f"pass={DSN_PASSWORD}&x=1",
+    f"access_key={DSN_PASSWORD} region=eu",
+    f"aws_secret_access_key = {DSN_PASSWORD}",
+    f"secret_key: {DSN_PASSWORD}",
+    f"password=two {DSN_PASSWORD} words host=db",
+    f"http://host:8123/?user=u&password=a {DSN_PASSWORD}&x=1",
+    f"http://user:with space {DSN_PASSWORD}@host:8123/db",
+    f"http://user:line\n{DSN_PASSWORD}@host:8123/db",
+    f'{{"password": "line\n{DSN_PASSWORD} \\"quoted\\" {SASL_PASSWORD}"}}',
+    f"password: 'new\nline {DSN_PASSWORD}'",
+    f"Authorization: Basic {DSN_PASSWORD}",
+    f"authorization=Bearer {DSN_PASSWORD}",
+    f'{{"Authorization": "Basic {DSN_PASSWORD}"}}',
+])
+def test_redact_hides_every_form(text):
+    assert not leaks(config.redact(text)), config.redact(text)
+
+
+def test_redact_keeps_what_is_no_secret():
+    for text in ("bypass=1 compass=north", "host=db port=9000", "http://host:8123/db?x=1",
+                 "access_key_id=AKIA1", "the tests pass"):
+        assert config.redact(text) == text

@@ -307,3 +307,68 @@ def test_unwritable_dirs_and_unreachable_clickhouse_are_named(tmp_path, capsys):
             assert err[-1].startswith("dask-blackbox sink: error: ")
     finally:
         taken.close()
+
+
+@pytest.mark.both_brokers
+def test_a_sink_on_a_new_broker_loads_at_once(own_broker_factory, broker_kind, tmp_path):
+    """The broker is replaced by a new, empty incarnation on the same port (a Tansu
+    restart; Kafka with a new data directory) while the journal still names a loaded
+    batch from offset 0 of every partition that had messages. The restarted sink does
+    not wait for those messages (the group never committed on the new broker: the
+    check is moot), nor, restarted once more after committing there, for more than
+    the journal checks' bound (the new broker answers that nothing is there); it is
+    ready when it loads, at once, and what it loads is loaded exactly once."""
+    import asyncio
+
+    from dask_blackbox import kafka
+    from dask_blackbox.sinks.consumer import CHECK_TIMEOUT
+
+    port = free_port()
+    first = own_broker_factory(port=port)
+    settings = {"blackbox.kafka.bootstrap-servers": first.address,
+                "blackbox.kafka.topic-prefix": "fresh", "blackbox.kafka.partitions": 4,
+                "blackbox.data-dir": str(tmp_path / "data"), "blackbox.sink.group-id": "sink-fresh"}
+    env = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
+           for k, v in settings.items()}
+    with dask.config.set(settings):
+        first.start(timeout=120)
+        asyncio.run(kafka.ensure_topics())
+        # One batch from offset 0 on each partition that gets messages: 8 clusters'
+        # envelopes spread over the raw topic's partitions, and derived records.
+        produce(workload(8, 5, clusters=8, t0=NOW - 900))
+        for topic, records in derived_records().items():
+            produce(records, topic)
+        sink = SinkProcess(env)
+        try:
+            sink.wait_ready()
+            wait_consumed(sink)
+            loaded = count(sink.backend(), "transitions")
+        finally:
+            assert sink.terminate() == 0, sink.stderr()
+        assert loaded == 8 * 5
+        first.kill()
+        second = own_broker_factory(port=port)  # same port, nothing of the first
+        second.start(timeout=120)
+        asyncio.run(kafka.ensure_topics())
+        for restart in ("moot", "absent"):
+            sink = SinkProcess(env)
+            try:
+                began = time.monotonic()
+                ready = sink.wait_ready(timeout=CHECK_TIMEOUT + 60)
+                waited = time.monotonic() - began
+                info = orjson.loads((tmp_path / "data" / "sink.json").read_bytes())
+                assert info["loading"] is True and "sink ready" in ready
+                if restart == "moot":
+                    produce(workload(4, 5, clusters=4, t0=NOW - 300))
+                wait_consumed(sink)
+                assert count(sink.backend(), "transitions") == loaded + 4 * 5
+            finally:
+                assert sink.terminate() == 0, sink.stderr()
+            log = sink.stderr()
+            if restart == "moot":
+                assert log.count("never committed this partition on this broker") >= 5, log
+                assert "is not the one it loaded" not in log
+            else:
+                assert "is not the one it loaded" in log, log
+            # Old sinks waited 10 s per such partition, one after another.
+            assert waited < CHECK_TIMEOUT + 30, (restart, waited)

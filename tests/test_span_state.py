@@ -413,6 +413,51 @@ def test_a_checkpoint_restores_the_same_state_with_its_thread_history():
     assert strip(recovered.snapshots()) == strip(state.snapshots())
 
 
+def test_inline_checkpoints_recover_from_a_crash_at_any_message():
+    """Checkpoints after every envelope, small ones carried in the marker (inline),
+    larger ones as delta parts, then bases: for every cut of the changelog (a crash
+    after message i) the recovered state, with the stream applied again (duplicates
+    skipped by seq), is the uninterrupted one; and small checkpoints are one message."""
+    sizes = {"part_bytes": 600, "compact_min_bytes": 6000, "compact_max_deltas": 4,
+             "inline_bytes": 900}
+    stream = [envelope(0, [lifecycle("scheduler_start", 1.0, [[1.0, 2]]),
+                           sp("P", ["p"], None, 1.5), sp("S", ["p", "s"], "P", 1.6)])]
+    for i in range(1, 40):
+        events = computed(f"k{i}", 2.0 + i, 2.5 + i)
+        if i % 3 == 0:
+            events += forgotten(f"k{i - 1}", 3.0 + i)
+        stream.append(envelope(i, events))
+    state, journal, log, singles = ClusterState("c1", 60.0, 1000), Journal("c1", **sizes), [], 0
+    kinds = set()
+    for e in stream:
+        state.apply(e)
+        messages = journal.commit(state.take_changes(), state.records, 0)
+        singles += len(messages) == 1
+        kinds |= {parse_key(k)[1][0] for k, _ in messages}
+        log += messages
+    assert kinds == {"M", "D", "B"} and singles > len(stream) // 3, (kinds, singles)
+    expected = state.records()
+    for cut in range(len(log) + 1):
+        store = {}
+        for key, value in log[:cut]:
+            if value is None:
+                store.pop(key, None)
+            else:
+                store[key] = value
+        rec = Journal.recover("c1", {parse_key(k)[1]: v for k, v in store.items()}, **sizes)
+        recovered = (ClusterState("c1", 60.0, 1000) if rec.journal is None else
+                     ClusterState.from_records("c1", rec.records, 60.0, 1000))
+        assert not recovered.problems
+        for e in stream:
+            recovered.apply(e)
+        assert recovered.records() == expected, f"crash after changelog message {cut}"
+        if rec.journal is not None and cut == len(log):
+            # the next checkpoint carries the recovered inline changes on
+            again = rec.journal.commit(recovered.take_changes(), recovered.records, 0)
+            rec2, twice = _recover(log + again)
+            assert twice.records() == expected
+
+
 # The changelog today's code (before record formats) wrote for OLD_STREAM, produced
 # by dask-blackbox at commit 7388843 (stream_processors.checkpoint.Journal.commit of
 # cluster.ClusterState.take_changes after each envelope).
@@ -447,7 +492,8 @@ OLD_FORMAT_CHANGELOG = [
 def test_an_old_format_checkpoint_is_read_as_what_it_was():
     """Format 1 (positional span and group lists, no format anywhere) is read and
     converted: the state equals the one this build builds from the same stream, and
-    checkpoints written on top of it (format 2 deltas over format 1 ones) recover."""
+    checkpoints written on top of it (format 3, its changes inline in the marker, over
+    format 1 deltas) recover."""
     rec, recovered = _recover(OLD_FORMAT_CHANGELOG)
     assert {fmt for fmt, _ in rec.records.values()} == {1}
     assert not recovered.problems
@@ -462,7 +508,7 @@ def test_an_old_format_checkpoint_is_read_as_what_it_was():
     log = OLD_FORMAT_CHANGELOG + rec.journal.commit(
         recovered.take_changes(), recovered.records, 0)
     rec2, again = _recover(log)
-    assert {fmt for fmt, _ in rec2.records.values()} == {1, 2}
+    assert {fmt for fmt, _ in rec2.records.values()} == {1, 3}
     assert again.records() == fresh.records() and not again.problems
 
 
@@ -482,10 +528,10 @@ def test_an_unreadable_record_is_refused_never_guessed():
     # a format this build does not know: a clear error, not a guess
     future = [(key, orjson.dumps({"format": 99, "records": rows})),
               *OLD_FORMAT_CHANGELOG[1:2]]
-    with pytest.raises(UnknownFormat, match="format 99; this build reads formats 1, 2"):
+    with pytest.raises(UnknownFormat, match="format 99; this build reads formats 1, 2, 3"):
         _recover(future)
-    marker = orjson.loads(OLD_FORMAT_CHANGELOG[1][1]) | {"format": 3}
-    with pytest.raises(UnknownFormat, match="format 3"):
+    marker = orjson.loads(OLD_FORMAT_CHANGELOG[1][1]) | {"format": 4}
+    with pytest.raises(UnknownFormat, match="format 4"):
         _recover([OLD_FORMAT_CHANGELOG[0], (OLD_FORMAT_CHANGELOG[1][0], orjson.dumps(marker))])
 
     # an unreadable meta record: the whole state is refused, naming the record

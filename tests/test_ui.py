@@ -379,6 +379,17 @@ def test_unknown_names_and_json_api(recorded):
     assert b"Traceback" not in body and b"<script>alert(1)" not in body
     status, body = _get(url + "task?" + urllib.parse.urlencode({"cluster": cid, "key": "nope"}))
     assert status == 404 and b"no task &#39;nope&#39;" in body
+    # `dask-blackbox ui` answers its own host only (DNS rebinding reads nothing).
+    import http.client
+
+    port = urllib.parse.urlsplit(url).port
+    for host, expected in (("attacker.example", 400), (f"localhost:{port}", 200)):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.putrequest("GET", "/api/clusters", skip_host=True)
+        conn.putheader("Host", host)
+        conn.endheaders()
+        assert conn.getresponse().status == expected, host
+        conn.close()
 
 
 def test_report_renders_offline(recorded, browser):
