@@ -552,7 +552,7 @@ class KafkaCluster(LocalBroker):
         return self.nodes[0].version
 
     def describe(self) -> str:
-        return f"a cluster of {len(self.nodes)} {self.nodes[0].describe()} brokers"
+        return f"{len(self.nodes)}-node {self.nodes[0].describe()}"
 
     def node(self, node_id: int) -> KafkaBroker:
         return self.nodes[node_id - 1]
@@ -676,14 +676,23 @@ def _mib(size: str | int) -> int:
     return (size if isinstance(size, int) else parse_bytes(str(size))) // 2**20
 
 
-def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int | None = None
-                ) -> LocalBroker:
+def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int | None = None,
+                size: int | None = None) -> LocalBroker:
     """The broker ``blackbox.local.*`` describes, not started. ``data_dir``: the
-    pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``)."""
+    pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``, a cluster
+    of ``size`` > 1 brokers -- ``blackbox.local.brokers`` -- in
+    ``<data_dir>/kafka-cluster``)."""
 
     kind = str(kind or config.get("local.broker") or "tansu").lower()
     if kind not in KINDS:
         raise config.ConfigError(f"blackbox.local.broker: {kind!r} is not one of {KINDS}")
+    size = config.get_int("local.brokers") if size is None else size
+    if size < 1:
+        raise config.ConfigError(f"blackbox.local.brokers: {size!r} must be 1 or more")
+    if size > 1 and kind != "kafka":
+        raise config.ConfigError(
+            f"blackbox.local.brokers: {size} brokers need Apache Kafka (--broker kafka); "
+            "Tansu runs one")
     if port is None:
         value = config.get("local.broker-port") or 0
         port = int(value) if str(value).isdigit() else -1
@@ -692,6 +701,10 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
                 f"blackbox.local.broker-port: {value!r} must be a port number (0: a free port)")
     if kind == "tansu":
         return TansuBroker(port)
+    if size > 1:
+        return KafkaCluster(pathlib.Path(data_dir) / "kafka-cluster", size, port=port,
+                            home=kafka_home(), heap=config.get_bytes("local.kafka-heap"),
+                            java=config.get("local.java"))
     return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port, home=kafka_home(),
                        heap=config.get_bytes("local.kafka-heap"),
                        java=config.get("local.java"))

@@ -145,7 +145,7 @@ def _relation(backend: Backend, name: str, source: str) -> str:
 def _where(w: Window, spans: bool = True) -> tuple[str, dict]:
     conditions = ["cluster_id = {c:String}", "minute >= toDateTime({t0:Float64}, 'UTC')",
                   "minute < toDateTime({t1:Float64}, 'UTC')"]
-    p: dict = {"c": w.cluster_id, "t0": w.t0, "t1": w.t1, "w": w.bucket}
+    p: dict = {"c": w.cluster_id, "t0": w.t0, "t1": w.t1}
     if spans and w.span_ids is not None:
         conditions.append("span_id IN {ids:Array(String)}")
         p["ids"] = w.span_ids
@@ -158,6 +158,7 @@ _BUCKET = "toUInt32(intDiv(toUInt32(minute) - toUInt32({t0:Float64}), toUInt32({
 def finished(backend: Backend, w: Window, source: str) -> dict[tuple[str, int], tuple[int, int]]:
     """(prefix, bucket) -> scheduler transitions into memory and into erred."""
     where, p = _where(w)
+    p["w"] = w.bucket
     _, rows = backend.query(
         f"SELECT prefix, {_BUCKET} AS b, sum(into['memory']), sum(into['erred']) "
         f"FROM {_relation(backend, 'task_minutes', source)} {where} "
@@ -169,6 +170,7 @@ def state_moves(backend: Backend, w: Window, source: str) -> dict[tuple[str, int
     """(state, bucket) -> transitions into it minus transitions out of it (bucket -1:
     everything before the window, the levels it starts from)."""
     where, p = _where(w)
+    p["w"] = w.bucket
     where = where.replace("minute >= toDateTime({t0:Float64}, 'UTC') AND ", "")
     bucket = f"if(minute < toDateTime({{t0:Float64}}, 'UTC'), -1, toInt64({_BUCKET}))"
     _, rows = backend.query(
@@ -185,6 +187,7 @@ def worker_memory(backend: Backend, w: Window, source: str) -> dict[tuple[str, i
     """(worker, bucket) -> the average managed, unmanaged and spilled memory of its
     samples, and their count."""
     where, p = _where(w, spans=False)
+    p["w"] = w.bucket
     _, rows = backend.query(
         f"SELECT worker, {_BUCKET} AS b, sum(memory_managed) / sum(samples), "
         "sum(memory_unmanaged) / sum(samples), sum(memory_spilled) / sum(samples), sum(samples) "

@@ -4,7 +4,11 @@ has the rows.
 
 It loads every contract topic (``contract.TOPICS``). A batch closes at
 ``SinkSettings.batch_max_rows`` rows or ``batch_max_wait`` seconds after its first
-message, whichever comes first. It is then loaded in a thread and committed
+message, whichever comes first -- or sooner, ``batch_min_wait`` after its first
+message, when the sink has caught up (its last fetch brought fewer records than it
+asked for) and no batch is being loaded: under a trickle a row is queryable soon,
+under load the batch grows while the one before it loads. It is then loaded in a
+thread and committed
 while the next batch is read and converted (chDB releases the GIL while it inserts,
 so the two overlap on two cores); a batch starts loading only once the previous one
 is committed. The rebalance callbacks wait for the batch in flight, so a partition is
@@ -46,6 +50,9 @@ logger = logging.getLogger("sinks.consumer")
 #: Longest time the journal checks of one assignment take together, in seconds; a
 #: check not done by then counts as "not the same message" (read again).
 CHECK_TIMEOUT = 10.0
+#: Records asked of one fetch: converting them blocks the event loop. A fetch that
+#: brings fewer means the sink has caught up.
+FETCH_RECORDS = 100
 
 
 class SinkConsumer(ConsumerRebalanceListener):
@@ -56,6 +63,7 @@ class SinkConsumer(ConsumerRebalanceListener):
         self.settings = settings
         self.max_rows = settings.batch_max_rows
         self.max_wait = settings.batch_max_wait
+        self.min_wait = min(settings.batch_min_wait, settings.batch_max_wait)
         self.topics = {settings.kafka.topic(t): t for t in contract.TOPICS}
         session_ms = int(settings.session_timeout * 1000)
         self.consumer = AIOKafkaConsumer(
@@ -219,25 +227,36 @@ class SinkConsumer(ConsumerRebalanceListener):
             record.key, record.value if record.value is not None else b"", record.timestamp,
         )
 
+    def _batch(self) -> Batch:
+        return Batch(self.loader.schemas)
+
     async def run(self) -> None:
         """Consume and load until :meth:`stop`."""
         loop = asyncio.get_running_loop()
-        batch, generation, deadline = Batch(), self._generation, None
+        batch, generation, deadline, first = self._batch(), self._generation, None, None
         try:
             while not self._stop.is_set():
-                timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
+                now = loop.time()
+                if deadline is None:
+                    timeout = 1.0
+                else:  # wake up when the batch may close early, or must close
+                    soon = first + self.min_wait
+                    timeout = max(0.0, (soon if soon > now else deadline) - now)
                 # Few messages per call: converting them blocks the event loop.
-                fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=100)
+                fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000),
+                                                      max_records=FETCH_RECORDS)
                 # getmany does not suspend while it has prefetched records: let the
                 # heartbeats, fetches and the commit of the batch in flight run.
                 await asyncio.sleep(0)
                 async with self._lock:
                     if generation != self._generation:
                         # A rebalance happened: positions went back to committed offsets.
-                        batch, generation, deadline = Batch(), self._generation, None
+                        batch, generation, deadline = self._batch(), self._generation, None
                         continue
+                    n_fetched = 0
                     for tp, records in fetched.items():
                         wanted = (tp.topic, tp.partition)
+                        n_fetched += len(records)
                         for record in records:
                             if record.offset < self._position.get(wanted, 0):
                                 continue
@@ -245,12 +264,19 @@ class SinkConsumer(ConsumerRebalanceListener):
                             batch.add(self._message(record))
                             if batch.n_rows >= self.max_rows:
                                 await self._hand_over(batch)
-                                batch, deadline = Batch(), None
+                                batch, deadline = self._batch(), None
+                    now = loop.time()
                     if batch.n_messages and deadline is None:
-                        deadline = loop.time() + self.max_wait
-                    if deadline is not None and loop.time() >= deadline:
+                        first, deadline = now, now + self.max_wait
+                    if deadline is None:
+                        continue
+                    # Caught up (the fetch brought less than it could) with nothing
+                    # being loaded: close after batch-min-wait; else at batch-max-wait.
+                    idle = n_fetched < FETCH_RECORDS and (
+                        self._inflight is None or self._inflight.done())
+                    if now >= deadline or (idle and now >= first + self.min_wait):
                         await self._hand_over(batch)
-                        batch, deadline = Batch(), None
+                        batch, deadline = self._batch(), None
         finally:
             await self._finish_inflight()
 
