@@ -142,7 +142,14 @@ class SinkConsumer(ConsumerRebalanceListener):
             await self.consumer.commit(beginnings)
             committed.update(beginnings)
         positions = {(tp.topic, tp.partition): offset for tp, offset in committed.items()}
-        loaded = await self._retrying(self.loader.recover, list(positions), positions)
+        elsewhere = None
+        if self.loader.exclusive:  # this store's partitions another sink consumes now
+            others = [TopicPartition(t, p) for t, p in
+                      await self._retrying(self.loader.journaled) if (t, p) not in positions]
+            offsets = await asyncio.gather(*(self.consumer.committed(tp) for tp in others))
+            elsewhere = {(tp.topic, tp.partition): offset
+                         for tp, offset in zip(others, offsets) if offset is not None}
+        loaded = await self._retrying(self.loader.recover, list(positions), positions, elsewhere)
         moot = {(tp.topic, tp.partition) for tp in fresh} & set(loaded)
         for topic, partition in sorted(moot):
             logger.info(

@@ -99,10 +99,14 @@ class Loader:
     """
 
     def __init__(self, client, target: Target, group_id: str, *,
-                 retry_backoff_max: float = 10.0, pause: PausePoint | None = None) -> None:
+                 retry_backoff_max: float = 10.0, pause: PausePoint | None = None,
+                 exclusive: bool = False) -> None:
         self.client = client
         self.target = target
         self.group_id = group_id
+        #: whether this process alone writes the store (a chDB directory): no other
+        #: sink's batches are in its journal (see :meth:`recover`)
+        self.exclusive = exclusive
         self.retry_backoff_max = retry_backoff_max
         self.pause = pause or PausePoint(None, pathlib.Path("."))
         self.stopping = threading.Event()
@@ -164,42 +168,83 @@ class Loader:
 
     # ----------------------------------------------------------------- recovery
 
-    def recover(self, assigned: list[TopicPartition],
-                committed: dict[TopicPartition, int]) -> dict[TopicPartition, Loaded]:
+    def recover(self, assigned: list[TopicPartition], committed: dict[TopicPartition, int],
+                elsewhere: dict[TopicPartition, int] | None = None) -> dict[TopicPartition, Loaded]:
         """Repair what a crashed sink of this group left for the ``assigned``
         partitions: abandon open batches. Return, per partition whose committed offset
         equals the ``from_offset`` of its latest loaded batch, that batch's journal
         entry: if the message at ``from_offset`` still has the recorded fingerprint,
-        the caller must seek to (and commit) ``next_offset`` instead of loading again."""
+        the caller must seek to (and commit) ``next_offset`` instead of loading again.
+
+        On a store of its own (:attr:`exclusive`) every open batch is this process's
+        own: all are abandoned, whatever their partitions. And a batch it loaded but
+        never committed on a partition another sink consumes now is abandoned too
+        (``elsewhere``: the committed offsets of the partitions of :meth:`journaled`
+        not assigned here), when the group's committed offset there is still that
+        batch's start: the other sink loads those messages into its own store."""
         self.delivered.forget()  # another sink may have loaded their producers meanwhile
+        table = self.target.table("sink_batches")
+        if self.exclusive:
+            open_ids = [row[0] for row in self.client.query(
+                f"SELECT batch_id FROM {table} WHERE group_id = {{g:String}} GROUP BY batch_id "
+                "HAVING countIf(state != 'begin') = 0", parameters={"g": self.group_id}).result_rows]
+            handed = [batch_id for tp, (entry, batch_id) in self._latest(list(elsewhere or {})).items()
+                      if elsewhere[tp] == entry[0]]
+            if handed:
+                logger.warning("%d batch(es) this sink loaded but never committed are on "
+                               "partitions another sink consumes now: given up here",
+                               len(set(handed)))
+            open_ids = sorted(set(open_ids) | set(handed))
+            if open_ids:
+                self.abandon(open_ids)
         if not assigned:
             return {}
         tps = [(t, p) for t, p in assigned]
-        open_ids = [row[0] for row in self.client.query(
-            f"SELECT batch_id FROM {self.target.table('sink_batches')} "
-            "WHERE group_id = {g:String} GROUP BY batch_id "
-            "HAVING countIf(state != 'begin') = 0 "
-            "AND hasAny(groupArrayIf((topic, partition), state = 'begin'), "
-            "{tps:Array(Tuple(String, UInt32))})",
-            parameters={"g": self.group_id, "tps": tps},
-        ).result_rows]
-        if open_ids:
-            self.abandon(open_ids)
-        latest = self.client.query(
-            "SELECT topic, partition, argMax((from_offset, next_offset, first_timestamp, first_crc), "
-            f"batch_id) FROM {self.target.table('sink_batches')} "
+        if not self.exclusive:
+            open_ids = [row[0] for row in self.client.query(
+                f"SELECT batch_id FROM {table} "
+                "WHERE group_id = {g:String} GROUP BY batch_id "
+                "HAVING countIf(state != 'begin') = 0 "
+                "AND hasAny(groupArrayIf((topic, partition), state = 'begin'), "
+                "{tps:Array(Tuple(String, UInt32))})",
+                parameters={"g": self.group_id, "tps": tps},
+            ).result_rows]
+            if open_ids:
+                self.abandon(open_ids)
+        return {
+            tp: Loaded(*entry)
+            for tp, (entry, _) in self._latest(tps).items()
+            if committed.get(tp) == entry[0]
+        }
+
+    def _latest(self, tps: list) -> dict[tuple[str, int], tuple[tuple, int]]:
+        """Per (topic, partition) of ``tps``: the journal entry (from_offset,
+        next_offset, first_timestamp, first_crc) of its latest loaded batch that was
+        not abandoned since, and that batch's id."""
+        if not tps:
+            return {}
+        table = self.target.table("sink_batches")
+        rows = self.client.query(
+            "SELECT topic, partition, argMax(((from_offset, next_offset, first_timestamp, "
+            f"first_crc), batch_id), batch_id) FROM {table} "
             "WHERE group_id = {g:String} AND state = 'begin' "
             "AND (topic, partition) IN {tps:Array(Tuple(String, UInt32))} "
-            f"AND batch_id IN (SELECT batch_id FROM {self.target.table('sink_batches')} "
+            f"AND batch_id IN (SELECT batch_id FROM {table} "
             "WHERE group_id = {g:String} AND state = 'loaded') "
+            f"AND batch_id NOT IN (SELECT batch_id FROM {table} "
+            "WHERE group_id = {g:String} AND state = 'abandoned') "
             "GROUP BY topic, partition",
-            parameters={"g": self.group_id, "tps": tps},
+            parameters={"g": self.group_id, "tps": [(t, p) for t, p in tps]},
         ).result_rows
-        return {
-            (topic, partition): Loaded(*entry)
-            for topic, partition, entry in latest
-            if committed.get((topic, partition)) == entry[0]
-        }
+        return {(topic, partition): (tuple(entry), int(batch_id))
+                for topic, partition, (entry, batch_id) in rows}
+
+    def journaled(self) -> list[tuple[str, int]]:
+        """Every (topic, partition) this group's journal names in this store."""
+        return [tuple(row) for row in self.client.query(
+            f"SELECT DISTINCT topic, partition FROM {self.target.table('sink_batches')} "
+            "WHERE group_id = {g:String} AND state = 'begin'",
+            parameters={"g": self.group_id}).result_rows]
 
     def abandon(self, batch_ids: list[int]) -> None:
         """Delete every row of ``batch_ids`` from every table, and from the roll-ups

@@ -80,3 +80,15 @@ def test_a_new_producer_starting_at_zero_is_no_duplicate(client):
     load(loader, [sent("p1-restarted", 0, 2)])
     assert loader.duplicate_envelopes == 0
     assert len(keys(client)) == 9
+
+
+def test_a_reused_seq_with_other_events_is_loaded(client):
+    """Only an envelope that repeats the one loaded with its seq is a duplicate: a
+    producer numbering different envelopes alike loses nothing."""
+    loader = Loader(client, TARGET, "g")
+    load(loader, [sent("p1", 0, 0)])
+    other = orjson.loads(sent("p1", 0, 1).value)
+    other["events"] = other["events"][:2]
+    load(loader, [Message("raw", "t.raw", 0, 1, b"c1", orjson.dumps(other), 1000)])
+    assert loader.duplicate_envelopes == 0
+    assert [n for _, n in keys(client)] == [2, 2, 1]
