@@ -240,15 +240,10 @@ class SinkConsumer(ConsumerRebalanceListener):
     async def run(self) -> None:
         """Consume and load until :meth:`stop`."""
         loop = asyncio.get_running_loop()
-        batch, generation, deadline, first = self._batch(), self._generation, None, None
+        batch, generation, deadline, first = self._batch(), self._generation, None, 0.0
         try:
             while not self._stop.is_set():
-                now = loop.time()
-                if deadline is None:
-                    timeout = 1.0
-                else:  # wake up when the batch may close early, or must close
-                    soon = first + self.min_wait
-                    timeout = max(0.0, (soon if soon > now else deadline) - now)
+                timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
                 # Few messages per call: converting them blocks the event loop.
                 fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000),
                                                       max_records=FETCH_RECORDS)
@@ -258,12 +253,10 @@ class SinkConsumer(ConsumerRebalanceListener):
                 async with self._lock:
                     if generation != self._generation:
                         # A rebalance happened: positions went back to committed offsets.
-                        batch, generation, deadline = self._batch(), self._generation, None
+                        batch, generation, deadline, first = self._batch(), self._generation, None, 0.0
                         continue
-                    n_fetched = 0
                     for tp, records in fetched.items():
                         wanted = (tp.topic, tp.partition)
-                        n_fetched += len(records)
                         for record in records:
                             if record.offset < self._position.get(wanted, 0):
                                 continue
@@ -272,16 +265,17 @@ class SinkConsumer(ConsumerRebalanceListener):
                             if batch.n_rows >= self.max_rows:
                                 await self._hand_over(batch)
                                 batch, deadline = self._batch(), None
-                    now = loop.time()
                     if batch.n_messages and deadline is None:
-                        first, deadline = now, now + self.max_wait
-                    if deadline is None:
-                        continue
+                        first = loop.time()
+                        deadline = first + self.max_wait
                     # Caught up (the fetch brought less than it could) with nothing
-                    # being loaded: close after batch-min-wait; else at batch-max-wait.
-                    idle = n_fetched < FETCH_RECORDS and (
-                        self._inflight is None or self._inflight.done())
-                    if now >= deadline or (idle and now >= first + self.min_wait):
+                    # being loaded: the batch closes batch-min-wait after its first
+                    # message, not batch-max-wait.
+                    if deadline is not None and (
+                            sum(map(len, fetched.values())) < FETCH_RECORDS
+                            and (self._inflight is None or self._inflight.done())):
+                        deadline = min(deadline, first + self.min_wait)
+                    if deadline is not None and loop.time() >= deadline:
                         await self._hand_over(batch)
                         batch, deadline = self._batch(), None
         finally:
