@@ -14,7 +14,9 @@ so the two overlap on two cores); a batch starts loading only once the previous 
 is committed. The rebalance callbacks wait for the batch in flight, so a partition is
 never revoked half way through a batch; messages read but not yet handed to loading
 when partitions are revoked are dropped (they were not committed, so their new owner
-reads them again).
+reads them again), and so are records a fetch brought across the rebalance: every
+assigned partition is then sought back to where its next batch starts, so none of
+them is skipped.
 
 Starting (:meth:`SinkConsumer._prepare`, on every assignment): the committed offsets of
 the assigned partitions are read at once, then :meth:`Loader.recover` repairs what a
@@ -252,7 +254,9 @@ class SinkConsumer(ConsumerRebalanceListener):
                 await asyncio.sleep(0)
                 async with self._lock:
                     if generation != self._generation:
-                        # A rebalance happened: positions went back to committed offsets.
+                        # A rebalance happened: these records may have been fetched
+                        # from the new assignment's positions, which moved past them.
+                        self._rewind()
                         batch, generation, deadline, first = self._batch(), self._generation, None, 0.0
                         continue
                     for tp, records in fetched.items():
@@ -280,6 +284,15 @@ class SinkConsumer(ConsumerRebalanceListener):
                         batch, deadline = self._batch(), None
         finally:
             await self._finish_inflight()
+
+    def _rewind(self) -> None:
+        """Read every assigned partition again from where its next batch starts (the
+        committed offset after a rebalance): records the consumer delivered but the
+        loop dropped are fetched again."""
+        for tp in self.consumer.assignment():
+            offset = self._position.get((tp.topic, tp.partition))
+            if offset is not None:
+                self.consumer.seek(tp, offset)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> bool:
         """Commit after a load; retry while the broker is unreachable. False when the
