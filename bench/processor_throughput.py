@@ -118,7 +118,8 @@ def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
         worker = subprocess.Popen(
             [sys.executable, "-m", "faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", os.path.join(workdir, "d"),
              "-l", "warn", "worker", "--web-port", str(port), "--web-host", "127.0.0.1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=workdir)  # not a checkout: python -m puts the working directory first
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -171,7 +172,8 @@ def main() -> None:
             package = str(baseline_package(args.baseline, pathlib.Path(base)))
             where = subprocess.run(
                 [sys.executable, "-c", "import dask_blackbox.stream_processors.app as m; print(m.__file__)"],
-                env={**os.environ, "PYTHONPATH": package}, capture_output=True, text=True).stdout
+                env={**os.environ, "PYTHONPATH": package}, capture_output=True, text=True,
+                cwd=base).stdout
             if not where.startswith(package):
                 sys.exit(f"route A would import {where.strip() or 'nothing'}, not the baseline")
             figures: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
