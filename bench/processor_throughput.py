@@ -17,7 +17,13 @@ events), which is why events per second can be far above messages per second.
 ``--broker kafka`` runs it on Apache Kafka (``blackbox.local.kafka-home``) instead
 of Tansu.
 
-    python bench/processor_throughput.py [--quick] [--copies N] [--broker tansu|kafka]
+End to end is an A/B: the worker of ``--baseline`` (a git revision, default ``main``;
+its ``dask_blackbox`` rebuilt from ``git archive`` as bench/sink_ingest.py does, first
+on the worker's PYTHONPATH) and this checkout's, alternating (A, B, A, B, ...;
+``--runs`` each) on fresh topics holding the same copies; each route's figure is the
+median of its runs, every run printed.
+
+    python bench/processor_throughput.py [--quick] [--copies N] [--runs 2] [--baseline main] [--broker tansu|kafka]
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ import argparse
 import asyncio
 import json
 import os
+import pathlib
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,7 +100,7 @@ def state_logic(recording: list[tuple[bytes, bytes]], copies: int) -> tuple[int,
 
 
 def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
-               workdir: str) -> dict:
+               workdir: str, package: str | None = None) -> dict:
     prefix = "e2e" + uuid.uuid4().hex[:6]
     conf = settings(broker, prefix)
     source = [orjson.loads(v) for _, v in recording]
@@ -103,12 +111,15 @@ def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
         asyncio.run(replay.publish_raw(messages))
     env = {**os.environ, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
                             for k, v in conf.items()}}
+    if package is not None:
+        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
     port = free_port()
     with open(os.path.join(workdir, "faust.log"), "w") as log:
         worker = subprocess.Popen(
             [sys.executable, "-m", "faust", "-A", "dask_blackbox.stream_processors.app", "--datadir", os.path.join(workdir, "d"),
              "-l", "warn", "worker", "--web-port", str(port), "--web-host", "127.0.0.1"],
-            env=env, stdout=log, stderr=subprocess.STDOUT)
+            env=env, stdout=log, stderr=subprocess.STDOUT,
+            cwd=workdir)  # not a checkout: python -m puts the working directory first
     try:
         deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
@@ -133,10 +144,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="smaller workload and fewer copies")
     parser.add_argument("--copies", type=int, help="copies replayed end to end")
+    parser.add_argument("--runs", type=int, default=2, help="end-to-end runs of each route")
+    parser.add_argument("--baseline", default="main", help="git revision of route A")
     parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
     args = parser.parse_args()
     size, copies = (1000, 6) if args.quick else (2000, 20)
     copies = args.copies or copies
+
+    from sink_ingest import baseline_package
 
     broker_dir = tempfile.TemporaryDirectory()
     local = brokers.from_config(broker_dir.name, args.broker)
@@ -153,18 +168,34 @@ def main() -> None:
         report("processor state logic (decode + apply + checkpoint), 1 core",
                round(events / cpu), "events/s", TARGET, AIM, better="higher")
 
-        with tempfile.TemporaryDirectory() as workdir:
-            s = end_to_end(broker, recording, copies, workdir)
-        (wall0, cpu0), (wall1, cpu1) = s["first_began"], s["last_done"]
-        print(f"end to end: {s['envelopes']} envelopes, {s['events']} events in "
-              f"{wall1 - wall0:.2f}s wall, {cpu1 - cpu0:.2f}s CPU of the faust worker "
-              f"({s['messages'] / (wall1 - wall0):.0f} messages/s)", flush=True)
-        report(f"processor throughput end to end ({local.describe()} + 1 faust worker)",
-               round(s["events"] / (wall1 - wall0)), "events/s", TARGET, AIM,
-               better="higher")
-        report("processor throughput end to end, per core of the faust worker",
-               round(s["events"] / (cpu1 - cpu0)), "events/s/core", TARGET, AIM,
-               better="higher")
+        with tempfile.TemporaryDirectory() as base:
+            package = str(baseline_package(args.baseline, pathlib.Path(base)))
+            where = subprocess.run(
+                [sys.executable, "-c", "import dask_blackbox.stream_processors.app as m; print(m.__file__)"],
+                env={**os.environ, "PYTHONPATH": package}, capture_output=True, text=True,
+                cwd=base).stdout
+            if not where.startswith(package):
+                sys.exit(f"route A would import {where.strip() or 'nothing'}, not the baseline")
+            figures: dict[str, list[tuple[float, float]]] = {"A": [], "B": []}
+            for n in range(args.runs):
+                for route in ("A", "B"):
+                    with tempfile.TemporaryDirectory() as workdir:
+                        s = end_to_end(broker, recording, copies, workdir,
+                                       package if route == "A" else None)
+                    (wall0, cpu0), (wall1, cpu1) = s["first_began"], s["last_done"]
+                    per_wall, per_core = s["events"] / (wall1 - wall0), s["events"] / (cpu1 - cpu0)
+                    figures[route].append((per_wall, per_core))
+                    print(f"run {n + 1} {route}: {s['envelopes']} envelopes, {s['events']} events "
+                          f"in {wall1 - wall0:.2f}s wall, {cpu1 - cpu0:.2f}s CPU of the faust "
+                          f"worker: {per_wall:.0f} events/s, {per_core:.0f} per core", flush=True)
+        for route, name in (("A", f"baseline {args.baseline}"), ("B", "this checkout")):
+            wall = statistics.median(w for w, _ in figures[route])
+            core = statistics.median(c for _, c in figures[route])
+            report(f"processor throughput end to end ({local.describe()} + 1 faust worker), "
+                   f"{route}: {name}", round(wall), "events/s", None, better="higher")
+            report(f"processor throughput end to end, per core of the faust worker, "
+                   f"{route}: {name} (median of {args.runs})", round(core), "events/s/core",
+                   200_000 if route == "B" else None, None, better="higher")
     finally:
         local.stop()
         broker_dir.cleanup()

@@ -29,6 +29,8 @@ BENCHMARKS = [
     "processor_ttl.py",
     "flood.py",
     "query_latency.py",
+    "sink_ingest.py",
+    "history.py",
     "critical_path.py",
     "trace_file.py",
     "freshness.py",

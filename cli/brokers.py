@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import os
 import pathlib
 import re
@@ -308,24 +309,49 @@ logger.raft.name = org.apache.kafka.raft
 logger.raft.level = WARN
 logger.cleaner.name = kafka.log.LogCleaner
 logger.cleaner.level = WARN
+logger.controller.name = org.apache.kafka.controller.QuorumController
+logger.controller.level = INFO
 """
 
 
+@dataclasses.dataclass
+class Quorum:
+    """The KRaft quorum of a local Kafka cluster whose every node is broker and
+    controller: the cluster id its storage is formatted with, each node's controller
+    port, and the replication of what the brokers create."""
+
+    cluster_id: str
+    #: node id -> controller port
+    controllers: dict[int, int]
+    #: replication factor of the internal topics and of topics created without one
+    replicas: int
+    #: min.insync.replicas of the brokers (what acks=all waits for)
+    min_insync: int
+
+    @property
+    def voters(self) -> str:
+        return ",".join(f"{i}@127.0.0.1:{port}" for i, port in sorted(self.controllers.items()))
+
+
 class KafkaBroker(LocalBroker):
-    """Single-node Apache Kafka (KRaft, combined broker + controller) in ``data_dir``."""
+    """Apache Kafka (KRaft, combined broker + controller) in ``data_dir``: a single
+    node, or node ``node_id`` of the ``quorum`` of a :class:`KafkaCluster`."""
 
     kind = "kafka"
     persistent = True
 
     def __init__(self, data_dir: str | os.PathLike, port: int = 0,
                  home: str | os.PathLike | None = None, heap: str | int = "512MiB",
-                 java: str | None = None, retention_check: float = 10.0) -> None:
+                 java: str | None = None, retention_check: float = 10.0,
+                 node_id: int = 1, quorum: Quorum | None = None) -> None:
         super().__init__(port)
         self.data_dir = pathlib.Path(data_dir)
         self.home = home
         self.heap_mib = max(64, _mib(heap))
         self.java = java
         self.retention_check = retention_check
+        self.node_id = node_id
+        self.quorum = quorum
         self.controller_port = 0
         self.version = "?"
         self._java_path = self._jars = None
@@ -341,7 +367,8 @@ class KafkaBroker(LocalBroker):
         self._java_path = find_java(self.java)
         self._jars, self.version = find_kafka_jars(self.home)
         super().prepare()
-        self.controller_port = free_port()
+        self.controller_port = (self.quorum.controllers[self.node_id] if self.quorum
+                                else free_port())
         from dask_blackbox import runfiles
 
         runfiles.private_dir(self.data_dir)
@@ -367,18 +394,24 @@ class KafkaBroker(LocalBroker):
         except (OSError, UnicodeDecodeError) as e:
             raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
                               f"(meta.properties: {e}): {fix}") from None
-        if not props.get("cluster.id") or props.get("node.id") != "1":
+        if not props.get("cluster.id") or props.get("node.id") != str(self.node_id):
             raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
-                              f"(meta.properties has no cluster.id / node.id=1): {fix}")
+                              f"(meta.properties has no cluster.id / node.id={self.node_id}): {fix}")
+        if self.quorum and props["cluster.id"] != self.quorum.cluster_id:
+            raise BrokerError(f"the Kafka data directory {self.logs_dir} belongs to another "
+                              f"cluster ({props['cluster.id']}): {fix}")
         if not (self.logs_dir / "__cluster_metadata-0").is_dir():
             raise BrokerError(f"the Kafka data directory {self.logs_dir} is corrupt "
                               f"(no __cluster_metadata-0): {fix}")
 
     def _properties(self) -> str:
+        replicas, min_insync = (self.quorum.replicas, self.quorum.min_insync) if self.quorum \
+            else (1, 1)
         props = {
             "process.roles": "broker,controller",
-            "node.id": 1,
-            "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
+            "node.id": self.node_id,
+            "controller.quorum.voters": self.quorum.voters if self.quorum
+            else f"{self.node_id}@127.0.0.1:{self.controller_port}",
             "listeners": f"PLAINTEXT://127.0.0.1:{self.port},"
                          f"CONTROLLER://127.0.0.1:{self.controller_port}",
             "advertised.listeners": f"PLAINTEXT://127.0.0.1:{self.port}",
@@ -386,14 +419,21 @@ class KafkaBroker(LocalBroker):
             "listener.security.protocol.map": "PLAINTEXT:PLAINTEXT,CONTROLLER:PLAINTEXT",
             "inter.broker.listener.name": "PLAINTEXT",
             "log.dirs": self.logs_dir,
-            # One node: every internal topic has one replica.
-            "offsets.topic.replication.factor": 1,
+            # One node: every internal topic has one replica; a cluster: as many as
+            # its quorum says, and acks=all waits for min.insync.replicas of them.
+            "offsets.topic.replication.factor": replicas,
             "offsets.topic.num.partitions": 4,
-            "transaction.state.log.replication.factor": 1,
-            "transaction.state.log.min.isr": 1,
+            "transaction.state.log.replication.factor": replicas,
+            "transaction.state.log.min.isr": min_insync,
             "transaction.state.log.num.partitions": 4,
-            "share.coordinator.state.topic.replication.factor": 1,
-            "share.coordinator.state.topic.min.isr": 1,
+            "share.coordinator.state.topic.replication.factor": replicas,
+            "share.coordinator.state.topic.min.isr": min_insync,
+            "default.replication.factor": replicas,
+            "min.insync.replicas": min_insync,
+            # A replica that was away catches up and rejoins the ISR promptly, and
+            # leadership goes back to the preferred replica.
+            "replica.lag.time.max.ms": 10_000,
+            "leader.imbalance.check.interval.seconds": 10,
             # Topics are created explicitly (dask_blackbox.kafka.ensure_topics), with
             # their retention; a typo must not create a topic with broker defaults.
             "auto.create.topics.enable": "false",
@@ -427,8 +467,9 @@ class KafkaBroker(LocalBroker):
                 "-cp", f"{self._jars}/*", main, *args]
 
     def _format(self) -> None:
+        cluster_id = self.quorum.cluster_id if self.quorum else new_cluster_id()
         out = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", new_cluster_id(),
+            self._java("kafka.tools.StorageTool", "format", "-t", cluster_id,
                        "-c", str(self.data_dir / "server.properties")),
             capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
         if out.returncode != 0:
@@ -441,10 +482,10 @@ class KafkaBroker(LocalBroker):
         return self._java("kafka.Kafka", str(self.data_dir / "server.properties"))
 
     def wait_ready(self, proc: subprocess.Popen, timeout: float = 90.0, log_tail=None) -> None:
-        """Listening, and a registered (unfenced) broker in the cluster metadata."""
+        """Listening, and registered (unfenced) in the cluster metadata."""
         deadline = time.monotonic() + timeout
         super().wait_ready(proc, timeout, log_tail)
-        while not asyncio.run(_has_broker(self.address)):
+        while self.node_id not in asyncio.run(_brokers(self.address)):
             if proc.poll() is not None:
                 raise BrokerError(self._exit_message(proc.returncode, log_tail))
             if time.monotonic() > deadline:
@@ -453,18 +494,170 @@ class KafkaBroker(LocalBroker):
             time.sleep(0.2)
 
 
-async def _has_broker(address: str) -> bool:
+async def _brokers(address: str) -> set[int]:
+    """The ids of the brokers registered (unfenced) in the cluster the broker at
+    ``address`` belongs to (none if it does not answer)."""
     from aiokafka.admin import AIOKafkaAdminClient
 
     admin = AIOKafkaAdminClient(bootstrap_servers=[address], request_timeout_ms=3000)
     try:
         await admin.start()
         cluster = await admin.describe_cluster()
-        return bool(cluster.get("brokers"))
+        return {b["node_id"] for b in cluster.get("brokers", ())}
     except Exception:
-        return False
+        return set()
     finally:
         await admin.close()
+
+
+class KafkaCluster(LocalBroker):
+    """``size`` Apache Kafka nodes on 127.0.0.1 (default 3), each broker and
+    controller of one KRaft quorum, from the same jars as :class:`KafkaBroker`: node
+    ``i`` in ``<data_dir>/node-<i>`` on port ``port + i - 1`` (free ports for 0).
+    Internal topics, and topics created without a replication factor, get ``size``
+    replicas (at most 3), and acks=all waits for ``min.insync.replicas`` = replicas - 1
+    of them: one broker may be lost without losing an acknowledged message or
+    refusing a write. The storage is formatted once with a cluster id kept in
+    ``<data_dir>/cluster.id``, so the cluster survives restarts.
+
+    :meth:`stop_node` / :meth:`start_node` take one node away and back (the fault
+    tests), :meth:`active_controller` names the quorum's leader. The supervisor runs
+    each of :attr:`nodes` as a child of its own."""
+
+    kind = "kafka"
+    persistent = True
+
+    def __init__(self, data_dir: str | os.PathLike, size: int = 3, port: int = 0,
+                 home: str | os.PathLike | None = None, heap: str | int = "384MiB",
+                 java: str | None = None, retention_check: float = 10.0) -> None:
+        if size < 1:
+            raise BrokerError(f"a Kafka cluster of {size} brokers: give 1 or more")
+        super().__init__(port)
+        self.data_dir = pathlib.Path(data_dir)
+        replicas = min(size, 3)
+        self.quorum = Quorum("", {}, replicas, max(1, replicas - 1))
+        self.nodes = [
+            KafkaBroker(self.data_dir / f"node-{i}", port=(port + i - 1) if port else 0,
+                        home=home, heap=heap, java=java, retention_check=retention_check,
+                        node_id=i, quorum=self.quorum)
+            for i in range(1, size + 1)]
+        self.port = self.nodes[0].port
+
+    @property
+    def address(self) -> str:
+        return ",".join(node.address for node in self.nodes)
+
+    @property
+    def version(self) -> str:
+        return self.nodes[0].version
+
+    def describe(self) -> str:
+        return f"{len(self.nodes)}-node {self.nodes[0].describe()}"
+
+    def node(self, node_id: int) -> KafkaBroker:
+        return self.nodes[node_id - 1]
+
+    def prepare(self) -> None:
+        self.data_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        known = self.data_dir / "cluster.id"
+        if not known.exists():
+            known.write_text(new_cluster_id())
+        self.quorum.cluster_id = known.read_text().strip()
+        if not self.quorum.controllers:
+            self.quorum.controllers = {n.node_id: free_port() for n in self.nodes}
+        for node in self.nodes:
+            node.prepare()
+
+    def command(self) -> list[str]:
+        raise BrokerError("a Kafka cluster is several processes: run each of its nodes")
+
+    def start(self, timeout: float = 120.0, log: pathlib.Path | None = None,
+              **popen_kwargs) -> KafkaCluster:
+        """Prepare and run every node (each one's output in ``<data_dir>/node-<i>.log``,
+        or ``log`` with ``.<i>`` added), and wait until all are registered."""
+        self.prepare()
+        try:
+            for node in self.nodes:
+                self._spawn(node, log)
+            deadline = time.monotonic() + timeout
+            for node in self.nodes:
+                node.wait_ready(node.proc, max(1.0, deadline - time.monotonic()),
+                                lambda n=node: _tail(self._log(n, log)))
+        except BaseException:
+            self.kill()
+            raise
+        return self
+
+    def _log(self, node: KafkaBroker, log: pathlib.Path | None) -> pathlib.Path:
+        return (log.with_suffix(log.suffix + f".{node.node_id}") if log
+                else self.data_dir / f"node-{node.node_id}.log")
+
+    def _spawn(self, node: KafkaBroker, log: pathlib.Path | None = None) -> None:
+        with open(self._log(node, log), "ab") as out:
+            node.proc = subprocess.Popen(node.command(), stdin=subprocess.DEVNULL, stdout=out,
+                                         stderr=subprocess.STDOUT)
+
+    def stop_node(self, node_id: int, timeout: float = 30.0) -> None:
+        """Stop one node cleanly (SIGTERM: a controlled shutdown)."""
+        self.node(node_id).stop(timeout)
+
+    def start_node(self, node_id: int, timeout: float = 120.0) -> None:
+        """Start a stopped node again (its data kept) and wait until it is registered."""
+        node = self.node(node_id)
+        node.prepare()
+        self._spawn(node)
+        try:
+            node.wait_ready(node.proc, timeout, lambda: _tail(self._log(node, None)))
+        except BaseException:
+            node.kill()
+            raise
+
+    def registered(self) -> set[int]:
+        """The ids of the brokers registered now, as a live node reports them."""
+        for node in self.nodes:
+            if node.proc is not None and node.proc.poll() is None:
+                found = asyncio.run(_brokers(node.address))
+                if found:
+                    return found
+        return set()
+
+    def active_controller(self, timeout: float = 60.0) -> int:
+        """The node id of the quorum's leader: the leader of the latest epoch its
+        controllers announced in their logs (``In the new epoch N, the leader is
+        X``); waits up to ``timeout`` for an epoch with a leader."""
+        announced = re.compile(r"In the new epoch (\d+), the leader is (\d+)\.|"
+                               r"\[QuorumController id=(\d+)\] Becoming the active controller "
+                               r"at epoch (\d+)")
+        deadline = time.monotonic() + timeout
+        while True:
+            latest = (-1, None)
+            for node in self.nodes:
+                try:
+                    text = self._log(node, None).read_text(errors="replace")
+                except OSError:
+                    continue
+                for m in announced.finditer(text):
+                    epoch, leader = (m.group(1), m.group(2)) if m.group(1) else (m.group(4), m.group(3))
+                    latest = max(latest, (int(epoch), int(leader)))
+            leader = latest[1]
+            if leader is not None and self.node(leader).proc is not None \
+                    and self.node(leader).proc.poll() is None:
+                return leader
+            if time.monotonic() > deadline:
+                raise BrokerError(f"no running node of the Kafka cluster leads its quorum "
+                                  f"after {timeout:.0f}s")
+            time.sleep(0.2)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        for node in self.nodes:  # every node at once: none waits for another to go
+            if node.proc is not None and node.proc.poll() is None:
+                node.proc.terminate()
+        for node in self.nodes:
+            node.stop(timeout)
+
+    def kill(self) -> None:
+        for node in self.nodes:
+            node.kill()
 
 
 def _read_properties(path: pathlib.Path) -> dict[str, str]:
@@ -483,14 +676,23 @@ def _mib(size: str | int) -> int:
     return (size if isinstance(size, int) else parse_bytes(str(size))) // 2**20
 
 
-def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int | None = None
-                ) -> LocalBroker:
+def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int | None = None,
+                size: int | None = None) -> LocalBroker:
     """The broker ``blackbox.local.*`` describes, not started. ``data_dir``: the
-    pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``)."""
+    pipeline's data directory (Kafka keeps its data in ``<data_dir>/kafka``, a cluster
+    of ``size`` > 1 brokers -- ``blackbox.local.brokers`` -- in
+    ``<data_dir>/kafka-cluster``)."""
 
     kind = str(kind or config.get("local.broker") or "tansu").lower()
     if kind not in KINDS:
         raise config.ConfigError(f"blackbox.local.broker: {kind!r} is not one of {KINDS}")
+    size = config.get_int("local.brokers") if size is None else size
+    if size < 1:
+        raise config.ConfigError(f"blackbox.local.brokers: {size!r} must be 1 or more")
+    if size > 1 and kind != "kafka":
+        raise config.ConfigError(
+            f"blackbox.local.brokers: {size} brokers need Apache Kafka (--broker kafka); "
+            "Tansu runs one")
     if port is None:
         value = config.get("local.broker-port") or 0
         port = int(value) if str(value).isdigit() else -1
@@ -499,6 +701,10 @@ def from_config(data_dir: str | os.PathLike, kind: str | None = None, port: int 
                 f"blackbox.local.broker-port: {value!r} must be a port number (0: a free port)")
     if kind == "tansu":
         return TansuBroker(port)
+    if size > 1:
+        return KafkaCluster(pathlib.Path(data_dir) / "kafka-cluster", size, port=port,
+                            home=kafka_home(), heap=config.get_bytes("local.kafka-heap"),
+                            java=config.get("local.java"))
     return KafkaBroker(pathlib.Path(data_dir) / "kafka", port=port, home=kafka_home(),
                        heap=config.get_bytes("local.kafka-heap"),
                        java=config.get("local.java"))

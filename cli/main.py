@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--broker", choices=("tansu", "kafka"),
                     help="local broker (default blackbox.local.broker: tansu); kafka: "
                          "Apache Kafka, bounded by retention, for long runs")
+    up.add_argument("--brokers", type=int,
+                    help="Apache Kafka brokers (default blackbox.local.brokers: 1); 3: a "
+                         "KRaft cluster on 127.0.0.1 whose topics keep 3 replicas")
 
     demo = sub.add_parser("demo", parents=[common],
                           help="record two demo clusters and show what ClickHouse knows")
@@ -235,7 +238,8 @@ def _up(args: argparse.Namespace) -> int:
 
     from dask_blackbox.cli.supervisor import LocalPipeline
 
-    pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors, broker=args.broker)
+    pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors, broker=args.broker,
+                             brokers=args.brokers)
     print(f"dask-blackbox: starting the local pipeline in {config.data_dir()}", flush=True)
     pipeline.start(timeout=args.timeout, progress=lambda m: print("  " + m, flush=True))
     print(f"dask-blackbox: healthy in {time.monotonic() - pipeline.started:.1f}s. "

@@ -287,6 +287,9 @@ class LocalPipeline:
     kafka: str | None = None
     processors: int = 1
     broker: str | None = None
+    #: brokers of the local Kafka (None: ``blackbox.local.brokers``); more than one is
+    #: a KafkaCluster, each node a child ``broker-<id>``
+    brokers: int | None = None
     children: list[Child] = field(default_factory=list)
     started: float = 0.0
     local_broker: brokers.LocalBroker | None = None
@@ -305,6 +308,8 @@ class LocalPipeline:
     _backoff: dict = field(default_factory=dict)
     #: names of restarted children not yet seen ready
     _unready: set = field(default_factory=set)
+    #: the local broker process of each broker child, by the child's name
+    _broker_nodes: dict = field(default_factory=dict)
 
     # ------------------------------------------------------------------ start
     def start(self, timeout: float = 60.0, progress=print) -> None:
@@ -406,10 +411,19 @@ class LocalPipeline:
             progress(f"kafka      {config.bootstrap_servers()[0]}")
             return
         try:
-            broker = self.local_broker = brokers.from_config(data, self.broker)
+            broker = self.local_broker = brokers.from_config(data, self.broker, size=self.brokers)
             broker.prepare()
-            child = self._start(Recipe("broker", broker.command, broker.env))
-            broker.wait_ready(child.proc, timeout=90, log_tail=lambda: child.log_tail(60))
+            nodes = {"broker": broker}
+            if isinstance(broker, brokers.KafkaCluster):
+                nodes = {f"broker-{node.node_id}": node for node in broker.nodes}
+                # Every topic replicated on 3 brokers; acks=all waits for 2.
+                dask.config.set({"blackbox.kafka.replication-factor": broker.quorum.replicas,
+                                 "blackbox.kafka.min-insync-replicas": broker.quorum.min_insync})
+            started = [(node, self._start(Recipe(name, node.command, node.env)))
+                       for name, node in nodes.items()]
+            self._broker_nodes = nodes
+            for node, child in started:
+                node.wait_ready(child.proc, timeout=90, log_tail=lambda c=child: c.log_tail(60))
         except BrokerError as e:
             raise PipelineError(str(e)) from None
         dask.config.set({"blackbox.kafka.bootstrap-servers": broker.address})
@@ -452,7 +466,7 @@ class LocalPipeline:
     def _write_state(self, data: pathlib.Path) -> None:
         state = {
             "pid": os.getpid(),
-            "kafka": config.bootstrap_servers()[0],
+            "kafka": ",".join(config.bootstrap_servers()),
             "broker": self.local_broker.kind if self.local_broker else "external",
             "topic_prefix": config.get("kafka.topic-prefix"),
             "clickhouse": config.redact(config.clickhouse_dsn()),
@@ -553,10 +567,10 @@ class LocalPipeline:
     def _restart(self, dead: Child, say) -> Child:
         del self._due[dead.name]
         child = self._start(self._recipes[dead.name], dead.restarts + 1)
-        if dead.name == "broker":
+        if dead.name in self._broker_nodes:
             try:
-                self.local_broker.wait_ready(child.proc, timeout=90,
-                                             log_tail=lambda: child.log_tail(60))
+                self._broker_nodes[dead.name].wait_ready(child.proc, timeout=90,
+                                                         log_tail=lambda: child.log_tail(60))
                 asyncio.run(kafka.ensure_topics(timeout=30))
             except (BrokerError, kafka.KafkaUnreachable) as e:
                 say(f"broker did not come back: {e}")
@@ -569,12 +583,12 @@ class LocalPipeline:
         """Start at once every sink or processor that is down (waiting for its
         restart), and wait (up to ``timeout``) until each is ready: a drain needs
         them."""
-        broker = next((c for c in self.children if c.name == "broker"), None)
-        if broker is not None and not broker.alive():
+        nodes = [c for c in self.children if c.name in self._broker_nodes]
+        if nodes and not any(c.alive() for c in nodes):
             return
         revived = []
         for child in list(self.children):
-            if child.name != "broker" and not child.alive():
+            if child.name not in self._broker_nodes and not child.alive():
                 self._due.pop(child.name, None)
                 progress(f"{child.name} is down; starting it to drain")
                 revived.append(self._start(self._recipes[child.name], child.restarts + 1))
@@ -593,7 +607,7 @@ class LocalPipeline:
         if drain_timeout:
             self._revive_for_drain(drain_timeout, progress)
         running = {c.name: c for c in self.children if c.alive()}
-        if drain_timeout and "broker" in self._recipes and "broker" not in running:
+        if drain_timeout and self._broker_nodes and not set(self._broker_nodes) & set(running):
             progress("the broker is gone: nothing left to drain")
             drained = False
         elif drain_timeout and "sink" in running:
@@ -605,11 +619,17 @@ class LocalPipeline:
         if drain_timeout and "sink" in running:
             # Snapshots the processors published while stopping must be loaded too.
             drained = wait_drained(drain_timeout, settle=0.5) and drained
-        for name in ("exporter", "alerts", "sink", "broker"):
+        for name in ("exporter", "alerts", "sink"):
             for child in self.children:
                 if child.name == name:
-                    # Kafka's clean shutdown closes its logs (no recovery next start).
-                    _terminate(child, timeout=60.0 if name == "broker" else 15.0)
+                    _terminate(child, timeout=15.0)
+        nodes = [c for c in self.children if c.name in self._broker_nodes]
+        for child in nodes:  # every broker at once: none waits for another to go
+            if child.alive():
+                child.proc.terminate()
+        for child in nodes:
+            # Kafka's clean shutdown closes its logs (no recovery next start).
+            _terminate(child, timeout=60.0)
         for child in self.children:
             child._reader.join(5)
         runfiles.remove(config.data_dir(), runfiles.UP)

@@ -49,6 +49,9 @@ REJECTION_CODES = frozenset({
 UNAVAILABLE = (ClickHouseError, OSError)
 
 
+#: The default of ``blackbox.clickhouse.rollup-retention``: two years.
+ROLLUP_RETENTION_SECONDS = 730 * 86400
+
 #: A plain ClickHouse identifier (database, cluster names).
 IDENTIFIER = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -136,12 +139,14 @@ def is_rejection(error: BaseException) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """Where and how the schema lives: the database, the retention, and the
-    ClickHouse cluster name (None for a single node)."""
+    """Where and how the schema lives: the database, the retention of raw rows, the
+    ClickHouse cluster name (None for a single node), and the retention of what
+    outlives the raw rows (roll-ups, spans, lifecycle: sinks/sql/008_rollups.sql)."""
 
     database: str
     retention_seconds: int
     cluster: str | None = None
+    rollup_retention_seconds: int = ROLLUP_RETENTION_SECONDS
 
     @classmethod
     def from_config(cls) -> Target:
@@ -163,7 +168,14 @@ class Target:
             raise config.ConfigError(
                 f"blackbox.clickhouse.cluster: {cluster!r} is not a plain identifier"
             )
-        return cls(database, int(retention), str(cluster) if cluster else None)
+        rollups = config.get_seconds("clickhouse.rollup-retention")
+        if rollups < retention:
+            raise config.ConfigError(
+                f"blackbox.clickhouse.rollup-retention: {config.get('clickhouse.rollup-retention')!r} "
+                f"is shorter than blackbox.clickhouse.retention "
+                f"({config.get('clickhouse.retention')!r}); roll-ups would expire before the "
+                "rows they summarise")
+        return cls(database, int(retention), str(cluster) if cluster else None, int(rollups))
 
     @property
     def placeholders(self) -> dict[str, str]:
@@ -171,6 +183,7 @@ class Target:
         return {
             "database": self.database,
             "ttl": f"{self.retention_seconds} SECOND",
+            "rollup_ttl": f"{max(self.rollup_retention_seconds, self.retention_seconds)} SECOND",
             "on_cluster": f"ON CLUSTER '{self.cluster}'" if clustered else "",
             "replicated": "Replicated" if clustered else "",
             "local": "_local" if clustered else "",
@@ -188,3 +201,9 @@ class Target:
         if self.cluster is None:
             return f"{self.database}.{name}"
         return f"{self.database}.{name}_local ON CLUSTER '{self.cluster}'"
+
+    @property
+    def rollups(self) -> Target:
+        """The target of the roll-ups' database, ``<database>_rollups``
+        (sinks/sql/008_rollups.sql)."""
+        return dataclasses.replace(self, database=f"{self.database}_rollups")

@@ -177,6 +177,23 @@ def bootstrap_servers() -> list[str]:
     return servers
 
 
+def idempotence() -> bool:
+    """``blackbox.kafka.idempotence``: true, false, or auto -- true when the broker
+    is that of a running ``dask-blackbox up`` that runs Apache Kafka (its run file
+    says ``"broker": "kafka"``), false otherwise (Tansu refuses idempotent
+    producers)."""
+    value = get("kafka.idempotence", "auto")
+    if isinstance(value, bool):
+        return value
+    if str(value).lower() in ("true", "false"):
+        return str(value).lower() == "true"
+    if str(value).lower() != "auto":
+        raise ConfigError(f"blackbox.kafka.idempotence: {value!r} must be true, false or auto")
+    if get("kafka.bootstrap-servers") is not None:
+        return False
+    return (running_up() or {}).get("broker") == "kafka"
+
+
 def kafka_client_kwargs() -> dict[str, Any]:
     """Connection and security keyword arguments for any aiokafka client, from the
     current config (:meth:`KafkaSettings.client_kwargs`)."""
@@ -251,6 +268,10 @@ class KafkaSettings:
     partitions: int = 1
     replication_factor: int = 1
     retention_seconds: float = 86400.0
+    #: min.insync.replicas of the topics created (None: the broker's default)
+    min_insync_replicas: int | None = None
+    #: whether producers of envelopes are idempotent (``blackbox.kafka.idempotence``)
+    idempotence: bool = False
 
     @classmethod
     def from_config(cls) -> KafkaSettings:
@@ -292,6 +313,9 @@ class KafkaSettings:
             partitions=get_int("kafka.partitions"),
             replication_factor=get_int("kafka.replication-factor"),
             retention_seconds=get_seconds("kafka.retention", minimum=1.0),
+            min_insync_replicas=(None if get("kafka.min-insync-replicas", None) is None
+                                 else get_int("kafka.min-insync-replicas")),
+            idempotence=idempotence(),
         )
 
     def topic(self, name: str) -> str:

@@ -39,7 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
 from itertools import repeat
-from typing import Annotated, Any, Final, TypedDict, get_type_hints
+from typing import Annotated, Any, Final, NamedTuple, TypedDict, get_type_hints
 
 SCHEMA_VERSION: Final = 2
 #: Envelope versions this build reads: 1 (no packed events) and 2.
@@ -436,12 +436,20 @@ class InvalidEvent(ValueError):
 _NO_NAMES: Final = (None, None, None)
 
 
-def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
-    """The TRANSITION fields of a :data:`TRANSITION_RUN`'s events as columns: field ->
-    one value per event, for every field of :class:`Transition` but ``kind`` (``ts``
-    from ``time``, ``prefix``/``group``/``span_id`` from ``names``, a column left out
-    all None). The columns' shape is checked (lists of one length, ``names`` entries
-    of three, ``name`` in range), their values are not: a reader checks them as it
+class RunShape(NamedTuple):
+    """What :func:`run_shape` found: the run's length, its ``names`` table (an entry
+    ``(prefix, group, span_id)`` per distinct name, a null entry as three Nones), and
+    its optional columns (:data:`RUN_OPTIONAL_COLUMNS` -> the list, or None where left
+    out)."""
+
+    n: int
+    names: list
+    optional: dict[str, list | None]
+
+
+def run_shape(run: Mapping[str, Any]) -> RunShape:
+    """Check the shape of a :data:`TRANSITION_RUN` (lists of one length, ``names``
+    entries of three, ``name`` in range), not its values: a reader checks them as it
     checks any TRANSITION event's. Raises :class:`InvalidEvent` naming the column."""
     n = None
     for column in RUN_COLUMNS:
@@ -468,19 +476,30 @@ def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
     index = run["name"]
     if not set(map(type, index)) <= {int} or min(index) < 0 or max(index) >= len(table):
         raise InvalidEvent("name", f"expected indexes into names (0..{len(table) - 1})")
-    prefix, group, span_id = zip(*map(table.__getitem__, index))
+    optional = {}
+    for column in RUN_OPTIONAL_COLUMNS:
+        values = run.get(column)
+        if values is not None and type(values) is not list:
+            raise InvalidEvent(column, f"expected a list or null, got {type(values).__name__}")
+        if values is not None and len(values) != n:
+            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
+        optional[column] = values
+    return RunShape(n, table, optional)
+
+
+def run_columns(run: Mapping[str, Any]) -> dict[str, list]:
+    """The TRANSITION fields of a :data:`TRANSITION_RUN`'s events as columns: field ->
+    one value per event, for every field of :class:`Transition` but ``kind`` (``ts``
+    from ``time``, ``prefix``/``group``/``span_id`` from ``names``, a column left out
+    all None). Its shape is checked by :func:`run_shape` (InvalidEvent), its values
+    are not."""
+    n, table, optional = run_shape(run)
+    prefix, group, span_id = zip(*map(table.__getitem__, run["name"]))
     columns = {"ts": run["time"], "key": run["key"], "prefix": list(prefix),
                "group": list(group), "span_id": list(span_id), "start": run["start"],
                "finish": run["finish"], "stimulus_id": run["stimulus_id"]}
-    for column in RUN_OPTIONAL_COLUMNS:
-        values = run.get(column)
-        if values is None:
-            values = [None] * n
-        elif type(values) is not list:
-            raise InvalidEvent(column, f"expected a list or null, got {type(values).__name__}")
-        elif len(values) != n:
-            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
-        columns[column] = values
+    for column, values in optional.items():
+        columns[column] = [None] * n if values is None else values
     return columns
 
 

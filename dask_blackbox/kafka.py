@@ -53,6 +53,8 @@ async def ensure_topics(timeout: float = 10.0, settings: KafkaSettings | None = 
                      max(retention_ms // 4, 1000))
     topic_configs = {"retention.ms": str(retention_ms), "segment.ms": str(segment_ms),
                      "segment.bytes": str(max(config.get_bytes("kafka.segment-bytes"), 2**20))}
+    if settings.min_insync_replicas is not None:
+        topic_configs["min.insync.replicas"] = str(settings.min_insync_replicas)
     names = [settings.topic(t) for t in TOPICS]
     admin = await connect_admin(timeout, settings)
     try:

@@ -166,7 +166,8 @@ class KafkaLink:
                 self.producer = AIOKafkaProducer(
                     **self.kwargs, client_id=identity.producer_id, acks="all", linger_ms=0,
                     request_timeout_ms=int(REQUEST_TIMEOUT * 1000),
-                    max_request_size=MAX_ENVELOPE_BYTES + 100_000)
+                    max_request_size=MAX_ENVELOPE_BYTES + 100_000,
+                    enable_idempotence=self.settings.kafka.idempotence)
                 await asyncio.wait_for(self.producer.start(), timeout)
             queued = await asyncio.wait_for(
                 self.producer.send(self.settings.raw_topic, envelope,

@@ -66,6 +66,9 @@ def cluster_ids(backend: Backend, cluster: str | None) -> list[str] | None:
         return None
     _, rows = backend.query(
         f"SELECT DISTINCT cluster_id FROM {table(backend, 'envelopes')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
+        # a cluster whose envelopes expired, by its last name (the roll-ups keep it)
+        f"SELECT cluster_id FROM {table(backend, 'clusters')} "
         "WHERE cluster_id = {c:String} OR cluster_name = {c:String}",
         {"c": cluster},
     )

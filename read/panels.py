@@ -211,7 +211,7 @@ def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -
             "erred": sum(c["erred"] for c in totals.values())}
 
 
-def _nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
+def nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
     from dask_blackbox.read import workers
 
     return workers.nthreads(backend, scope.cluster_id)
@@ -280,7 +280,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
             "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
             f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
             " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
-    threads = _nthreads(backend, scope)
+    threads = nthreads(backend, scope)
     first_cell: dict[str, int] = {}
     peak: dict[str, float] = defaultdict(float)
     for w, b, busy, _, _, _ in cells:

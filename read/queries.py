@@ -240,7 +240,8 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
     active in that window): first and last envelope, workers seen (joined, left or
     reporting metrics), tasks computed, tasks erred, worker removals, workers lost
     (removals whose cause is not "expected", :mod:`.diagnosis`), producers and
-    envelopes."""
+    envelopes. From the roll-ups and the lifecycle: the same answer after the raw rows
+    (envelopes, metrics) have expired."""
     f = build(backend, cluster, None, None, None)
     start, stop = epoch(since, "since"), epoch(until, "until")
     if start is not None:
@@ -253,7 +254,8 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
         f"producers, envelopes FROM {table(backend, 'clusters')} AS c "
         "LEFT JOIN (SELECT cluster_id, uniqExact(worker) AS workers FROM ("
         f"SELECT cluster_id, worker FROM {table(backend, 'lifecycle')} WHERE worker != '' UNION ALL "
-        f"SELECT DISTINCT cluster_id, worker FROM {table(backend, 'worker_metrics')}) "
+        # the workers that reported metrics, from their roll-up (it outlives the metrics)
+        f"SELECT DISTINCT cluster_id, worker FROM {backend.database}_rollups.worker_minutes) "
         "GROUP BY cluster_id) AS w USING (cluster_id) "
         "LEFT JOIN (SELECT cluster_id, countIf(action = 'worker_removed') AS removed "
         f"FROM {table(backend, 'lifecycle')} GROUP BY cluster_id) AS r USING (cluster_id) "

@@ -29,7 +29,7 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from dask_blackbox.read import aggregates, diagnosis, panels, templates
+from dask_blackbox.read import aggregates, diagnosis, history, panels, rollup_panels, templates
 from dask_blackbox.read import graph as graphs
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
@@ -95,7 +95,20 @@ class Context:
     def markers(self) -> dict:
         return self._shared("markers", lambda: panels.markers(self.backend, self.scope, self.deaths()))
 
+    def history(self) -> history.Detail:
+        """Where the run's panels come from (:func:`.history.detail`): its raw rows, or
+        its per-minute roll-ups once the raw rows expired (the progress, task states,
+        memory and a binned task stream then come from :mod:`.rollup_panels`, and the
+        heading says so; what only raw rows could show is empty)."""
+        return self.memo.get(("history", self.scope.cluster_id),
+                             lambda: history.detail(self.backend, self.scope.cluster_id))
+
+    def from_rollups(self) -> bool:
+        return self.history().source == "rollups"
+
     def progress(self) -> dict:
+        if self.from_rollups():
+            return self._shared("progress", lambda: rollup_panels.progress(self.backend, self.scope))
         return self._shared("progress", lambda: panels.progress(self.backend, self.scope))
 
     def n_tasks(self) -> int:
@@ -166,7 +179,11 @@ def _task_stream(ctx: Context) -> dict:
     prog = ctx.progress()
     finished = sum(c["memory"] + c["erred"] for c in prog["counts"].values())
     max_bars = _int(ctx.params.get("max_bars"), panels.MAX_BARS)
-    stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished)
+    if ctx.from_rollups():
+        stream = rollup_panels.task_stream(ctx.backend, ctx.scope,
+                                           panels.nthreads(ctx.backend, ctx.scope))
+    else:
+        stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished)
     return {"task_stream": stream, "critical_path": ctx.critical_path()}
 
 
@@ -181,7 +198,9 @@ def _cost(ctx: Context) -> dict:
 
 
 def _progress(ctx: Context) -> dict:
-    return {"progress": ctx.progress(), "task_states": panels.task_states(ctx.backend, ctx.scope)}
+    states = (rollup_panels.task_states if ctx.from_rollups() else panels.task_states)(
+        ctx.backend, ctx.scope)
+    return {"progress": ctx.progress(), "task_states": states}
 
 
 def _groups(ctx: Context) -> dict:
@@ -202,8 +221,12 @@ def _workers(ctx: Context) -> dict:
 
 def _memory(ctx: Context) -> dict:
     marks = ctx.markers()
-    return {"memory": panels.memory(ctx.backend, ctx.scope, [d["worker"] for d in marks["deaths"]]),
-            "markers": marks}
+    dead = [d["worker"] for d in marks["deaths"]]
+    if ctx.from_rollups():
+        mem = rollup_panels.memory(ctx.backend, ctx.scope, dead=dead, shown=panels.MEMORY_WORKERS)
+    else:
+        mem = panels.memory(ctx.backend, ctx.scope, dead)
+    return {"memory": mem, "markers": marks}
 
 
 def _activity(ctx: Context) -> dict:
@@ -432,7 +455,8 @@ def render_view(name: str, ctx: Context, query_string: str = "") -> dict:
 
 def report_data(ctx: Context, views=RUN_VIEWS) -> dict:
     """Every panel's data, merged (what the report draws)."""
-    data: dict[str, Any] = {"markers": ctx.markers(), "summary": summary(ctx)}
+    head = summary(ctx)
+    data: dict[str, Any] = {"markers": ctx.markers(), "summary": head, "history": head["history"]}
     for view in views:
         data.update(view.data(ctx))
     return data
@@ -459,10 +483,15 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
 def summary(ctx: Context) -> dict:
     """The page's heading: the scope and its counts (tasks, in memory, erred, workers,
     deaths, restarts)."""
-    head = panels.summary(ctx.backend, ctx.scope, ctx.progress())
+    if ctx.from_rollups():
+        head = rollup_panels.summary(ctx.scope, ctx.progress())
+    else:
+        head = panels.summary(ctx.backend, ctx.scope, ctx.progress())
     marks = ctx.markers()
+    found = ctx.history()
     head.update(deaths=len(marks["deaths"]), restarts=len(marks["restarts"]),
-                workers=len(worker_data.info(ctx.backend, ctx.scope.cluster_id)))
+                workers=len(worker_data.info(ctx.backend, ctx.scope.cluster_id)),
+                history={"source": found.source, "note": found.note})
     return head
 
 

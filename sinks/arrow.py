@@ -11,13 +11,12 @@ None in a text column becomes '', in bulk.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dask_blackbox.sinks.tables import FlatLists
+from dask_blackbox.sinks.tables import Coded, FlatLists, TableData
 
 _INTEGERS = {
     "Int8": pa.int8(), "Int16": pa.int16(), "Int32": pa.int32(), "Int64": pa.int64(),
@@ -74,43 +73,92 @@ def _raw_type(ch_type: str) -> pa.DataType:
     raise UnsupportedType(f"the sink cannot insert ClickHouse type {ch_type}")
 
 
-def _finish(array: pa.Array, ch_type: str) -> pa.Array:
-    """Turn float seconds into timestamps, wherever the type has times."""
-    base = _base(ch_type)
-    if base.startswith("DateTime64("):
-        scale = int(_arguments(base[11:-1])[0])
-        ticks = pc.round(pc.multiply(array, 10.0 ** scale))
-        return pc.cast(pc.cast(ticks, pa.int64()), pa.timestamp({3: "ms", 6: "us", 9: "ns"}[scale], "UTC"))
-    if base.startswith("DateTime"):
-        return pc.cast(pc.cast(pc.floor(array), pa.int64()), pa.timestamp("s", "UTC"))
-    if base.startswith("Array(") and _base(base[6:-1]).startswith("DateTime"):
-        return pa.ListArray.from_arrays(array.offsets, _finish(array.values, base[6:-1]))
-    return array
+class Converter:
+    """Python values to an Arrow array for one ClickHouse column type, in two steps:
+    :meth:`raw` builds the array from a column of Python values -- a list, a
+    ``range``, a :class:`~sinks.tables.Coded`, or for an Array type a
+    :class:`~sinks.tables.FlatLists` -- with times as float seconds and None left as
+    null; :meth:`finish` turns a raw array (or several concatenated) into what the
+    column takes: times into timestamps, null into '' where the column is a plain
+    String. Calling it does both."""
 
+    def __init__(self, ch_type: str) -> None:
+        self.ch_type = ch_type
+        self.raw_type = _raw_type(ch_type)
+        base = _base(ch_type)
+        if "DateTime" in ch_type and base.startswith("Array(Array("):
+            raise UnsupportedType(f"nested arrays of times are not supported: {ch_type}")
+        self.element = Converter(base[6:-1]) if base.startswith("Array(") else None
+        self.timestamps = None
+        if base.startswith("DateTime64("):
+            scale = int(_arguments(base[11:-1])[0])
+            self.timestamps = (10.0 ** scale, pa.timestamp({3: "ms", 6: "us", 9: "ns"}[scale], "UTC"))
+        elif base.startswith("DateTime"):
+            self.timestamps = (1.0, pa.timestamp("s", "UTC"))
+        # sinks.tables keeps None for '' in text columns; ClickHouse's String is not Nullable.
+        self.empty = "" if self.raw_type == pa.string() and "Nullable(" not in ch_type else None
 
-def converter(ch_type: str) -> Callable[[list], pa.Array]:
-    """A function from a list of Python values (or, for an Array type, a
-    :class:`~sinks.tables.FlatLists`) to an Arrow array for ``ch_type``."""
-    raw = _raw_type(ch_type)
-    needs_finish = "DateTime" in ch_type
-    base = _base(ch_type)
-    if needs_finish and base.startswith("Array(Array("):
-        raise UnsupportedType(f"nested arrays of times are not supported: {ch_type}")
-    element = converter(base[6:-1]) if base.startswith("Array(") else None
-    # sinks.tables keeps None for '' in text columns; ClickHouse's String is not Nullable.
-    empty = "" if raw == pa.string() and "Nullable(" not in ch_type else None
+    def __call__(self, values) -> pa.Array:
+        return self.finish(self.raw(values))
 
-    def convert(values) -> pa.Array:
+    def raw(self, values) -> pa.Array:
         if isinstance(values, FlatLists):
             offsets = np.zeros(len(values.lengths) + 1, dtype=np.int32)
             np.cumsum(np.array(values.lengths, dtype=np.int32), out=offsets[1:])
-            return pa.ListArray.from_arrays(pa.array(offsets), element(values.values))
-        array = pa.array(values, type=raw)
-        if empty is not None and array.null_count:
-            array = pc.fill_null(array, empty)
-        return _finish(array, ch_type) if needs_finish else array
+            return pa.ListArray.from_arrays(pa.array(offsets), self.element.raw(values.values))
+        if isinstance(values, Coded):  # each distinct value converted once
+            return pc.take(self.raw(values.values), pa.array(values.index, pa.int32()))
+        if isinstance(values, range):
+            values = np.arange(values.start, values.stop, values.step)
+        return pa.array(values, type=self.raw_type)
 
-    return convert
+    def finish(self, array: pa.Array) -> pa.Array:
+        if self.element is not None:
+            values = self.element.finish(array.values)
+            return array if values is array.values else pa.ListArray.from_arrays(array.offsets, values)
+        if self.empty is not None and array.null_count:
+            return pc.fill_null(array, self.empty)
+        if self.timestamps is not None:
+            factor, unit = self.timestamps
+            if factor == 1.0:
+                ticks = pc.floor(array)
+            else:
+                ticks = pc.round(pc.multiply(array, factor))
+            return pc.cast(pc.cast(ticks, pa.int64()), unit)
+        return array
+
+
+def converter(ch_type: str) -> Converter:
+    """The :class:`Converter` for ``ch_type``."""
+    return Converter(ch_type)
+
+
+class ArrowChunk:
+    """A chunk of a :class:`~sinks.tables.TableData` already made raw Arrow arrays
+    (:meth:`Converter.raw`, one per column), so that its Python values need not be
+    kept. :meth:`python` gives the columns back as Python values (lists, FlatLists
+    for columns of lists), as the chunk held them."""
+
+    __slots__ = ("arrays",)
+
+    def __init__(self, arrays: list[pa.Array]) -> None:
+        self.arrays = arrays
+
+    def __len__(self) -> int:
+        return len(self.arrays[0]) if self.arrays else 0
+
+    def python(self) -> list:
+        return [_python(array) for array in self.arrays]
+
+
+def _python(array: pa.Array):
+    if pa.types.is_list(array.type):
+        offsets = array.offsets.to_numpy()
+        values = array.values.slice(offsets[0], offsets[-1] - offsets[0])
+        return FlatLists(_python(values), np.diff(offsets).tolist())
+    if pa.types.is_map(array.type):
+        return [None if pairs is None else dict(pairs) for pairs in array.to_pylist()]
+    return array.to_pylist()
 
 
 class TableSchema:
@@ -132,6 +180,26 @@ class TableSchema:
             [convert(values) for convert, values in zip(self.converters, columns, strict=True)],
             names=self.columns,
         )
+
+    def table_of(self, data: TableData) -> pa.Table:
+        """The Arrow table of a table's rows (see :class:`~sinks.tables.TableData`):
+        each chunk's raw arrays, concatenated, then finished once."""
+        chunks = data.chunks
+        if len(chunks) == 1 and type(chunks[0]) is not ArrowChunk:
+            return self.table(chunks[0])
+        return pa.Table.from_arrays(
+            [convert.finish(pa.concat_arrays([
+                chunk.arrays[i] if type(chunk) is ArrowChunk else convert.raw(chunk[i])
+                for chunk in chunks]))
+             for i, convert in enumerate(self.converters)],
+            names=self.columns,
+        )
+
+    def chunk(self, columns: list) -> ArrowChunk:
+        """A block's columns as raw Arrow arrays; raises what Arrow raises for a
+        value it cannot take (ValueError, TypeError, OverflowError)."""
+        return ArrowChunk([convert.raw(values)
+                           for convert, values in zip(self.converters, columns, strict=True)])
 
 
 def with_batch(table: pa.Table, batch_id: int) -> pa.Table:

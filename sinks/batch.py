@@ -48,10 +48,13 @@ from dask_blackbox.sinks import checks
 from dask_blackbox.sinks.checks import Invalid
 from dask_blackbox.sinks.events import (
     EVENT_CONVERTERS, EVENT_LAYOUTS, RUN_STRUCT, STRUCT_KINDS, TRANSITION_STRUCT, decode_envelope,
-    layout_row, transition_columns, typed_columns,
+    layout_row, transition_blocks, typed_columns,
 )
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
-from dask_blackbox.sinks.tables import COLUMNS, Block, Envelope, Message, Ref, TableData
+from dask_blackbox.sinks import arrow
+from dask_blackbox.sinks.tables import (
+    CHUNK_MIN_ROWS, COLUMNS, Block, Envelope, FlatLists, Message, TableData,
+)
 
 #: Largest message the sink decodes: twice what a producer sends at most
 #: (contract.MAX_ENVELOPE_BYTES), which also stays under Kafka's default 1 MiB limit.
@@ -108,7 +111,11 @@ class Batch:
     fingerprint that tells one broker incarnation's offsets from another's.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, schemas: dict[str, arrow.TableSchema] | None = None) -> None:
+        #: The Arrow conversion of each table (the loader's), or None: with it, a
+        #: large block (a transition run) becomes raw Arrow arrays as it is added,
+        #: while its values are fresh, and its Python objects are let go.
+        self.schemas = schemas
         self.tables: dict[str, TableData] = {name: TableData(name) for name in COLUMNS}
         #: Arrow tables built ahead of loading, per table (see Loader.prepare).
         self.arrow: dict = {}
@@ -156,6 +163,25 @@ class Batch:
         except Exception as e:  # a converter bug must not stop the sink: say so
             self.dead_letter(message, None, _unforeseen(e), now)
 
+    def drop_messages(self, keys: set[tuple[str, int, int]]) -> int:
+        """Remove every row made of the messages at ``keys`` ((Kafka topic,
+        partition, offset): duplicates, see sinks.sequences); their positions stay,
+        so they are committed with the batch. Returns the rows removed."""
+        removed = 0
+        for table, data in self.tables.items():
+            refs = list(data.refs)
+            keep = [i for i, (m, _) in enumerate(refs)
+                    if (m.kafka_topic, m.partition, m.offset) not in keys]
+            if len(keep) == len(refs):
+                continue
+            columns = data.columns
+            kept = TableData(table)
+            kept.extend([_subset(c, keep) for c in columns], [refs[i] for i in keep])
+            self.tables[table] = kept
+            self.arrow.pop(table, None)
+            removed += len(refs) - len(keep)
+        return removed
+
     def dead_letter(self, message: Message, event: int | None, reason: str, now: float,
                     payload: str | None = None) -> None:
         """Record that ``message`` (or its event number ``event``) cannot be loaded."""
@@ -186,21 +212,25 @@ class Batch:
         # unforeseen), the checked path, event by event, finds out what and says so.
         except Exception:
             return False
-        finishes: Any = ()
-        for table, data, refs in converted:
-            self._put(table, data, refs)
-            if table == "transitions" and type(data) is Block:  # one block an envelope
+        n_transitions = n_memory = n_erred = 0
+        for table, data, events in converted:
+            self._put(table, data, message, events)
+            if table == "transitions":
                 finishes = data.columns[_FINISH]
+                n_transitions += len(finishes)
+                n_memory += finishes.count("memory")
+                n_erred += finishes.count("erred")
         self._add_envelope_row(message, env, wire.cluster_name, wire.sent_at, positions[-1],
-                               finishes)
+                               n_transitions, n_memory, n_erred)
         return True
 
     @staticmethod
     def _typed_rows(message: Message, env: Envelope, events: list, positions, now: float):
-        """(table, row or Block, ref or refs) of typed ``events``, a kind at a time,
-        ``positions`` their indexes in the expanded envelope (:func:`_positions`).
-        With TRANSITION_RUNs, the transitions, packed or not, are one block in that
-        order."""
+        """(table, row or Block, event index or indexes) of typed ``events``, a kind at
+        a time, ``positions`` their indexes in the expanded envelope
+        (:func:`_positions`). With TRANSITION_RUNs, the transitions come first: a block
+        per run, or, with single TRANSITION events among them, one block in the
+        envelope's order."""
         kinds = list(map(type, events))
         distinct = set(kinds)
         one_kind = len(distinct) == 1
@@ -215,34 +245,40 @@ class Batch:
             firsts, runs = select(RUN_STRUCT)
             indexes, structs = select(TRANSITION_STRUCT) if TRANSITION_STRUCT in distinct \
                 else ([], [])
-            columns, indexes = transition_columns(env, structs, indexes, runs, firsts, now)
-            yield ("transitions", Block(columns, len(indexes)),
-                   list(zip(itertools.repeat(message), indexes)))
+            for columns, indexes in transition_blocks(env, structs, indexes, runs, firsts, now):
+                yield "transitions", Block(columns, len(indexes)), indexes
             distinct -= {RUN_STRUCT, TRANSITION_STRUCT}
         for struct in distinct:
             kind = STRUCT_KINDS[struct]
             indexes, selected = select(struct)
             if kind in EVENT_LAYOUTS:
                 columns = typed_columns(kind, env, selected, indexes, now)
-                yield (EVENT_LAYOUTS[kind][0], Block(columns, len(indexes)),
-                       list(zip(itertools.repeat(message), indexes)))
+                yield EVENT_LAYOUTS[kind][0], Block(columns, len(indexes)), indexes
                 continue
             for idx, event in zip(indexes, selected):
-                yield from _converted(kind, message, env, msgspec.structs.asdict(event), idx, now)
+                yield from _converted(kind, env, msgspec.structs.asdict(event), idx, now)
 
-    def _put(self, table: str, data, refs) -> None:
-        """Add a row (``refs``: its reference) or a Block (a reference per row)."""
+    def _put(self, table: str, data, message: Message, events) -> None:
+        """Add a row of ``message`` (``events``: its event index) or a Block (an
+        event index per row)."""
         if type(data) is Block:
-            self.tables[table].extend(data.columns, refs)
+            chunk = None
+            if self.schemas is not None and data.n_rows >= CHUNK_MIN_ROWS:
+                try:
+                    chunk = self.schemas[table].chunk(data.columns)
+                except (ValueError, TypeError, OverflowError):
+                    pass  # kept as Python values: the loader finds the rows at fault
+            self.tables[table].add_block(data.columns, data.n_rows, message, events, chunk)
         else:
-            self.tables[table].append(data, refs)
+            self.tables[table].append(data, (message, events))
 
     def _add_envelope_row(self, message: Message, env: Envelope, cluster_name: str,
-                          sent_at: float, n_events: int, finishes) -> None:
+                          sent_at: float, n_events: int, n_transitions: int, n_memory: int,
+                          n_erred: int) -> None:
         self.tables["envelopes"].append((
             env.cluster_id, cluster_name, env.source, env.producer_id, env.seq, sent_at,
-            n_events, len(message.value), len(finishes),
-            finishes.count("memory"), finishes.count("erred"), message.partition, message.offset,
+            n_events, len(message.value), n_transitions, n_memory, n_erred, message.partition,
+            message.offset,
         ), (message, None))
 
     # ----------------------------------------------------------- checked path
@@ -274,8 +310,8 @@ class Batch:
                     table, layout = EVENT_LAYOUTS[kind]
                     self.tables[table].append(layout_row(layout, env, event, idx, now), (message, idx))
                 elif kind in EVENT_CONVERTERS:
-                    for table, data, refs in list(_converted(kind, message, env, event, idx, now)):
-                        self._put(table, data, refs)
+                    for table, data, at in list(_converted(kind, env, event, idx, now)):
+                        self._put(table, data, message, at)
                 elif kind == contract.TRANSITION_RUN:  # left packed: say why it cannot be read
                     contract.unpack_run(event)
                     raise Invalid("could not be expanded")
@@ -287,7 +323,8 @@ class Batch:
             except Exception as e:  # a converter bug must not stop the sink: say so
                 self.dead_letter(message, idx, f"{kind}: {_unforeseen(e)}", now,
                                  _event_text(event, message))
-        self._add_envelope_row(message, env, cluster_name, sent_at, len(events), finishes)
+        self._add_envelope_row(message, env, cluster_name, sent_at, len(events), len(finishes),
+                               finishes.count("memory"), finishes.count("erred"))
 
     def _add_records(self, message: Message, decoded: Any, now: float) -> None:
         conv = RECORD_CONVERTERS[message.topic]
@@ -315,6 +352,14 @@ class Batch:
                 self.tables[table].append(row, (message, event))
 
 
+def _subset(column, rows: list[int]):
+    """The values of ``column`` (a list or FlatLists) at ``rows``."""
+    if isinstance(column, FlatLists):
+        values = list(column)
+        return FlatLists([v for i in rows for v in values[i]], [len(values[i]) for i in rows])
+    return [column[i] for i in rows]
+
+
 def _positions(events: list):
     """The index in the expanded envelope (``contract.expand_events``) of each typed
     event, and after them the number of events: a TRANSITION_RUN stands for as many
@@ -325,9 +370,8 @@ def _positions(events: list):
     return [0, *itertools.accumulate(sizes)]
 
 
-def _converted(kind: str, message: Message, env: Envelope, event: dict, idx: int, now: float):
-    """(table, row or Block, reference or references) of event ``idx`` of a kind in
+def _converted(kind: str, env: Envelope, event: dict, idx: int, now: float):
+    """(table, row or Block, event index or indexes) of event ``idx`` of a kind in
     EVENT_CONVERTERS; raises Invalid."""
-    ref: Ref = (message, idx)
     for table, row in EVENT_CONVERTERS[kind].convert(env, event, now):
-        yield table, row, ([ref] * row.n_rows if type(row) is Block else ref)
+        yield table, row, ([idx] * row.n_rows if type(row) is Block else idx)

@@ -4,13 +4,19 @@ has the rows.
 
 It loads every contract topic (``contract.TOPICS``). A batch closes at
 ``SinkSettings.batch_max_rows`` rows or ``batch_max_wait`` seconds after its first
-message, whichever comes first. It is then loaded in a thread and committed
+message, whichever comes first -- or sooner, ``batch_min_wait`` after its first
+message, when the sink has caught up (its last fetch brought fewer records than it
+asked for) and no batch is being loaded: under a trickle a row is queryable soon,
+under load the batch grows while the one before it loads. It is then loaded in a
+thread and committed
 while the next batch is read and converted (chDB releases the GIL while it inserts,
 so the two overlap on two cores); a batch starts loading only once the previous one
 is committed. The rebalance callbacks wait for the batch in flight, so a partition is
 never revoked half way through a batch; messages read but not yet handed to loading
 when partitions are revoked are dropped (they were not committed, so their new owner
-reads them again).
+reads them again), and so are records a fetch brought across the rebalance: every
+assigned partition is then sought back to where its next batch starts, so none of
+them is skipped.
 
 Starting (:meth:`SinkConsumer._prepare`, on every assignment): the committed offsets of
 the assigned partitions are read at once, then :meth:`Loader.recover` repairs what a
@@ -46,6 +52,9 @@ logger = logging.getLogger("sinks.consumer")
 #: Longest time the journal checks of one assignment take together, in seconds; a
 #: check not done by then counts as "not the same message" (read again).
 CHECK_TIMEOUT = 10.0
+#: Records asked of one fetch: converting them blocks the event loop. A fetch that
+#: brings fewer means the sink has caught up.
+FETCH_RECORDS = 100
 
 
 class SinkConsumer(ConsumerRebalanceListener):
@@ -56,6 +65,7 @@ class SinkConsumer(ConsumerRebalanceListener):
         self.settings = settings
         self.max_rows = settings.batch_max_rows
         self.max_wait = settings.batch_max_wait
+        self.min_wait = min(settings.batch_min_wait, settings.batch_max_wait)
         self.topics = {settings.kafka.topic(t): t for t in contract.TOPICS}
         session_ms = int(settings.session_timeout * 1000)
         self.consumer = AIOKafkaConsumer(
@@ -134,7 +144,14 @@ class SinkConsumer(ConsumerRebalanceListener):
             await self.consumer.commit(beginnings)
             committed.update(beginnings)
         positions = {(tp.topic, tp.partition): offset for tp, offset in committed.items()}
-        loaded = await self._retrying(self.loader.recover, list(positions), positions)
+        elsewhere = None
+        if self.loader.exclusive:  # this store's partitions another sink consumes now
+            others = [TopicPartition(t, p) for t, p in
+                      await self._retrying(self.loader.journaled) if (t, p) not in positions]
+            offsets = await asyncio.gather(*(self.consumer.committed(tp) for tp in others))
+            elsewhere = {(tp.topic, tp.partition): offset
+                         for tp, offset in zip(others, offsets) if offset is not None}
+        loaded = await self._retrying(self.loader.recover, list(positions), positions, elsewhere)
         moot = {(tp.topic, tp.partition) for tp in fresh} & set(loaded)
         for topic, partition in sorted(moot):
             logger.info(
@@ -219,22 +236,28 @@ class SinkConsumer(ConsumerRebalanceListener):
             record.key, record.value if record.value is not None else b"", record.timestamp,
         )
 
+    def _batch(self) -> Batch:
+        return Batch(self.loader.schemas)
+
     async def run(self) -> None:
         """Consume and load until :meth:`stop`."""
         loop = asyncio.get_running_loop()
-        batch, generation, deadline = Batch(), self._generation, None
+        batch, generation, deadline, first = self._batch(), self._generation, None, 0.0
         try:
             while not self._stop.is_set():
                 timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
                 # Few messages per call: converting them blocks the event loop.
-                fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000), max_records=100)
+                fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000),
+                                                      max_records=FETCH_RECORDS)
                 # getmany does not suspend while it has prefetched records: let the
                 # heartbeats, fetches and the commit of the batch in flight run.
                 await asyncio.sleep(0)
                 async with self._lock:
                     if generation != self._generation:
-                        # A rebalance happened: positions went back to committed offsets.
-                        batch, generation, deadline = Batch(), self._generation, None
+                        # A rebalance happened: these records may have been fetched
+                        # from the new assignment's positions, which moved past them.
+                        self._rewind()
+                        batch, generation, deadline, first = self._batch(), self._generation, None, 0.0
                         continue
                     for tp, records in fetched.items():
                         wanted = (tp.topic, tp.partition)
@@ -245,14 +268,31 @@ class SinkConsumer(ConsumerRebalanceListener):
                             batch.add(self._message(record))
                             if batch.n_rows >= self.max_rows:
                                 await self._hand_over(batch)
-                                batch, deadline = Batch(), None
+                                batch, deadline = self._batch(), None
                     if batch.n_messages and deadline is None:
-                        deadline = loop.time() + self.max_wait
+                        first = loop.time()
+                        deadline = first + self.max_wait
+                    # Caught up (the fetch brought less than it could) with nothing
+                    # being loaded: the batch closes batch-min-wait after its first
+                    # message, not batch-max-wait.
+                    if deadline is not None and (
+                            sum(map(len, fetched.values())) < FETCH_RECORDS
+                            and (self._inflight is None or self._inflight.done())):
+                        deadline = min(deadline, first + self.min_wait)
                     if deadline is not None and loop.time() >= deadline:
                         await self._hand_over(batch)
-                        batch, deadline = Batch(), None
+                        batch, deadline = self._batch(), None
         finally:
             await self._finish_inflight()
+
+    def _rewind(self) -> None:
+        """Read every assigned partition again from where its next batch starts (the
+        committed offset after a rebalance): records the consumer delivered but the
+        loop dropped are fetched again."""
+        for tp in self.consumer.assignment():
+            offset = self._position.get((tp.topic, tp.partition))
+            if offset is not None:
+                self.consumer.seek(tp, offset)
 
     async def _commit(self, offsets: dict[TopicPartition, int]) -> bool:
         """Commit after a load; retry while the broker is unreachable. False when the

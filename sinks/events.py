@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import msgspec
+import numpy as np
 
 from dask_blackbox import contract
 from dask_blackbox.sinks import checks, typed
 from dask_blackbox.sinks.checks import Invalid
-from dask_blackbox.sinks.tables import LATER_KWARGS, Block, Envelope
+from dask_blackbox.sinks.tables import CHUNK_MIN_ROWS, LATER_KWARGS, Block, Coded, Envelope
 from dask_blackbox.sinks.typed import Field, Irregular, field
 
 #: Event kinds with one row per event: the table and, per column (or group of
@@ -280,11 +281,16 @@ decode_envelope, STRUCT_KINDS = typed.envelope_decoder(
 TRANSITION_STRUCT = next(s for s, kind in STRUCT_KINDS.items() if kind == contract.TRANSITION)
 
 
-def _envelope_column(source: str, env: Envelope, indexes: list[int]) -> list:
-    """The column of a layout's ``"$<name>"`` source for events ``indexes``."""
+def _envelope_column(source: str, env: Envelope, indexes: Sequence[int]):
+    """The column of a layout's ``"$<name>"`` source for events ``indexes``: the
+    indexes themselves, or the envelope's value for each (a Coded column of one
+    value for a block from CHUNK_MIN_ROWS rows)."""
     if source == "$idx":
         return indexes
-    return [getattr(env, source[1:])] * len(indexes)
+    value = getattr(env, source[1:])
+    if len(indexes) >= CHUNK_MIN_ROWS:
+        return Coded([value], np.zeros(len(indexes), np.int32))
+    return [value] * len(indexes)
 
 
 def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], now: float) -> list:
@@ -295,18 +301,37 @@ def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], no
     return _columns(kind, env, by_field, indexes, now)
 
 
-def transition_columns(env: Envelope, structs: list, indexes: list[int], runs: list,
-                       firsts: list[int], now: float) -> tuple[list, list[int]]:
-    """The ``transitions`` columns (layout order) of typed TRANSITION events
-    (``structs`` at ``indexes``) and of the events typed TRANSITION_RUNs stand for
-    (``runs``, the first of each at ``firsts``), in the order of their indexes in
-    the expanded envelope, and those indexes. Raises Irregular if a run's shape is
-    wrong (``contract.run_columns``) or a column needs the checked path."""
+def transition_blocks(env: Envelope, structs: list, indexes: list[int], runs: list,
+                      firsts: list[int], now: float) -> list[tuple[list, Sequence[int]]]:
+    """The ``transitions`` blocks of an envelope: (columns in layout order, the
+    rows' indexes in the expanded envelope) of typed TRANSITION events (``structs``
+    at ``indexes``) and of the events typed TRANSITION_RUNs stand for (``runs``, the
+    first of each at ``firsts``). Without single events, a block per run, its
+    columns the run's own lists (prefix, group and span id :class:`~sinks.tables.
+    Coded` from its names); with them, one block in the envelope's order. Raises
+    Irregular if a run's shape is wrong (``contract.run_shape``) or a column needs
+    the checked path."""
+    if not structs:
+        blocks = []
+        for run, first in zip(runs, firsts):
+            try:
+                n, names, optional = contract.run_shape(msgspec.structs.asdict(run))
+            except contract.InvalidEvent as e:
+                raise Irregular(str(e)) from None
+            by_field = {"ts": run.time, "key": run.key, "start": run.start,
+                        "finish": run.finish, "stimulus_id": run.stimulus_id}
+            index = np.array(run.name, np.int32)  # checked by run_shape: in range
+            for position, name in enumerate(("prefix", "group", "span_id")):
+                by_field[name] = Coded([entry[position] for entry in names], index)
+            for name, values in optional.items():
+                by_field[name] = [None] * n if values is None else values
+            rows = range(first, first + n)
+            blocks.append((_columns(contract.TRANSITION, env, by_field, rows, now), rows))
+        return blocks
     names = _FIELD_NAMES[contract.TRANSITION]
     by_field: dict[str, list] = {name: [] for name in names}
-    if structs:
-        for name, values in zip(names, zip(*map(msgspec.structs.astuple, structs))):
-            by_field[name] += values
+    for name, values in zip(names, zip(*map(msgspec.structs.astuple, structs))):
+        by_field[name] += values
     indexes = list(indexes)
     for run, first in zip(runs, firsts):
         try:
@@ -316,11 +341,11 @@ def transition_columns(env: Envelope, structs: list, indexes: list[int], runs: l
         for name, values in columns.items():
             by_field[name] += values
         indexes += range(first, first + len(run.key))
-    if structs and runs:  # interleaved: in the envelope's order
+    if runs:  # interleaved: in the envelope's order
         order = sorted(range(len(indexes)), key=indexes.__getitem__)
         by_field = {name: list(map(values.__getitem__, order)) for name, values in by_field.items()}
         indexes = list(map(indexes.__getitem__, order))
-    return _columns(contract.TRANSITION, env, by_field, indexes, now), indexes
+    return [(_columns(contract.TRANSITION, env, by_field, indexes, now), indexes)]
 
 
 def _columns(kind: str, env: Envelope, by_field: dict, indexes: list[int], now: float) -> list:

@@ -35,7 +35,7 @@ __all__ = ["SQL_DIR", "PLACEHOLDERS", "MigrationError", "Migration", "Target", "
 SQL_DIR = pathlib.Path(__file__).with_name("sql")
 
 #: Placeholders a migration may use; anything else in braces is an error.
-PLACEHOLDERS = ("database", "ttl", "on_cluster", "replicated", "local", "cluster")
+PLACEHOLDERS = ("database", "ttl", "rollup_ttl", "on_cluster", "replicated", "local", "cluster")
 
 _CLUSTER_LINE = "--cluster: "
 _BACKFILL_LINE = "--backfill: "

@@ -97,6 +97,8 @@ async def serve(companion: CompanionFactory | None = None) -> None:
             server.start()
         topics = await kafka.ensure_topics(settings=s.kafka)
         loader = Loader(client, s.target, s.group_id, retry_backoff_max=s.retry_backoff_max,
+                        # a chDB directory is this process's alone
+                        exclusive=config.chdb_path(s.dsn) is not None,
                         pause=PausePoint(s.pause_at, s.data_dir))
         consumer = SinkConsumer(loader, s)
         try:

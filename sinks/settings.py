@@ -40,6 +40,9 @@ class SinkSettings:
     batch_max_rows: int = 100_000
     #: ``blackbox.sink.batch-max-wait``: ...or this many seconds after its first message
     batch_max_wait: float = 0.5
+    #: ``blackbox.sink.batch-min-wait``: ...or, once the sink has caught up and nothing
+    #: is being loaded, this many seconds after its first message
+    batch_min_wait: float = 0.05
     #: ``blackbox.sink.retry-backoff-max``: longest wait between retries (ClickHouse,
     #: Kafka commits)
     retry_backoff_max: float = 10.0
@@ -62,6 +65,7 @@ class SinkSettings:
             raise ConfigError(f"blackbox.sink.batch-max-rows: {self.batch_max_rows!r} must be an "
                               "integer >= 1")
         for key, value in (("batch-max-wait", self.batch_max_wait),
+                           ("batch-min-wait", self.batch_min_wait),
                            ("retry-backoff-max", self.retry_backoff_max),
                            ("session-timeout", self.session_timeout)):
             if not value > 0:
@@ -87,6 +91,7 @@ class SinkSettings:
             group_id=config.get("sink.group-id"),
             batch_max_rows=config.get_int("sink.batch-max-rows"),
             batch_max_wait=config.get_seconds("sink.batch-max-wait", minimum=0.001),
+            batch_min_wait=config.get_seconds("sink.batch-min-wait", minimum=0.001),
             retry_backoff_max=config.get_seconds("sink.retry-backoff-max", minimum=0.001),
             session_timeout=config.get_seconds("sink.session-timeout", minimum=0.1),
             query_port=config.get_int("sink.query-port", minimum=0),

@@ -47,9 +47,11 @@ def transition(key: str, start: str, finish: str, ts: float, **fields) -> dict:
 
 
 def workload(n_envelopes: int, events_per_envelope: int, *, clusters: int = 2,
-             t0: float | None = None) -> list[tuple[bytes, bytes]]:
+             t0: float | None = None, producer: str = "prod") -> list[tuple[bytes, bytes]]:
     """(key, value) Kafka messages: envelopes of transitions, a log line and a
-    structured event each, spread over ``clusters`` clusters, every key unique."""
+    structured event each, spread over ``clusters`` clusters, every key unique; each
+    cluster's from producer ``<producer>-<cluster>``, numbered from seq 0 (the same
+    producer and seq with the same counts is a re-sent envelope, loaded once)."""
     t0 = time.time() - 600 if t0 is None else t0
     out = []
     for i in range(n_envelopes):
@@ -65,7 +67,7 @@ def workload(n_envelopes: int, events_per_envelope: int, *, clusters: int = 2,
                        "level": "INFO", "message": f"line {i}", "process": "tcp://w:1"})
         events.append({"kind": contract.EVENT, "ts": t0 + i, "topic": "custom", "msg": {"i": i}})
         env = envelope(events, cluster_id=cluster, cluster_name=f"name-{cluster}",
-                       producer_id=f"prod-{cluster}", seq=seq, sent_at=t0 + i)
+                       producer_id=f"{producer}-{cluster}", seq=seq, sent_at=t0 + i)
         out.append((cluster.encode(), orjson.dumps(env)))
     return out
 

@@ -358,8 +358,8 @@ def test_a_sink_on_a_new_broker_loads_at_once(own_broker_factory, broker_kind, t
                 waited = time.monotonic() - began
                 info = orjson.loads((tmp_path / "data" / "sink.json").read_bytes())
                 assert info["loading"] is True and "sink ready" in ready
-                if restart == "moot":
-                    produce(workload(4, 5, clusters=4, t0=NOW - 300))
+                if restart == "moot":  # from producers started since (new ids)
+                    produce(workload(4, 5, clusters=4, t0=NOW - 300, producer="later"))
                 wait_consumed(sink)
                 assert count(sink.backend(), "transitions") == loaded + 4 * 5
             finally:
