@@ -28,7 +28,9 @@ Two placements of the scheduler (``--scheduler``):
 The process tree is this process and every process under it (workers, nannies, the
 producers' helper process, the scheduler of ``own``) but the broker. Figures: per
 quad, B's sum over A's sum for wall, scheduler-process CPU and tree CPU; their medians
-over quads (targets: wall <= 1.03, scheduler CPU <= 1.05, tree CPU <= 1.05).
+over quads (targets: wall <= 1.03, scheduler CPU <= 1.05, tree CPU <= 1.05). A quad
+one of whose runs lost a worker or did not finish within ``WAIT_DEADLINE`` runs again
+(and says so).
 """
 
 from __future__ import annotations
@@ -59,6 +61,17 @@ WAIT_DEADLINE = 600.0
 def graph(side: int, chunks: int, kind: str):
     x = da.ones((side, side), chunks=chunks)
     return ((x * 2 + 1) if kind == "affine" else (x + 1)).sum()
+
+
+class RunLost(Exception):
+    """A run lost a worker or did not finish in time: its quad is run again."""
+
+
+def _removed(dask_scheduler) -> int:
+    """Workers the scheduler removed since it started (a run that loses one is not
+    the shape measured)."""
+    return sum(1 for _, msg in dask_scheduler.get_events("all")
+               if isinstance(msg, dict) and msg.get("action") == "remove-worker")
 
 
 def _settled(dask_scheduler) -> bool:
@@ -133,7 +146,7 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
     (side, chunks, kind), config = SHAPES[shape]
     with dask.config.set({"optimization.fuse.active": False}), cluster(placement, config) as (
             client, scheduler, on_scheduler):
-        client.compute(graph(400, chunks, kind), optimize_graph=False).result()  # warm-up
+        client.compute(graph(400, chunks, kind), optimize_graph=False).result(WAIT_DEADLINE)  # warm-up
         _wait(on_scheduler, _settled)
         if recorded:
             producers.attach(client)
@@ -141,8 +154,11 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
         n_tasks = len(timed_graph.__dask_graph__())
         pids = _tree({broker_pid})
         cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
-        assert client.compute(timed_graph, optimize_graph=False).result() > 0
+        assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
+        lost = on_scheduler(_removed)
+        if lost:
+            raise RunLost(f"{lost} worker(s) removed during the run")
         if recorded:
             _wait(on_scheduler, _delivered, on_scheduler(_accepted))
         wall = time.perf_counter() - t0
@@ -173,9 +189,15 @@ def main() -> None:
         broker_pid = broker.proc.pid
         for shape in args.shapes.split(","):
             for placement in args.scheduler.split(","):
-                quads = []
-                for q in range(args.quads):
-                    runs = [timed(placement, shape, recorded, broker_pid) for recorded in quad(q)]
+                quads: list[list[Run]] = []
+                while len(quads) < args.quads:
+                    q = len(quads)
+                    try:
+                        runs = [timed(placement, shape, recorded, broker_pid) for recorded in quad(q)]
+                    except (RunLost, TimeoutError) as e:
+                        print(f"{shape} scheduler {placement} quad {q + 1}: a run was lost ({e}); "
+                              "the quad runs again", flush=True)
+                        continue
                     quads.append(runs)
                     print(f"{shape} scheduler {placement} quad {q + 1}: " + ", ".join(
                         f"{'B' if r.recorded else 'A'} {r.wall:.1f}s wall {r.scheduler_cpu:.1f}s "
