@@ -86,13 +86,28 @@ def encode_result(columns, types, rows) -> bytes:
     )
 
 
+_WRAPPED = re.compile(r"^(?:Nullable|LowCardinality)\((.*)\)$")
+_SIMPLE_AGGREGATE = re.compile(r"^SimpleAggregateFunction\(\w+,\s*(.*)\)$")
+
+
+def _base_type(type_name: str) -> str:
+    """The type a value is encoded as: ``type_name`` without its Nullable,
+    LowCardinality and SimpleAggregateFunction wrappers (``max`` over a roll-up's
+    ``SimpleAggregateFunction(max, DateTime64(6, 'UTC'))`` is a DateTime64)."""
+    while True:
+        m = _WRAPPED.match(type_name) or _SIMPLE_AGGREGATE.match(type_name)
+        if m is None:
+            return type_name
+        type_name = m.group(1)
+
+
 def decode_result(body: bytes) -> tuple[list[str], list[tuple]]:
     """(columns, rows) from a server answer, with DateTime/Date columns back as
     datetime/date objects (JSON carries them as ISO text)."""
     answer = orjson.loads(body)
     converters = []
     for type_name in answer["types"]:
-        base = re.sub(r"^(Nullable|LowCardinality)\((.*)\)$", r"\2", type_name)
+        base = _base_type(type_name)
         if base.startswith("DateTime"):
             converters.append(datetime.datetime.fromisoformat)
         elif base == "Date" or base == "Date32":

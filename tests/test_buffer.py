@@ -67,14 +67,16 @@ def test_accepted_is_exact_while_a_drain_takes():
     for _ in range(n):
         buffer.offer(Ready({}, 1))
     seen: list[int] = []
-    done = threading.Event()
+    reading, done = threading.Event(), threading.Event()
 
     def read():
         while not done.is_set():
             seen.append(buffer.accepted)
+            reading.set()
 
     reader = threading.Thread(target=read)
     reader.start()
+    assert reading.wait(30)  # the reader reads before and while the drain takes
     while buffer.waiting:
         taken = buffer.take(37, 1 << 30)
         buffer.release(len(taken.items), taken.weight)

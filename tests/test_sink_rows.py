@@ -254,3 +254,20 @@ def test_the_sinks_layouts_are_checked_against_the_contract(monkeypatch):
     monkeypatch.setitem(contract.RECORDS, contract.SPAN_STATE, NewState)
     with pytest.raises(TypeError, match=r"span-state: contract field\(s\) gpu_seconds are neither"):
         records.check_against_contract()
+
+
+def test_the_query_servers_answer_keeps_times_of_every_wrapped_type():
+    """A time crosses the query server as ISO text and comes back a datetime, also
+    when its column is a roll-up's SimpleAggregateFunction (``max(last_seen)`` of the
+    clusters view) or Nullable/LowCardinality."""
+    import datetime
+
+    from dask_blackbox.read import server
+
+    t = datetime.datetime(2026, 11, 26, 19, 15, 46, 404295, tzinfo=datetime.timezone.utc)
+    types = ["SimpleAggregateFunction(max, DateTime64(6, 'UTC'))", "Nullable(DateTime64(6, 'UTC'))",
+             "SimpleAggregateFunction(sum, UInt64)", "LowCardinality(String)"]
+    body = server.encode_result(["last_seen", "maybe", "n", "name"], types, [[t, None, 3, "x"]])
+    columns, rows = server.decode_result(body)
+    assert columns == ["last_seen", "maybe", "n", "name"]
+    assert rows == [(t, None, 3, "x")]
