@@ -518,11 +518,28 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
         "avg(ifNull(memory_managed, 0)), avg(ifNull(memory_unmanaged, ifNull(memory, 0))), "
         "avg(ifNull(memory_spilled, 0)) "
         f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b ORDER BY worker, b", p)
+    out = memory_series(rows, scope.t0, w, dead, MEMORY_WORKERS)
+    order = out.pop("buckets")
+    known = workers.info(backend, scope.cluster_id)
+    limits = {a: i["memory_limit"] for a, i in known.items() if i["memory_limit"]}
+    times = [scope.t0 + b * w for b in order]
+    total = [sum(i["memory_limit"] or 0 for i in known.values()
+                 if (i["added"] or 0) <= t + w and (i["removed"] is None or i["removed"] > t))
+             for t in times]
+    return {**out, "limits": limits,
+            "limit": {"times": times, "total": total} if any(total) else {}}
+
+
+def memory_series(cells, t0: float, bucket: float, dead: list[str] | None, shown: int) -> dict:
+    """The memory chart's series from ``cells`` of (worker, bucket number, managed,
+    unmanaged, spilled) in order of worker and bucket: ``n_workers``, ``cluster``
+    (summed over workers per bucket), ``workers`` (the ``shown`` ones: dead workers
+    first, then by peak memory) and ``buckets`` (the numbers, in order)."""
     series: dict[str, dict[str, list]] = {}
     cluster: dict[int, list[float]] = {}
-    for worker, b, managed, unmanaged, spilled in rows:
+    for worker, b, managed, unmanaged, spilled in cells:
         s = series.setdefault(worker, {"times": [], "managed": [], "unmanaged": [], "spilled": []})
-        s["times"].append(scope.t0 + (b + 0.5) * w)
+        s["times"].append(t0 + (b + 0.5) * bucket)
         s["managed"].append(managed)
         s["unmanaged"].append(unmanaged)
         s["spilled"].append(spilled)
@@ -530,26 +547,19 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
         c[0] += managed
         c[1] += unmanaged
         c[2] += spilled
-    peak = {w: max(m + u for m, u in zip(s["managed"], s["unmanaged"])) for w, s in series.items()}
-    dead = [w for w in (dead or []) if w in series]
-    chosen = dead + [w for w in sorted(peak, key=lambda w: -peak[w]) if w not in dead]
-    chosen = chosen[:max(MEMORY_WORKERS, len(dead))]
+    peak = {k: max(m + u for m, u in zip(s["managed"], s["unmanaged"])) for k, s in series.items()}
+    dead = [k for k in (dead or []) if k in series]
+    chosen = (dead + [k for k in sorted(peak, key=lambda k: -peak[k]) if k not in dead])
+    chosen = chosen[:max(shown, len(dead))]
     order = sorted(cluster)
-    known = workers.info(backend, scope.cluster_id)
-    limits = {a: i["memory_limit"] for a, i in known.items() if i["memory_limit"]}
-    times = [scope.t0 + b * w for b in order]
-    total = [sum(i["memory_limit"] or 0 for i in known.values()
-                 if (i["added"] or 0) <= t + w and (i["removed"] is None or i["removed"] > t))
-             for t in times]
     return {
         "n_workers": len(series),
-        "cluster": {"times": [scope.t0 + (b + 0.5) * w for b in order],
+        "cluster": {"times": [t0 + (b + 0.5) * bucket for b in order],
                     "managed": [cluster[b][0] for b in order],
                     "unmanaged": [cluster[b][1] for b in order],
                     "spilled": [cluster[b][2] for b in order]},
-        "workers": {w: series[w] for w in chosen},
-        "limits": limits,
-        "limit": {"times": times, "total": total} if any(total) else {},
+        "workers": {k: series[k] for k in chosen},
+        "buckets": order,
     }
 
 

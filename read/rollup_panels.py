@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dask_blackbox.read import history
+from dask_blackbox.read import history, panels
 from dask_blackbox.read.backends import Backend
 
 #: Time buckets across the window (as the raw panels).
@@ -90,31 +90,12 @@ def memory(backend: Backend, scope, dead: list[str] | None = None, shown: int = 
     worker's samples."""
     w = window(scope)
     cells = history.worker_memory(backend, w, "rollups")
-    series: dict[str, dict[str, list]] = {}
-    cluster: dict[int, list[float]] = {}
-    for (worker, b), (managed, unmanaged, spilled, _) in sorted(cells.items()):
-        s = series.setdefault(worker, {"times": [], "managed": [], "unmanaged": [], "spilled": []})
-        s["times"].append(w.t0 + (b + 0.5) * w.bucket)
-        s["managed"].append(managed)
-        s["unmanaged"].append(unmanaged)
-        s["spilled"].append(spilled)
-        c = cluster.setdefault(b, [0.0, 0.0, 0.0])
-        c[0] += managed
-        c[1] += unmanaged
-        c[2] += spilled
-    peak = {k: max(m + u for m, u in zip(s["managed"], s["unmanaged"])) for k, s in series.items()}
-    dead = [k for k in (dead or []) if k in series]
-    chosen = (dead + [k for k in sorted(peak, key=lambda k: -peak[k]) if k not in dead])
-    chosen = chosen[:max(shown, len(dead))]
-    order = sorted(cluster)
-    return {
-        "n_workers": len(series),
-        "cluster": {"times": [w.t0 + (b + 0.5) * w.bucket for b in order],
-                    "managed": [cluster[b][0] for b in order],
-                    "unmanaged": [cluster[b][1] for b in order],
-                    "spilled": [cluster[b][2] for b in order]},
-        "workers": {k: series[k] for k in chosen},
-    }
+    out = panels.memory_series(
+        [(worker, b, managed, unmanaged, spilled)
+         for (worker, b), (managed, unmanaged, spilled, _) in sorted(cells.items())],
+        w.t0, w.bucket, dead, shown)
+    del out["buckets"]
+    return out
 
 
 def task_stream(backend: Backend, scope, threads: dict[str, int]) -> dict:
