@@ -388,6 +388,14 @@ def progress(backend: Backend, scope: Scope) -> dict:
             {k: v for k, v in p.items() if k != "w"})
         per_prefix = {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
                       for prefix, t, m, e in totals_rows}
+    return progress_series(per_prefix, rows, n,
+                           [scope.t0 + (i + 1) * scope.bucket for i in range(n)])
+
+
+def progress_series(per_prefix: dict[str, dict], rows, n: int, times: list[float]) -> dict:
+    """The progress panel (:func:`progress`) from ``per_prefix`` (prefix -> tasks,
+    memory, erred) and ``rows`` of (prefix, bucket number, tasks finished in it), in
+    ``n`` buckets ending at ``times``."""
     totals = {prefix: c["tasks"] for prefix, c in per_prefix.items()}
     shown = set(_top(totals, TOP_PREFIXES)) | {pr for pr, c in per_prefix.items() if c["erred"]}
     label = {prefix: prefix if prefix in shown else "other" for prefix in totals}
@@ -410,8 +418,7 @@ def progress(backend: Backend, scope: Scope) -> dict:
     # erred prefixes first, then by size: never lost below the fold of a long legend
     order = sorted(series, key=lambda k: (k == "other", 0 if grouped_erred[k] else 1,
                                           -grouped_totals[k], k))
-    return {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)],
-            "series": {k: series[k] for k in order},
+    return {"times": times, "series": {k: series[k] for k in order},
             "totals": dict(grouped_totals), "erred": {k: grouped_erred[k] for k in order},
             "counts": per_prefix}
 

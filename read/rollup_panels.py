@@ -15,15 +15,12 @@ metrics, logs, erred tasks' exceptions, the critical path) are answered by
 
 from __future__ import annotations
 
-from collections import defaultdict
 
 from dask_blackbox.read import history, panels
 from dask_blackbox.read.backends import Backend
 
 #: Time buckets across the window (as the raw panels).
 BUCKETS = 300
-#: Prefixes shown by name in the progress panel (the rest are summed as "other").
-TOP_PREFIXES = 12
 #: Task states drawn in "tasks by state" (see :data:`dask_blackbox.read.panels.STATES`).
 STATES = ("waiting", "no-worker", "queued", "processing", "memory", "erred")
 
@@ -37,9 +34,9 @@ def _times(w: history.Window) -> list[float]:
 
 
 def progress(backend: Backend, scope) -> dict:
-    """:func:`panels.progress` from ``task_minutes``: per prefix the fraction of its
-    finished tasks finished by each bucket's end; ``totals`` and ``counts['tasks']``
-    are tasks finished (memory or erred)."""
+    """:func:`panels.progress` from ``task_minutes`` (:func:`panels.progress_series`):
+    per prefix the fraction of its finished tasks finished by each bucket's end;
+    ``totals`` and ``counts['tasks']`` are tasks finished (memory or erred)."""
     w = window(scope)
     finished = history.finished(backend, w, "rollups")
     per_prefix: dict[str, dict] = {}
@@ -48,26 +45,8 @@ def progress(backend: Backend, scope) -> dict:
         c["memory"] += memory
         c["erred"] += erred
         c["tasks"] += memory + erred
-    totals = {p: c["tasks"] for p, c in per_prefix.items()}
-    shown = sorted(totals, key=lambda p: (-totals[p], p))[:TOP_PREFIXES]
-    label = {p: p if p in shown else "other" for p in totals}
-    n = w.n_buckets
-    counts: dict[str, list[float]] = {}
-    for (prefix, b), (memory, erred) in finished.items():
-        name = label[prefix or "(none)"]
-        counts.setdefault(name, [0.0] * n)[min(b, n - 1)] += memory + erred
-    grouped = defaultdict(int)
-    for prefix, total in totals.items():
-        grouped[label[prefix]] += total
-    series = {}
-    for name, per_bucket in counts.items():
-        done, out = 0.0, []
-        for c in per_bucket:
-            done += c
-            out.append(min(1.0, done / max(grouped[name], 1)))
-        series[name] = out
-    return {"times": _times(w), "series": dict(sorted(series.items(), key=lambda kv: -grouped[kv[0]])),
-            "totals": dict(grouped), "counts": per_prefix}
+    rows = [(prefix, b, memory + erred) for (prefix, b), (memory, erred) in finished.items()]
+    return panels.progress_series(per_prefix, rows, w.n_buckets, _times(w))
 
 
 def summary(scope, progress_data: dict) -> dict:
