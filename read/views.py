@@ -107,9 +107,8 @@ class Context:
         return self.history().source == "rollups"
 
     def progress(self) -> dict:
-        if self.from_rollups():
-            return self._shared("progress", lambda: rollup_panels.progress(self.backend, self.scope))
-        return self._shared("progress", lambda: panels.progress(self.backend, self.scope))
+        make = rollup_panels.progress if self.from_rollups() else panels.progress
+        return self._shared("progress", lambda: make(self.backend, self.scope))
 
     def n_tasks(self) -> int:
         return sum(c["tasks"] for c in self.progress()["counts"].values())
