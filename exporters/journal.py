@@ -330,9 +330,7 @@ class Journal:
 
     def _apply_span_state(self, state: Mapping, now: float, counts: dict) -> None:
         cluster_id, span_id, version = state["cluster_id"], state["span_id"], int(state["version"])
-        if self._cluster(cluster_id, state.get("cluster_name"), now)[2]:
-            counts["late"] += 1  # its run ended and was exported
-            return
+        self._cluster(cluster_id, state.get("cluster_name"), now)
         row = self.db.execute("SELECT version, exported FROM spans WHERE cluster_id = ? "
                               "AND span_id = ?", (cluster_id, span_id)).fetchone()
         if row is not None and (row[1] or version <= row[0]):
@@ -363,6 +361,14 @@ class Journal:
                 "OR ? - touched >= ?)", (now, settle, now, idle_timeout)).fetchall()
             for cluster_id, name, first_ns, last_ns, task_spans in ended:
                 moved += self._finish_cluster(cluster_id, name, first_ns, last_ns, task_spans)
+            # a span the processors described only after its run ended: on its own,
+            # under the run span, once its snapshots settled
+            for cluster_id, name, span_id, state in self.db.execute(
+                    "SELECT s.cluster_id, c.name, s.span_id, s.state FROM spans AS s JOIN "
+                    "clusters AS c USING (cluster_id) WHERE NOT s.exported AND c.ended "
+                    "AND ? - s.touched >= ?", (now, settle)).fetchall():
+                self._finish_span(cluster_id, name, span_id, orjson.loads(state))
+                moved += 1
             if span_quiet is not None:
                 for cluster_id, span_id, state in self.db.execute(
                         "SELECT s.cluster_id, s.span_id, s.state FROM spans AS s JOIN clusters AS c "
@@ -421,6 +427,8 @@ class Journal:
             cluster_id, name, first_ns or 0, last_ns or 0, events, self.max_task_spans,
             task_spans, sum(s[0] for s in summaries.values()))))
         self.db.execute("UPDATE clusters SET ended = 1 WHERE cluster_id = ?", (cluster_id,))
-        self.db.execute("DELETE FROM spans WHERE cluster_id = ?", (cluster_id,))
+        # each exported span keeps its row, without its state: a later snapshot of it
+        # is late, a span first described after the end is exported then
+        self.db.execute("UPDATE spans SET state = NULL WHERE cluster_id = ?", (cluster_id,))
         self.db.execute("DELETE FROM summaries WHERE cluster_id = ?", (cluster_id,))
         return moved + 1

@@ -241,3 +241,32 @@ def test_a_death_is_an_event_with_the_cause_of_every_sources_facts(tmp_path):
     assert "SIGKILL" in run.events[0].attributes["dask.worker.death.explanation"]
     assert run.error == "2 worker(s) died"
     journal.close()
+
+
+def test_a_span_described_after_its_run_ended_still_goes_out(tmp_path):
+    """The processors' snapshots of a span can trail the scheduler's close past the
+    settle time: the span is exported on its own, under the run span, once its
+    snapshots settled, from the latest; a snapshot after that is late."""
+    raw, states, trs, lifecycle = records()
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.apply(as_records(raw, [s for s in states if s["span_id"] != "s-load"]), now=100.0)
+    journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=106.0)
+    before = sent(journal)
+    [run] = [s for s in before.values() if s.parent_id is None]
+    [etl] = [s for s in before.values() if s.name == "etl"]
+    assert "load" not in {s.name for s in before.values()}
+
+    trailing = [s for s in states if s["span_id"] == "s-load"]
+    applied = journal.apply([Record("span-state", "bb.span-state", 1, 10 + i, s)
+                             for i, s in enumerate(trailing)], now=110.0)
+    assert applied.late == 0
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=112.0) == 0
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=115.0) == 1
+    [load] = [s for s in sent(journal).values() if s.name == "load"]
+    assert load == traces.dask_span(CLUSTER, trailing[-1])
+    assert load.parent_id == etl.span_id and load.trace_id == run.trace_id
+
+    later = span_state("s-load", ["etl", "load"], "s-etl", 3, True, T0, T0 + 9, 7)
+    again = journal.apply([Record("span-state", "bb.span-state", 1, 20, later)], now=120.0)
+    assert again.late == 1
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=200.0) == 0
