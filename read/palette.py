@@ -15,9 +15,11 @@
 
 from __future__ import annotations
 
+import functools
+import hashlib
 from collections.abc import Iterable
 
-from bokeh.palettes import Category20, Viridis11, interp_palette
+from bokeh.palettes import Category20, Viridis11, interp_palette, viridis
 
 #: Dask's task stream colours for actions other than compute.
 ACTIONS = {"transfer": "red", "disk-write": "orange", "disk-read": "orange", "deserialize": "gray"}
@@ -30,11 +32,16 @@ GRAPH_STATES = {"waiting": "gray", "queued": "yellow", "no-worker": "#8c564b",
 SPARE = tuple(Category20[20][0::2] + Category20[20][1::2])
 
 
-def color_of(name: str) -> str:
-    """Dask's colour for a task prefix."""
-    from distributed.utils import color_of as dask_color_of
+#: ``distributed.utils.palette``, which Dask writes out as ``viridis(18)``.
+_PREFIXES = viridis(18)
 
-    return dask_color_of(name)
+
+@functools.cache
+def color_of(name: str) -> str:
+    """Dask's colour for a task prefix, as ``distributed.utils.color_of`` computes it
+    (the read side does not import distributed, a quarter of a second)."""
+    n = int(hashlib.md5(str(name).encode(), usedforsecurity=False).hexdigest()[:8], 16)
+    return _PREFIXES[n % len(_PREFIXES)]
 
 
 def distinct(names: Iterable[str], fixed: dict[str, str] | None = None) -> dict[str, str]:

@@ -32,9 +32,13 @@ def _fmt_time(value) -> str:
 
 
 def environment() -> jinja2.Environment:
+    """The environment; compiled templates are kept in Jinja's bytecode cache (a
+    directory of the user's own under the system's temporary directory), so a new
+    process (``dask-blackbox report``) does not compile them again."""
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(str(TEMPLATES)),
                              autoescape=True, trim_blocks=True, lstrip_blocks=True,
-                             undefined=jinja2.StrictUndefined)
+                             undefined=jinja2.StrictUndefined,
+                             bytecode_cache=jinja2.FileSystemBytecodeCache())
     env.filters.update(time=_fmt_time, seconds=_fmt_s, bytes=_fmt_bytes,
                        quote=lambda v: urllib.parse.quote(str(v), safe=""))
     return env

@@ -215,7 +215,7 @@ FAST_MODULES = frozenset({
     "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
     "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
     "test_export_journal", "test_slowness_input", "test_causes", "test_page_aggregates",
-    "test_rollups", "test_cluster_schema", "test_duplicates",
+    "test_rollups", "test_cluster_schema", "test_duplicates", "test_palette",
 })
 
 
