@@ -422,6 +422,8 @@ RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
 #: A run's columns that it may leave out: the TRANSITION fields after ``stimulus_id``
 #: (what a transition may carry besides Dask's ``transition_log`` record), in order.
 RUN_OPTIONAL_COLUMNS: Final = fields(Transition)[fields(Transition).index("stimulus_id") + 1:]
+#: The fields of an event a run stands for, in :class:`Transition`'s order.
+_RUN_EVENT_FIELDS: Final = ("kind", *fields(Transition)[1:])
 
 
 class InvalidEvent(ValueError):
@@ -507,7 +509,7 @@ def unpack_run(run: Mapping[str, Any]) -> list[dict]:
     """The TRANSITION events of a :data:`TRANSITION_RUN`, each with every field of
     :class:`Transition` in declaration order; raises :class:`InvalidEvent`."""
     columns = run_columns(run)
-    names = ("kind", *fields(Transition)[1:])
+    names = _RUN_EVENT_FIELDS
     values = [repeat(TRANSITION), *map(columns.__getitem__, names[1:])]
     return list(map(dict, map(zip, repeat(names), zip(*values))))
 

@@ -21,6 +21,8 @@ same and the consumer lag for Prometheus (:mod:`.metrics`).
 
 from __future__ import annotations
 
+import gc
+
 import faust
 
 from dask_blackbox import config, contract, kafka
@@ -83,6 +85,22 @@ def app_settings(settings: ProcessorSettings) -> dict:
     }
 
 
+#: The worker's collector thresholds (CPython's default is 700, 10, 10).
+GC_THRESHOLDS = (50_000, 20, 100)
+
+
+def tune_gc() -> None:
+    """Collect garbage less often. The clusters' states are long-lived containers
+    (hundreds of thousands under a flood of clusters) that hold no reference cycles,
+    and most of what a batch allocates is acyclic and freed at once: with Python's
+    default thresholds the collector rescans the growing state over and over, a
+    quarter of the worker's CPU under a flood. What the worker made while starting
+    is frozen (never scanned)."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*GC_THRESHOLDS)
+
+
 class BlackboxApp(faust.App):
     #: set by :func:`create_app`
     blackbox: ProcessorSettings
@@ -94,6 +112,7 @@ class BlackboxApp(faust.App):
 
     async def on_first_start(self) -> None:
         await super().on_first_start()
+        tune_gc()
         # The raw topic must exist, with the configured partitions, before the
         # consumer subscribes: the changelog is created with as many.
         await kafka.ensure_topics(settings=self.blackbox.kafka)

@@ -149,10 +149,10 @@ class Journal:
         self.compact_min_bytes = compact_min_bytes
         self.compact_max_deltas = compact_max_deltas
         self.inline_bytes = inline_bytes
-        #: record key -> value of the records changed since the last base or delta
-        #: part (carried in the marker, encoded at each checkpoint: encoded values
-        #: kept for long cost more memory than the values)
-        self.inline: dict[str, object] = {}
+        #: record key -> ``[record_key, value]`` encoded, of the records changed
+        #: since the last base or delta part (carried in the marker): each change is
+        #: encoded once, not at every checkpoint that carries it on
+        self.inline: dict[str, bytes] = {}
         self._head = b"[" + orjson.dumps(cluster_id) + b","
         self._marker_key = entry_key(cluster_id, "M")
         self.epoch = 0
@@ -178,8 +178,9 @@ class Journal:
         out: list[Message] = []
         stale: list[bytes] = []
         inline = self.inline
-        inline.update(changes)
-        pending = orjson.dumps(list(inline.items()))
+        for item in changes.items():
+            inline[item[0]] = orjson.dumps(item)
+        pending = b"[" + b",".join(inline.values()) + b"]"
         if (
             base
             or self.delta_bytes + len(pending) > max(self.base_bytes, self.compact_min_bytes)
@@ -195,7 +196,7 @@ class Journal:
             self.delta_bytes = 0
             inline.clear()
         elif len(pending) > self.inline_bytes:
-            parts = _parts(inline.items(), self.part_bytes)
+            parts = _pack(inline.values(), self.part_bytes)
             out += [(self._key("D", self.epoch, i), p) for i, p in enumerate(parts)]
             self.deltas.append([self.epoch, len(parts)])
             self.delta_bytes += sum(map(len, parts))
@@ -277,7 +278,7 @@ class Journal:
         fmt = marker.get("format", 1)
         for rk, value in inline:
             # carried on by the next checkpoint's marker
-            j.inline[rk] = value
+            j.inline[rk] = orjson.dumps([rk, value])
             if value is None:
                 records.pop(rk, None)
                 origins.pop(rk, None)
