@@ -42,7 +42,7 @@ import time
 from typing import NamedTuple
 
 from dask_blackbox.contract import (
-    LIFECYCLE, SPAN, TRANSITION, TRANSITION_RUN, WORKER_DIGESTS, InvalidEvent, unpack_run,
+    LIFECYCLE, SPAN, TRANSITION, TRANSITION_RUN, WORKER_DIGESTS, InvalidEvent, run_columns,
 )
 
 from .checkpoint import check_format as _check_format
@@ -70,6 +70,29 @@ class Applied(NamedTuple):
     gaps: list[Gap]
     closed: list[tuple[PartialKey, Partial]]
     rejected: list[Rejection]
+
+
+#: What applying a malformed event raises: each refuses the event (:func:`_refusal`).
+_REFUSED = (InvalidEvent, KeyError, TypeError, ValueError, AttributeError, ArithmeticError)
+#: The columns of a run (``contract.run_columns``) its transitions are applied from.
+_RUN_READ = ("ts", "key", "start", "finish", "group", "prefix", "span_id", "startstops",
+             "nbytes")
+
+
+def _refusal(index: int, kind, e: Exception) -> Rejection:
+    """Why event ``index`` of kind ``kind`` was refused: the error applying it raised
+    (one of :data:`_REFUSED`)."""
+    if isinstance(e, InvalidEvent):  # a run's, or the tree's Rejected
+        return Rejection(index, str(kind), e.field, e.reason)
+    if isinstance(e, KeyError):
+        return Rejection(index, str(kind), str(e.args[0]), "missing")
+    return Rejection(index, str(kind), "?", f"{type(e).__name__}: {e}")
+
+
+def _check_ts(ts) -> None:
+    """Rejected unless ``ts`` is a number."""
+    if not isinstance(ts, (int, float)) or isinstance(ts, bool):
+        raise Rejected("ts", f"{ts!r:.80} is a {type(ts).__name__}, not a number")
 
 
 class BadRecord(ValueError):
@@ -117,7 +140,12 @@ class ClusterState:
     def apply(self, envelope: dict) -> Applied | None:
         """Apply one valid envelope; return the gaps it reveals, the partials it
         closes and the events it refused, or None for a duplicate (which changes
-        nothing)."""
+        nothing).
+
+        Its packed events may be expanded (``contract.expand_events``) or not: a
+        :data:`~dask_blackbox.contract.TRANSITION_RUN` is applied as the events it
+        stands for, each with its index in the expanded list, straight from its
+        columns; a run that cannot be unpacked is refused as one event."""
         producer_id = envelope["producer_id"]
         source = envelope["source"]
         seq = envelope["seq"]
@@ -136,20 +164,45 @@ class ClusterState:
         partial = self.windows.partial
         # Worker-side transitions describe the workers' own state machines, not the
         # scheduler's TaskStates that spans and prefixes count.
-        transition = tree.transition if source == "scheduler" else None
+        transition = tree.transition_fields if source == "scheduler" else None
         latest = -math.inf
         closing = None
         rejected: list[Rejection] = []
-        for i, ev in enumerate(envelope["events"]):
+        i = 0  # the event's index in the expanded list
+        for ev in envelope["events"]:
             kind = ev["kind"]
+            if kind == TRANSITION_RUN:
+                try:
+                    columns = run_columns(ev)
+                except _REFUSED as e:
+                    rejected.append(_refusal(i, kind, e))
+                    i += 1
+                    continue
+                for (ts, key, start, finish, group, prefix, span_id, startstops,
+                     nbytes) in zip(*map(columns.__getitem__, _RUN_READ)):
+                    try:
+                        if type(ts) is not float:
+                            _check_ts(ts)
+                        if transition is not None:
+                            transition(key, start, finish, group, prefix, span_id,
+                                       startstops, nbytes, ts, partial, producer_id, seq)
+                    except _REFUSED as e:
+                        rejected.append(_refusal(i, TRANSITION, e))
+                        i += 1
+                        continue
+                    i += 1
+                    if ts > latest:
+                        latest = ts
+                continue
             try:
                 ts = ev["ts"]
-                if not isinstance(ts, (int, float)) or isinstance(ts, bool):
-                    raise Rejected("ts", f"{ts!r:.80} is a {type(ts).__name__}, "
-                                         "not a number")
+                if type(ts) is not float:
+                    _check_ts(ts)
                 if kind == TRANSITION:
                     if transition is not None:
-                        transition(ev, partial, producer_id, seq)
+                        transition(ev["key"], ev["start"], ev["finish"], ev.get("group"),
+                                   ev.get("prefix"), ev.get("span_id"), ev.get("startstops"),
+                                   ev.get("nbytes"), ts, partial, producer_id, seq)
                 elif kind == SPAN:
                     tree.span(ev)
                 elif kind == WORKER_DIGESTS:
@@ -160,18 +213,11 @@ class ClusterState:
                         tree.nthreads(ev["total_nthreads"], action == "scheduler_start")
                     if action == "scheduler_close":
                         closing = ts
-                elif kind == TRANSITION_RUN:  # left packed by expand_events: unreadable
-                    unpack_run(ev)
-                    raise Rejected("kind", f"{kind} could not be expanded")
-            except InvalidEvent as e:  # a run's, or the tree's Rejected
-                rejected.append(Rejection(i, str(kind), e.field, e.reason))
+            except _REFUSED as e:
+                rejected.append(_refusal(i, kind, e))
+                i += 1
                 continue
-            except KeyError as e:
-                rejected.append(Rejection(i, str(kind), str(e.args[0]), "missing"))
-                continue
-            except (TypeError, ValueError, AttributeError, ArithmeticError) as e:
-                rejected.append(Rejection(i, str(kind), "?", f"{type(e).__name__}: {e}"))
-                continue
+            i += 1
             if ts > latest:
                 latest = ts
         if rejected:

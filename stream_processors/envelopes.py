@@ -9,7 +9,8 @@ key decides the partition, and the partition decides which processor owns the
 cluster's state, so a message keyed otherwise would split a cluster across
 processors). Anything else becomes a dead letter (``contract.DEAD_LETTER_FIELDS``)
 saying why. An accepted envelope's packed events (``contract.PACKED``) are expanded
-to the events they stand for.
+to the events they stand for, unless the caller reads them packed
+(``ClusterState.apply`` does).
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from dask_blackbox.nesting import MAX_DEPTH, too_deep
 MAX_PAYLOAD_BYTES = contract.DEAD_LETTER_PAYLOAD_MAX
 
 
-def decode(value: bytes | None, key: bytes | None) -> dict:
-    """The envelope carried by a raw message; :class:`InvalidEnvelope` says why not."""
+def decode(value: bytes | None, key: bytes | None, expand: bool = True) -> dict:
+    """The envelope carried by a raw message; :class:`InvalidEnvelope` says why not.
+    ``expand``: its packed events are expanded (else left as they came)."""
     if value is None:
         raise InvalidEnvelope("message has no value")
     if len(value) > contract.MAX_ENVELOPE_BYTES:
@@ -60,8 +62,22 @@ def decode(value: bytes | None, key: bytes | None) -> dict:
         )
     # Packed events stand for their events, in place (a malformed one stays, and is
     # refused as an event with the reason: ClusterState.apply).
-    envelope["events"] = contract.expand_events(envelope["events"])
+    if expand:
+        envelope["events"] = contract.expand_events(envelope["events"])
     return envelope
+
+
+def count_events(events: list) -> int:
+    """How many events a decoded envelope's ``events`` stand for, packed or not
+    (``len(contract.expand_events(events))``)."""
+    n = len(events)
+    for ev in events:
+        if type(ev) is dict and ev.get("kind") == contract.TRANSITION_RUN:
+            try:
+                n += contract.run_shape(ev).n - 1
+            except contract.InvalidEvent:
+                pass
+    return n
 
 
 def dead_letter(

@@ -153,7 +153,8 @@ class Processor:
                     self.counters["not_owned"] += 1
                     continue
                 try:
-                    envelope = envelopes.decode(msg.value, msg.key)
+                    # runs stay packed: ClusterState.apply reads their columns
+                    envelope = envelopes.decode(msg.value, msg.key, expand=False)
                 except InvalidEnvelope as e:
                     record = envelopes.dead_letter(msg.topic, msg.partition, msg.offset,
                                                    msg.key, msg.value, str(e))
@@ -170,7 +171,7 @@ class Processor:
                 state.last_offset = msg.offset
                 touched[state.cluster_id] = state  # a duplicate moves last_offset too
                 n_envelopes += 1
-                n_events += len(envelope["events"])
+                n_events += envelopes.count_events(envelope["events"])
                 applied = state.apply(envelope)
                 if applied is None:
                     self.counters["duplicates"] += 1

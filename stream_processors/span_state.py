@@ -87,8 +87,8 @@ def _is_number(value) -> bool:
     return isinstance(value, _NUMBER) and not isinstance(value, bool)
 
 
-def _str_or_none(ev: dict, field: str) -> str | None:
-    value = ev.get(field)
+def _str_or_none(value, field: str) -> str | None:
+    """``value`` (field ``field``), a string or None, or :class:`Rejected`."""
     if value is not None and type(value) is not str:
         raise Rejected(field, f"{value!r:.80} is a {type(value).__name__}, not a string")
     return value
@@ -348,31 +348,40 @@ class SpanTree:
     # ------------------------------------------------------------------ events
 
     def transition(self, ev: dict, partial: Callable, producer_id: str, seq: int) -> None:
-        """Apply one scheduler TRANSITION event of envelope ``seq``.
+        """Apply one scheduler TRANSITION event of envelope ``seq``
+        (:meth:`transition_fields` of its fields; KeyError for a missing ``key``,
+        ``start``, ``finish`` or ``ts``)."""
+        self.transition_fields(
+            ev["key"], ev["start"], ev["finish"], ev.get("group"), ev.get("prefix"),
+            ev.get("span_id"), ev.get("startstops"), ev.get("nbytes"), ev["ts"], partial,
+            producer_id, seq)
+
+    def transition_fields(self, key, start, finish, group_name, prefix, span_id,
+                          startstops, nbytes, ts, partial: Callable, producer_id: str,
+                          seq: int) -> None:
+        """Apply one scheduler transition of envelope ``seq``, given by the fields of
+        its TRANSITION event (``group_name`` is its ``group``).
 
         ``partial(producer_id, seq, span_id, prefix, ts)`` returns the prefix partial
         the transition adds to (``prefix_stats.PrefixWindows.partial``).
         """
         # The hot path of the processors: one call per scheduler transition.
-        key = ev["key"]
-        start = ev["start"]
-        finish = ev["finish"]
         if type(key) is not str or type(start) is not str or type(finish) is not str:
             for field, value in (("key", key), ("start", start), ("finish", finish)):
                 if type(value) is not str:
                     raise Rejected(field, f"{value!r:.80} is not a string")
         costs = None
         if finish == "memory" and start == "processing":
-            costs = _costs(ev)  # checked before anything changes
+            costs = _costs(startstops, nbytes)  # checked before anything changes
         entry = self.registry.get(key)
         if entry is None:
-            group, entry = self._first_sight(key, ev, start, finish)
+            group, entry = self._first_sight(key, group_name, prefix, span_id, start, finish)
             if group is None:
                 return
         else:
             group = self.groups[entry[0]]
-            if group.span_id is None and ev.get("span_id") is not None:
-                self._attach(group, _str_or_none(ev, "span_id"))
+            if group.span_id is None and span_id is not None:
+                self._attach(group, _str_or_none(span_id, "span_id"))
         if start == finish:
             return
 
@@ -380,7 +389,7 @@ class SpanTree:
         st[start] = st.get(start, 0) - 1
         st[finish] = st.get(finish, 0) + 1
         span_id = group.span_id
-        finished = partial(producer_id, seq, span_id, group.prefix, ev["ts"])
+        finished = partial(producer_id, seq, span_id, group.prefix, ts)
         counts = finished.finished
         counts[finish] = counts.get(finish, 0) + 1
         if costs is not None:
@@ -400,14 +409,15 @@ class SpanTree:
             self._touched.add(span_id)
 
     def _first_sight(
-        self, key: str, ev: dict, start: str, finish: str
+        self, key: str, name, prefix, span_id, start: str, finish: str
     ) -> tuple[Group | None, list | None]:
         """A key's first transition: the task is created in ``start``, in its group
-        (a new one if no live group has that name). Returns the group (None: no group
-        to attribute it to) and the key's registry entry (None: not registered)."""
-        name = _str_or_none(ev, "group")
-        prefix = _str_or_none(ev, "prefix")
-        span_id = _str_or_none(ev, "span_id")
+        ``name`` (a new one if no live group has that name). Returns the group (None:
+        no group to attribute it to) and the key's registry entry (None: not
+        registered)."""
+        name = _str_or_none(name, "group")
+        prefix = _str_or_none(prefix, "prefix")
+        span_id = _str_or_none(span_id, "span_id")
         if name is None:
             self.unattributed += 1
             return None, None
@@ -463,7 +473,7 @@ class SpanTree:
         if enqueued is not None and not _is_number(enqueued):
             raise Rejected("enqueued", f"{enqueued!r:.80} is a "
                                        f"{type(enqueued).__name__}, not a number")
-        parent_id = _str_or_none(ev, "parent_id")
+        parent_id = _str_or_none(ev.get("parent_id"), "parent_id")
         existing = self.spans.get(span_id)
         link = parent_id is not None and (existing is None or existing.parent_id is None)
         if link:
@@ -821,11 +831,11 @@ class SpanTree:
         return problems
 
 
-def _costs(ev: dict) -> tuple[list[tuple[str, float, float, int]], int | None]:
+def _costs(startstops, nbytes) -> tuple[list[tuple[str, float, float, int]], int | None]:
     """The startstops (action, start, stop, whole microseconds) and nbytes of a
     ``processing -> memory`` transition, checked."""
     out = []
-    startstops = ev.get("startstops") or ()
+    startstops = startstops or ()
     if not isinstance(startstops, (list, tuple)):
         raise Rejected("startstops", f"is a {type(startstops).__name__}, not a list")
     for i, ss in enumerate(startstops):
@@ -847,7 +857,6 @@ def _costs(ev: dict) -> tuple[list[tuple[str, float, float, int]], int | None]:
             raise Rejected(f"startstops[{i}]", f"stop - start = {end!r} - {begin!r} "
                                                "overflows in whole microseconds")
         out.append((action, begin, end, us))
-    nbytes = ev.get("nbytes")
     if nbytes is not None and (type(nbytes) is not int or not -_MAX_INT < nbytes < _MAX_INT):
         raise Rejected("nbytes", f"{nbytes!r:.80} is not an integer of 53 bits")
     return out, nbytes
