@@ -270,6 +270,41 @@ def test_the_processors_apply_a_run_as_its_events():
     assert state.records() == reference.records()
 
 
+BAD_VALUES = [  # (event of FIRST, field, value): a run's events checked one by one
+    (0, "ts", "soon"), (1, "key", 5), (2, "start", None), (0, "group", 7),
+    (1, "prefix", 9), (0, "span_id", 3.5), (0, "ts", True)]
+
+
+@pytest.mark.parametrize("source", ["scheduler", "worker"])
+@pytest.mark.parametrize("bad", [None, *BAD_VALUES])
+def test_the_processors_apply_a_packed_run_as_its_expanded_events(bad, source):
+    """As the processors read it (runs left packed), a run changes the state, and
+    refuses its bad events, exactly as its events expanded do."""
+    first = [dict(e) for e in FIRST]
+    middle = {**MIDDLE, "startstops": [{"action": "compute", "start": NOW - 7}]} if bad \
+        else MIDDLE
+    if bad is not None:
+        i, field, value = bad
+        first[i][field] = value
+    events = [{**LOG, "ts": NOW - 20}, run_of(*first), run_of(middle), middle, run_of(*SECOND)]
+    value = orjson.dumps(envelope(events, seq=0, source=source))
+    packed, expanded = (envelopes.decode(value, b"c1", expand=expand)
+                        for expand in (False, True))
+    assert packed["events"] == events
+    assert envelopes.count_events(packed["events"]) == len(expanded["events"])
+    state, reference = ClusterState("c1", 60.0, 10_000), ClusterState("c1", 60.0, 10_000)
+    applied, want = state.apply(packed), reference.apply(expanded)
+    assert applied.rejected == want.rejected
+    # a worker's transitions are not applied: only their ts is checked
+    assert len(want.rejected) == (0 if bad is None else 3 if source == "scheduler"
+                                  else int(bad[1] == "ts"))
+    assert state.partial_records(applied.closed) == reference.partial_records(want.closed)
+    assert state.partial_records(state.windows.close_all()) == \
+        reference.partial_records(reference.windows.close_all())
+    assert state.records() == reference.records()
+    assert state.snapshots() == reference.snapshots()
+
+
 @pytest.mark.parametrize("change, reason", MALFORMED[:2])
 def test_the_processors_refuse_a_malformed_run_as_one_event(change, reason):
     bad = {**run_of(*FIRST), **change}
