@@ -123,8 +123,9 @@ class Aggregate:
     @property
     def done(self) -> bool:
         """No task is waiting, no-worker, queued or processing (``TaskGroup.done``)."""
-        states = self.states
-        return not any(states.get(state) for state in ACTIVE_STATES)
+        get = self.states.get  # (ACTIVE_STATES)
+        return not (get("waiting") or get("no-worker") or get("queued")
+                    or get("processing"))
 
     def to_record(self) -> dict:
         return {"states": self.states, "durations_us": self.durations_us,
@@ -272,8 +273,10 @@ def nthreads_intervals(
 ) -> list[list]:
     """``Span.nthreads_intervals`` of a span enqueued at ``enqueued`` that stops at
     ``stop``, from the cluster's ``total_nthreads_history`` (as ``times`` and
-    ``counts``), step for step like Dask (``_nthreads_timeseries``,
-    ``_active_timeseries``, ``distributed.itertools.ffill``)."""
+    ``counts``), value for value as Dask computes them: the thread counts from the
+    span's first entry on (``_nthreads_timeseries``) and the span's activity
+    (``_active_timeseries``: ``enqueued <= t < stop``), forward-filled
+    (``distributed.itertools.ffill``) on the grid of all their times."""
     # Dask's span starts at the last entry recorded before it was enqueued.
     first = max(bisect.bisect_right(times, enqueued) - 1, 0)
     limit = stop if done else 0
@@ -286,27 +289,16 @@ def nthreads_intervals(
         series_t.append(max(enqueued, t))
         series_n.append(counts[i])
     grid = sorted({*series_t, enqueued, stop})
-    n_at = _ffill(grid, series_t, series_n, 0)
-    active = _ffill(grid, [enqueued, stop], [True, False], False)
-    return [[t0, t1, n] for t0, t1, n, a in zip(grid, grid[1:], n_at, active) if a]
-
-
-def _ffill(x: list, xp: list, fp: list, left) -> list:
-    """``distributed.itertools.ffill``: for each ``x``, the ``fp`` of the last ``xp``
-    at or before it (``left`` before the first)."""
     out = []
-    it = zip(xp, fp)
-    xp_done = False
-    xp1, fp1 = None, left
-    fp0 = left
-    for xi in x:
-        while not xp_done and (xp1 is None or xi >= xp1):
-            fp0 = fp1
-            try:
-                xp1, fp1 = next(it)
-            except StopIteration:
-                xp_done = True
-        out.append(fp0)
+    # n: the count of the last series entry at or before the grid point (0 before any)
+    j, n, m = 0, 0, len(series_t)
+    for k in range(len(grid) - 1):
+        t = grid[k]
+        while j < m and series_t[j] <= t:
+            n = series_n[j]
+            j += 1
+        if enqueued <= t < stop:
+            out.append([t, grid[k + 1], n])
     return out
 
 
@@ -641,6 +633,10 @@ class SpanTree:
         for root in span_ids:
             if root in seen:
                 continue
+            if not spans[root].children:  # a leaf
+                seen.add(root)
+                out.append(root)
+                continue
             stack = [(root, False)]
             while stack:
                 sid, expanded = stack.pop()
@@ -721,12 +717,11 @@ class SpanTree:
                 intervals = nthreads_intervals(self.nthreads_times, self.nthreads_counts,
                                                enqueued, stop, done)
         active = sum((t1 - t0) * n for t0, t1, n in intervals)
-        rows = [[*k, v] for k, v in metrics.items()]
         if known_history:
             known = sum(v for k, v in metrics.items()
                         if k[0] == "execute" and k[-1] == "seconds" and k != IDLE_KEY)
             metrics = {**metrics, IDLE_KEY: max(0.0, active - known)}
-            rows = [[*k, v] for k, v in metrics.items()]
+        rows = [[*k, v] for k, v in metrics.items()]
         return {
             "span_id": span_id,
             "version": changed_at,
