@@ -75,7 +75,9 @@ class Outbox:
         """Append one message to its partition's batch (sent by :meth:`flush`, or
         now if the batch is full)."""
         if partition is None:
-            partition = await self._partition_of(topic, key)
+            partition = self._by_key.get((topic, key))  # (a coroutine costs as much)
+            if partition is None:
+                partition = await self._partition_of(topic, key)
         tp = (topic, partition)
         batch = self._open.get(tp)
         if batch is None:

@@ -276,12 +276,12 @@ class Processor:
         settings = self.settings
         touched, expired = [], []
         candidates = list(self.clusters.values())
-        due = [s for s in candidates if self._forgets(s, now)]
-        committed = await self._committed({s.partition for s in due}) if due else {}
+        due = {s.cluster_id: s.partition for s in candidates if self._forgets(s, now)}
+        committed = await self._committed(set(due.values())) if due else {}
         for state in candidates:
             idle, finished = self._past_ttls(state, now)
             may_forget = committed.get(state.partition, -1) > state.last_offset
-            if not may_forget and self._forgets(state, now):
+            if not may_forget and state.cluster_id in due:
                 # Its latest message may be read again (by this worker after a
                 # rebalance, or by the partition's next owner): the cluster, or
                 # a producer, forgotten now would start over from it, with new
