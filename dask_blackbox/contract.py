@@ -659,6 +659,9 @@ class InvalidEnvelope(ValueError):
     """A raw message is not a valid envelope; the message says why."""
 
 
+_ENVELOPE_KEYS: Final = frozenset(ENVELOPE_FIELDS)
+
+
 def validate_envelope(obj: Any) -> dict:
     """Check a decoded raw message against the contract and return it.
 
@@ -666,8 +669,8 @@ def validate_envelope(obj: Any) -> dict:
     """
     if not isinstance(obj, dict):
         raise InvalidEnvelope(f"envelope is a {type(obj).__name__}, not an object")
-    missing = [f for f in ENVELOPE_FIELDS if f not in obj]
-    if missing:
+    if not obj.keys() >= _ENVELOPE_KEYS:
+        missing = [f for f in ENVELOPE_FIELDS if f not in obj]
         raise InvalidEnvelope(f"envelope lacks field(s) {', '.join(missing)}")
     if obj["schema"] not in READABLE_SCHEMAS or type(obj["schema"]) is not int:
         raise InvalidEnvelope(

@@ -120,6 +120,18 @@ class Aggregate:
         if other.stop > self.stop:
             self.stop = other.stop
 
+    def copy(self) -> Aggregate:
+        """An empty Aggregate merged with this one (:meth:`merge`), without the merge:
+        the same counts, and ``start``/``stop`` where the merge would keep them."""
+        agg = Aggregate.__new__(Aggregate)
+        agg.states = dict(self.states)
+        agg.durations_us = dict(self.durations_us)
+        agg.duration_us = self.duration_us
+        agg.nbytes = self.nbytes
+        agg.start = self.start if self.start else 0.0
+        agg.stop = self.stop if self.stop > 0.0 else 0.0
+        return agg
+
     @property
     def done(self) -> bool:
         """No task is waiting, no-worker, queued or processing (``TaskGroup.done``)."""
@@ -676,8 +688,7 @@ class SpanTree:
         wanted = list(span_ids)
         for sid in self._postorder(wanted):
             s = self.spans[sid]
-            agg = Aggregate()
-            agg.merge(s.agg)
+            agg = s.agg.copy()
             metrics = dict(s.metrics)
             changed_at = s.changed_at
             for child in s.children:
