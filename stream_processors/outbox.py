@@ -41,7 +41,8 @@ class Outbox:
         self._open: dict[tuple[str, int], object] = {}
         self._sent: list[asyncio.Future] = []
         self._partitions: dict[str, int] = {}
-        self._by_key: dict[tuple[str, bytes], int] = {}
+        #: (number of partitions, key) -> the key's partition (murmur2 is slow)
+        self._by_key: dict[tuple[int, bytes], int] = {}
         self._started = False
 
     async def start(self) -> None:
@@ -75,7 +76,7 @@ class Outbox:
         """Append one message to its partition's batch (sent by :meth:`flush`, or
         now if the batch is full)."""
         if partition is None:
-            partition = self._by_key.get((topic, key))  # (a coroutine costs as much)
+            partition = self._by_key.get((self._partitions.get(topic), key))
             if partition is None:
                 partition = await self._partition_of(topic, key)
         tp = (topic, partition)
@@ -94,11 +95,11 @@ class Outbox:
         n = await self.partitions(topic)
         if key is None:
             return 0
-        cached = self._by_key.get((topic, key))
+        cached = self._by_key.get((n, key))
         if cached is None:
             if len(self._by_key) > 100_000:
                 self._by_key.clear()
-            cached = self._by_key[(topic, key)] = (murmur2(key) & 0x7FFFFFFF) % n
+            cached = self._by_key[(n, key)] = (murmur2(key) & 0x7FFFFFFF) % n
         return cached
 
     async def _send(self, tp: tuple[str, int]) -> None:
