@@ -27,6 +27,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
+from report import report  # noqa: E402
 from ui_latency import TRANSITIONS_PER_TASK, load_cluster  # noqa: E402
 
 from dask_blackbox import clickhouse  # noqa: E402
@@ -39,7 +40,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=int(aggregates.RAW_TRANSITIONS / TRANSITIONS_PER_TASK))
     parser.add_argument("--repeat", type=int, default=5, help="runs per median")
     parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="a 20k-task run, 2 runs")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.repeat = 20_000, 2
     root = pathlib.Path(tempfile.mkdtemp(prefix="bb-group-views-"))
     client = clickhouse.open_client(f"chdb://{root / 'chdb'}")
     target = Target("blackbox", 90 * 86400)
@@ -61,6 +65,9 @@ def main() -> None:
             print(f"{name}: " + "; ".join(
                 f"{way} {statistics.median(ms[1:]):.0f} ms (runs {[round(m) for m in ms[1:]]})"
                 for way, ms in times.items()), flush=True)
+            for way, ms in times.items():
+                report(f"{name} view rendered from the {way}, {n_transitions:,} transitions (median)",
+                       round(statistics.median(ms[1:])), "ms", None)
         print(f"{n_transitions:,} transitions; medians of {args.repeat} runs; load average "
               f"{os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
     finally:

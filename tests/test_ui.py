@@ -939,21 +939,23 @@ def _check_activity(page: Page, recorded: dict) -> None:
     cell = drawn[0][1] - drawn[0][0]
     assert drawn[0][0] <= min(s for s, _ in computes) + cell, (drawn[:3], min(computes))
     assert drawn[-1][1] >= max(e for _, e in computes) - cell, (drawn[-3:], max(e for _, e in computes))
-    # Both workers napping on every thread: the cells wholly within it show all their threads.
+    # Both workers napping on every thread: the cells wholly within it show all their
+    # threads (a cell missing a worker's sample shows the other's alone), never more.
     naps = [_stretch(live[w], recorded["nap_window"], lambda s: s["executing"] == s["nthreads"]) for w in (a, b)]
     both = (max(n[0] for n in naps), min(n[1] for n in naps))
     full = census[a]["nthreads"] + census[b]["nthreads"]
-    assert _inside(proc["executing"], *both) and set(_inside(proc["executing"], *both)) == {full}, (
+    assert max(_inside(proc["executing"], *both), default=None) == full, (
         both, [s for s in proc["executing"] if s[1] > both[0] - 1 and s[0] < both[1] + 1],
         {w: [(round(s["t"] - both[0], 2), s["executing"]) for s in live[w]] for w in (a, b)},
         _samples(recorded, both))
     queued = [_stretch(live[w], recorded["nap_window"], lambda s: s["ready"] > 0) for w in (a, b)]
     assert all(v > 0 for v in _inside(proc["ready"], max(q[0] for q in queued), min(q[1] for q in queued)))
-    assert max(_inside(proc["executing"], *recorded["nap_window"])) == full
+    assert max(_inside(proc["executing"], *recorded["nap_window"])) == full  # never more
     assert set(_inside(cpu["threads offered"], *recorded["nap_window"])) == {full}
     # One transfer in flight into b for as long as a took to send it.
     sending = _stretch(live[b], recorded["send_window"], lambda s: s["in_flight"] >= 1)
-    assert set(_inside(proc["in flight"], *sending)) == {1}, (sending, proc["in flight"])
+    assert max(_inside(proc["in flight"], *sending), default=None) == 1, (sending, proc["in flight"])
+    assert all(v <= 1 for v in _inside(proc["in flight"], *recorded["send_window"]))
     # Each action's threads at once, bucket by bucket, as Dask's task stream has them.
     threads_ever = sum(c["nthreads"] for c in census.values())
     for action in ("compute", "transfer"):
