@@ -36,6 +36,7 @@ BENCHMARKS = [
     "freshness.py",
     "alerts.py",
     "ui_latency.py",
+    "group_views.py",
     "read_guard.py",
     "fuzz.py",
     "soak.py",

@@ -121,17 +121,22 @@ def stream_cells(backend: Backend, scope, n: int) -> list[tuple]:
     return rows
 
 
-def activity(backend: Backend, scope, n: int, worker: str | None = None) -> dict[str, dict]:
+def activity(backend: Backend, scope, n: int, worker: str | None = None,
+             t0: float | None = None, width: float | None = None) -> dict[str, dict]:
     """Seconds of each action per bucket, summed over the workers (or of ``worker``):
     ``{action: {bucket: seconds}}``; the seconds of the scope's window (whole
-    seconds: a window's edges are rounded out to them)."""
+    seconds: a window's edges are rounded out to them). Buckets are ``width`` wide
+    from ``t0`` (the scope's bucket and start by default); a second falls wholly in
+    the bucket it begins in, so buckets of whole seconds starting on one hold
+    exactly the seconds of the actions within them."""
     where, p = _where(scope.cluster_id, scope.span_ids, "worker = {worker:String}" if worker else "")
     if worker:
         p["worker"] = worker
     _buckets(p, scope, n)
-    where += (" AND second >= toDateTime(toUInt32(floor({t0:Float64})), 'UTC') "
+    p.update(t0=scope.t0 if t0 is None else t0, w=scope.bucket if width is None else width)
+    where += (" AND second >= toDateTime(toUInt32(floor({start:Float64})), 'UTC') "
               "AND second <= toDateTime(toUInt32({t1:Float64}), 'UTC')")
-    p["t1"] = scope.t1
+    p.update(start=scope.t0, t1=scope.t1)
     _, rows = backend.query(
         f"SELECT action, {_BUCKET} AS b, sum(busy) FROM {_t(backend, 'stream_seconds')} "
         f"{where} GROUP BY action, b", p)

@@ -13,8 +13,11 @@ or "restart", ``worker``).
 Names a test or a user can find in the page (``get_model_by_name`` on a
 ``Bokeh.documents`` entry): ``task-stream`` (one row per bar; binned:
 ``task-stream-binned``), ``critical-path``, ``markers``, ``graph-nodes`` and
-``graph-edges`` (the task graph's), ``groups`` (the task groups' bars),
-``memory-limit`` (a worker's memory limit line: a Span, the worker in its tags).
+``graph-edges`` (the task graph's), ``group-bars`` (the task groups' bars),
+``memory-limit`` (a worker's memory limit line: a Span, the worker in its tags),
+``<figure>-steps`` (a chart of steps: ``progress``, ``task_states``,
+``activity_processing``, ``activity_cpu``, ``activity_transfer`` and a worker
+page's ``worker_*`` ones).
 
 Kept to few models per figure (one renderer per series family) and numeric columns
 as numpy arrays (sent as binary buffers): Bokeh's Python side costs per model and per
@@ -149,16 +152,34 @@ class Figures:
             fig.add_layout(fig.legend[0], "right")
 
     def _steps(self, name: str, title: str, height: int, times: list, series: dict, colors: dict,
-               labels: dict, value_format: str = "0.00", **kwargs):
-        """One multi_line renderer for every series, drawn as steps (each value holds
-        until its bucket's end)."""
+               labels: dict, value_format: str = "0.00", width: float | None = None, **kwargs):
+        """One multi_line renderer for every series, drawn as steps, in the data source
+        ``<name>-steps`` (columns ``xs``, ``ys`` in ms and values, ``label``).
+
+        Without ``width``, ``times`` are instants: each value holds from its instant
+        to the next one's. With ``width``, ``times`` are the starts of cells that wide
+        and each value (a cell's mean or rate) is drawn over its own cell; the line
+        breaks where a cell is missing (nothing was there to measure)."""
         fig = self._time_figure(name, title, height, **kwargs)
         xs, ys = [], []
         x = [_ms(t) for t in times]
         for values in series.values():
-            xs.append(_num([v for pair in zip(x, x) for v in pair][1:] + [x[-1]] if x else []))
-            ys.append(_num([v for pair in zip(values, values) for v in pair] if values else []))
-        source = ColumnDataSource(name=name, data={
+            if width is None:
+                xs.append(_num([v for pair in zip(x, x) for v in pair][1:] + [x[-1]] if x else []))
+                ys.append(_num([v for pair in zip(values, values) for v in pair] if values else []))
+                continue
+            px: list = []
+            py: list = []
+            w = _ms(width)
+            for start, value in zip(x, values):
+                if px and start > px[-1] + 1e-6 * w:
+                    px.append(None)
+                    py.append(None)
+                px += [start, start + w]
+                py += [value, value]
+            xs.append(_num(px))
+            ys.append(_num(py))
+        source = ColumnDataSource(name=f"{name}-steps", data={
             "xs": xs, "ys": ys, "color": [colors[k] for k in series],
             "label": [labels[k] for k in series]})
         glyph = fig.multi_line(xs="xs", ys="ys", color="color", line_width=2, source=source,
@@ -370,20 +391,23 @@ class Figures:
     # ------------------------------------------------------------ groups
 
     def groups(self, data: dict) -> None:
-        """Task groups over time: a bar per group from its first compute to its last,
-        coloured by prefix (black: a task of it erred), its tasks and compute seconds
-        in the hover."""
+        """Task groups over time: a bar per group from its first compute to its last
+        (the groups that computed), coloured by prefix (black: a task of it erred),
+        its tasks, computed, erred and compute seconds in the hover; the data source
+        ``group-bars`` (``left``/``right`` in ms, ``group``, ``tasks``, ``memory``,
+        ``erred``, ``compute``)."""
         rows = [g for g in data["groups"] if g["start"] is not None and g["stop"] is not None]
         if not rows:
             return
         colors = palette.distinct(dict.fromkeys(g["prefix"] for g in rows))
         fig = self._time_figure("groups", f"Task groups over time ({len(rows)} of {data['n_groups']} groups)",
                                 int(min(900, 70 + 18 * len(rows))), y_range=Range1d(len(rows) - 0.5, -0.5))
-        source = ColumnDataSource(name="groups", data={
+        source = ColumnDataSource(name="group-bars", data={
             "y": _num(range(len(rows))), "left": _num(_ms(g["start"]) for g in rows),
             "right": _num(_ms(max(g["stop"], g["start"] + 1e-3)) for g in rows),
             "group": [g["group"] for g in rows], "prefix": [g["prefix"] for g in rows],
-            "tasks": _num(g["tasks"] for g in rows), "erred": _num(g["erred"] for g in rows),
+            "tasks": _num(g["tasks"] for g in rows), "memory": _num(g["memory"] for g in rows),
+            "erred": _num(g["erred"] for g in rows),
             "compute": [fmt_s(g["compute_s"]) for g in rows],
             "line": ["black" if g["erred"] else None for g in rows],
             "color": [colors[g["prefix"]] for g in rows]})
@@ -391,7 +415,7 @@ class Figures:
                          line_color="line", line_width=2, source=source)
         fig.add_tools(HoverTool(renderers=[glyph], tooltips=[
             ("group", "@group"), ("prefix", "@prefix"), ("tasks", "@tasks{0,0}"),
-            ("erred", "@erred{0,0}"), ("compute", "@compute")]))
+            ("computed", "@memory{0,0}"), ("erred", "@erred{0,0}"), ("compute", "@compute")]))
         fig.yaxis.ticker = FixedTicker(ticks=list(range(len(rows))))
         fig.yaxis.major_label_overrides = {i: g["group"][:40] for i, g in enumerate(rows)}
         fig.yaxis.major_label_text_font_size = "8pt"
@@ -472,19 +496,25 @@ class Figures:
 
     # ------------------------------------------------ processing, CPU, transfer
 
-    def activity(self, act: dict, prefix: str = "activity") -> list[str]:
+    def activity(self, act: dict, prefix: str = "activity",
+                 whose: str = "workers' samples, summed") -> list[str]:
         """Dask's Processing, CPU and Data Transfer views over time: tasks executing,
         ready and in flight (summed over the workers), CPU (cores busy, with the
-        threads offered), and the seconds of transfers and disk per second."""
+        threads offered), each drawn over its time cell (``cell`` wide, ``times``
+        their middles); and the seconds of each action per second of its bucket
+        (``actions``: ``times`` the buckets' ends, ``bucket`` their width): how many
+        threads were doing it at once. ``whose``: the samples' source, in the titles."""
         names = []
         p = act.get("processing") or {}
         if p.get("times"):
+            cell = act["cell"]
+            starts = [t - cell / 2 for t in p["times"]]
             series = {k: p[k] for k in ("executing", "ready", "in_flight")}
-            self._steps(f"{prefix}_processing", "Processing: tasks executing, ready and in flight "
-                        "(workers' samples, summed)", 220, p["times"], series,
+            self._steps(f"{prefix}_processing", f"Processing: tasks executing, ready and in flight "
+                        f"({whose})", 220, starts, series,
                         {"executing": "#2ca02c", "ready": "#1f77b4", "in_flight": "#d62728"},
                         {"executing": "executing", "ready": "ready", "in_flight": "in flight"},
-                        value_format="0.0")
+                        value_format="0.0", width=cell)
             names.append(f"{prefix}_processing")
             series = {"cpu": [None if v is None else v / 100.0 for v in p["cpu"]]}
             labels = {"cpu": "CPU (cores busy)"}
@@ -492,16 +522,17 @@ class Figures:
             if any(v for v in p.get("threads", [])):
                 series["threads"] = p["threads"]
                 labels["threads"], colors["threads"] = "threads offered", "#7f7f7f"
-            self._steps(f"{prefix}_cpu", "CPU: cores busy (workers' samples, summed)", 200,
-                        p["times"], series, colors, labels, value_format="0.00")
+            self._steps(f"{prefix}_cpu", f"CPU: cores busy ({whose})", 200,
+                        starts, series, colors, labels, value_format="0.00", width=cell)
             names.append(f"{prefix}_cpu")
         t = act.get("actions") or {}
         if t.get("times") and t.get("series"):
             series = t["series"]
+            bucket = t["bucket"]
             colors = {a: palette.ACTIONS.get(a, "#2ca02c" if a == "compute" else "#8c564b") for a in series}
             self._steps(f"{prefix}_transfer", "Data transfer and disk: seconds of each action per "
-                        "second of the window (compute for scale)", 200, t["times"], series,
-                        colors, {a: a for a in series}, value_format="0.00")
+                        "second of the window (compute for scale)", 200, [e - bucket for e in t["times"]],
+                        series, colors, {a: a for a in series}, value_format="0.00", width=bucket)
             names.append(f"{prefix}_transfer")
         return names
 

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import math
 from collections import defaultdict
 from typing import Any
 
@@ -589,13 +590,16 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
     """Dask's Processing, CPU and Data Transfer views over time, for the cluster (or
     one ``worker``):
 
-    ``processing``: per time cell (``times``, cell middles) the tasks ``executing``,
-    ``ready`` and ``in_flight`` and the ``cpu`` percent (100: one core), each the
-    mean of a worker's samples in the cell summed over the workers; ``threads``: the
-    threads of the workers there (as the scheduler recorded them);
-    ``actions``: per page bucket (``times``, bucket ends) the seconds of each action
-    (compute, transfer, disk-read, disk-write, ...) per second of the bucket -- how
-    many threads were doing it at once, from the page aggregates, in whole seconds."""
+    ``processing``: per time cell (``times``, cell middles; ``cell`` wide) the tasks
+    ``executing``, ``ready`` and ``in_flight`` and the ``cpu`` percent (100: one
+    core), each the mean of a worker's samples in the cell summed over the workers;
+    ``threads``: the threads of the workers there (as the scheduler recorded them);
+    ``actions``: per bucket (``times``, bucket ends; ``bucket`` wide) the seconds of
+    each action (compute, transfer, disk-read, disk-write, ...) within it per second
+    of it -- how many threads were doing it at once, on average over the bucket.
+    From the raw startstops, each split over the buckets it spans; for a scope the
+    page aggregates answer (:func:`aggregates.usable`), from their whole seconds, in
+    buckets of whole seconds starting on one."""
     from dask_blackbox.read import workers as worker_data
 
     w = _metric_cell(backend, scope, worker)
@@ -618,13 +622,48 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
                for t in times]
     processing = {"times": times, "executing": [r[1] for r in rows], "ready": [r[2] for r in rows],
                   "in_flight": [r[3] for r in rows], "cpu": [r[4] for r in rows], "threads": threads}
-    n = _n_buckets(scope)
-    per_action = aggregates.activity(backend, scope, n, worker)
-    series = {a: [per_action[a].get(i, 0.0) / scope.bucket for i in range(n)]
+    if aggregates.usable(scope):
+        step = float(math.ceil(scope.bucket))
+        start = float(math.floor(scope.t0))
+        n = min(BUCKETS, int((scope.t1 - start) / step) + 1)
+        per_action = aggregates.activity(backend, scope, n, worker, t0=start, width=step)
+    else:
+        step, start, n = scope.bucket, scope.t0, _n_buckets(scope)
+        per_action = _action_seconds(backend, scope, n, worker)
+    series = {a: [per_action[a].get(i, 0.0) / step for i in range(n)]
               for a in sorted(per_action, key=lambda a: (a != "compute", a))}
     return {"processing": processing,
-            "actions": {"times": [scope.t0 + (i + 1) * scope.bucket for i in range(n)], "series": series},
+            "actions": {"times": [start + (i + 1) * step for i in range(n)], "series": series,
+                        "bucket": step},
             "cell": w}
+
+
+def _action_seconds(backend: Backend, scope: Scope, n: int, worker: str | None = None) -> dict[str, dict]:
+    """Seconds of each action within each of the scope's ``n`` buckets, summed over
+    the workers (or of ``worker``), from the raw startstops: ``{action: {bucket:
+    seconds}}``, an action's seconds split over the buckets it spans."""
+    where, p = _where(scope, time_column="")
+    where += " AND source = 'scheduler'"
+    if worker is not None:
+        where += " AND worker = {worker:String}"
+        p["worker"] = worker
+    if scope.since is not None:  # a transition comes after its actions
+        where += " AND ts >= toDateTime64({t0:Float64}, 6, 'UTC')"
+    p.update(t0=scope.t0, t1=scope.t1, w=scope.bucket, nb=float(n))
+    _, rows = backend.query(
+        "SELECT action, b, sum(greatest(0., least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
+        "- greatest(s, {t0:Float64} + b * {w:Float64}))) FROM ("
+        " SELECT ss.action AS action, toFloat64(ss.start) AS s, toFloat64(ss.stop) AS e "
+        f" FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss {where}"
+        " AND ss.stop >= toDateTime64({t0:Float64}, 6, 'UTC') AND ss.start <= toDateTime64({t1:Float64}, 6, 'UTC'))"
+        " ARRAY JOIN range(toUInt32(greatest(0., floor((s - {t0:Float64}) / {w:Float64}))), "
+        "  toUInt32(least({nb:Float64}, greatest(floor((s - {t0:Float64}) / {w:Float64}) + 1, "
+        "  ceil((e - {t0:Float64}) / {w:Float64}))))) AS b "
+        "GROUP BY action, b", p)
+    out: dict[str, dict] = defaultdict(dict)
+    for action, b, seconds in rows:
+        out[action][int(b)] = float(seconds)
+    return dict(out)
 
 
 def spans(backend: Backend, scope: Scope) -> dict:

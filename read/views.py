@@ -31,6 +31,7 @@ from typing import Any
 
 from dask_blackbox.read import aggregates, diagnosis, history, panels, rollup_panels, templates
 from dask_blackbox.read import graph as graphs
+from dask_blackbox.read import groups as task_groups
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.figures import Figures
@@ -43,8 +44,6 @@ from dask_blackbox.read.queries import TimeBound
 MEMO_SECONDS = 30.0
 #: Erred tasks whose story the failures panel (and the report) shows.
 STORIES = 20
-#: Task groups drawn over time (the most computing first).
-GROUPS_SHOWN = 80
 
 
 class Memo:
@@ -203,10 +202,7 @@ def _progress(ctx: Context) -> dict:
 
 
 def _groups(ctx: Context) -> dict:
-    found = aggregates.groups(ctx.backend, ctx.scope.cluster_id, ctx.scope.span_ids)
-    timed = [g for g in found if g["start"] is not None]
-    return {"groups": {"groups": timed[:GROUPS_SHOWN], "n_groups": len(found),
-                       "erred": [g for g in found if g["erred"]]}}
+    return {"groups": task_groups.groups(ctx.backend, ctx.scope)}
 
 
 def _graph(ctx: Context) -> dict:
@@ -389,19 +385,9 @@ def _draw_worker_stream(f: Figures, data: dict, ctx: Context) -> dict:
 def _draw_worker_metrics(f: Figures, data: dict, ctx: Context) -> dict:
     s = data["worker_series"]
     f.worker_memory(s, data["memory_limit"])
-    names = ["worker_memory"]
-    if s["times"]:
-        f._steps("worker_cpu", "CPU (percent of one core)", 200, s["times"], {"cpu": s["cpu"]},
-                 {"cpu": "#9467bd"}, {"cpu": "CPU %"}, value_format="0.0")
-        f._steps("worker_processing", "Executing, ready and in flight", 220, s["times"],
-                 {k: s[k] for k in ("executing", "ready", "in_flight")},
-                 {"executing": "#2ca02c", "ready": "#1f77b4", "in_flight": "#d62728"},
-                 {"executing": "executing", "ready": "ready", "in_flight": "in flight"},
-                 value_format="0.0")
-        names += ["worker_cpu", "worker_processing"]
-    act = dict(data["activity"], processing={})
-    names += f.activity(act, prefix="worker")
-    return {"worker_figures": names}
+    # its CPU, executing / ready / in flight and actions: the Run page's charts of one worker
+    return {"worker_figures": ["worker_memory",
+                               *f.activity(data["activity"], prefix="worker", whose="its samples")]}
 
 
 #: A worker's page, in order.

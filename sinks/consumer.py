@@ -16,7 +16,10 @@ never revoked half way through a batch; messages read but not yet handed to load
 when partitions are revoked are dropped (they were not committed, so their new owner
 reads them again), and so are records a fetch brought across the rebalance: every
 assigned partition is then sought back to where its next batch starts, so none of
-them is skipped.
+them is skipped. A commit the group refuses (this sink stalled past its session
+timeout and its partitions went to another member, which reads them again from the
+group's offsets) leaves a loaded batch: on a store of its own the sink deletes it at
+once; on a shared store its journal entry makes the next owner skip it.
 
 Starting (:meth:`SinkConsumer._prepare`, on every assignment): the committed offsets of
 the assigned partitions are read at once, then :meth:`Loader.recover` repairs what a
@@ -294,22 +297,21 @@ class SinkConsumer(ConsumerRebalanceListener):
             if offset is not None:
                 self.consumer.seek(tp, offset)
 
-    async def _commit(self, offsets: dict[TopicPartition, int]) -> bool:
-        """Commit after a load; retry while the broker is unreachable. False when the
-        group rebalanced (or the sink stops) first: the rows are loaded and journalled,
-        and whoever consumes these partitions next finds the journal entry and skips
-        them."""
+    async def _commit(self, offsets: dict[TopicPartition, int]) -> bool | None:
+        """Commit after a load; retry while the broker is unreachable. True once
+        committed; False when the group rebalanced first (the group's offsets are still
+        the batch's starts); None when the sink stops first."""
         backoff = 0.1
         while True:
             try:
                 await self.consumer.commit(offsets)
                 return True
             except (CommitFailedError, IllegalStateError) as e:
-                logger.warning("could not commit after loading (%s); the journal covers it", e)
+                logger.warning("could not commit after loading (%s)", e)
                 return False
             except KafkaError as e:
                 if self._stop.is_set():
-                    return False
+                    return None
                 logger.warning("commit failed (%s); retrying in %.1fs", e, backoff)
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, self.settings.retry_backoff_max)
@@ -334,10 +336,20 @@ class SinkConsumer(ConsumerRebalanceListener):
             await task
 
     async def _commit_when_loaded(self, batch: Batch, loading: asyncio.Future) -> None:
-        if not await loading:
+        batch_id = await loading
+        if batch_id is None:
             return  # stopping while ClickHouse was unavailable: nothing committed
         offsets = {TopicPartition(t, p): offset for (t, p), offset in batch.positions.items()}
-        if not await self._commit(offsets):
+        committed = await self._commit(offsets)
+        if committed is False and self.loader.exclusive:
+            # The group moved on without this commit: whoever consumes these
+            # partitions now loads the batch again from the group's offsets, into its
+            # own store; this store gives its copy up. (On a shared store the batch's
+            # journal entry makes the next owner skip it instead.)
+            await asyncio.get_running_loop().run_in_executor(None, self.loader.abandon, [batch_id])
+            logger.warning("batch %d given up: its partitions are read again from the "
+                           "group's offsets", batch_id)
+        if not committed:
             return
         self.committed.update(batch.positions)
         self.batches_loaded += 1

@@ -69,10 +69,11 @@ class Loaded:
 
 class PausePoint:
     """The crash-test hook (``SinkSettings.pause_at``, from ``blackbox.sink.debug-pause-at:
-    "<point>[:<n>]"``; points: sinks.settings.PAUSE_POINTS) makes the sink stop for
-    good the n-th time it reaches ``<point>``, after writing
-    ``<data-dir>/sink-paused-at-<point>``, so a test can SIGKILL it exactly there.
-    Unset (the default), :meth:`reached` only compares a string."""
+    "<point>[:<n>]"``; points: sinks.settings.PAUSE_POINTS) makes the sink stop the
+    n-th time it reaches ``<point>``, after writing ``<data-dir>/sink-paused-at-<point>``,
+    so a test can SIGKILL it exactly there -- or let it go on by creating
+    ``<data-dir>/sink-resume-at-<point>``. Unset (the default), :meth:`reached` only
+    compares a string."""
 
     def __init__(self, pause_at: tuple[str, int] | None, marker_dir: pathlib.Path) -> None:
         self.point, self.remaining = pause_at if pause_at is not None else (None, 0)
@@ -86,9 +87,14 @@ class PausePoint:
             return
         marker = self.marker_dir / f"sink-paused-at-{point}"
         marker.write_text(str(os.getpid()))
-        logger.warning("paused at %s (blackbox.sink.debug-pause-at) until killed", point)
-        while True:
-            time.sleep(3600)
+        resume = self.marker_dir / f"sink-resume-at-{point}"
+        logger.warning("paused at %s (blackbox.sink.debug-pause-at) until killed or %s exists",
+                       point, resume)
+        while not resume.exists():
+            time.sleep(0.05)
+        resume.unlink()
+        self.point = None  # once
+        logger.warning("resumed at %s", point)
 
 
 class Loader:
@@ -270,11 +276,11 @@ class Loader:
 
     # -------------------------------------------------------------------- load
 
-    def load(self, batch: Batch, starts: dict[TopicPartition, int]) -> bool:
+    def load(self, batch: Batch, starts: dict[TopicPartition, int]) -> int | None:
         """Load ``batch`` (whose partitions start at the committed positions
-        ``starts``); retry while ClickHouse is unavailable. Returns False when
-        :attr:`stopping` was set before the batch could be loaded (nothing of it is
-        then left behind as loaded)."""
+        ``starts``); retry while ClickHouse is unavailable. Returns its batch id, or
+        None when :attr:`stopping` was set before the batch could be loaded (nothing of
+        it is then left behind as loaded)."""
         backoff = 0.1
         failed: list[int] = []
         while True:
@@ -292,7 +298,7 @@ class Loader:
                                    len(duplicates), rows)
                 self._load_once(batch, starts, batch_id)
                 self.delivered.loaded(highest)
-                return True
+                return batch_id
             except clickhouse.UNAVAILABLE as e:
                 if clickhouse.is_rejection(e):
                     raise  # a journal row was rejected: a bug, not the data's fault
@@ -302,7 +308,7 @@ class Loader:
                     batch_id, batch.n_rows, str(e).splitlines()[0][:300], backoff,
                 )
             if self.stopping.wait(backoff):
-                return False
+                return None
             backoff = min(backoff * 2, self.retry_backoff_max)
 
     def _load_once(self, batch: Batch, starts: dict[TopicPartition, int], batch_id: int) -> None:

@@ -127,6 +127,10 @@ class SinkProcess:
         assert self.proc.poll() is None, f"sink exited before pausing at {point}:\n{self.stderr()}"
         marker.unlink()
 
+    def resume(self, point: str) -> None:
+        """Let a sink paused at ``point`` go on."""
+        (self.data_dir / f"sink-resume-at-{point}").touch()
+
     def kill(self) -> None:
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGKILL)

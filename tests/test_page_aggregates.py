@@ -9,12 +9,15 @@ migration) gives the same numbers and, run again, counts nothing twice."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import clickhouse_connect
 import orjson
 import pytest
 
 from dask_blackbox import contract
 from dask_blackbox.read import aggregates, backends, panels
+from dask_blackbox.read import groups as task_groups
 from dask_blackbox.sinks import schema
 from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.loader import Loader
@@ -54,6 +57,31 @@ def _envelope(seq: int, n: int) -> dict:
             "events": events}
 
 
+def _recomputed() -> dict:
+    """A run of cluster ``c-re``: group ``twice-g``'s task twice-0 finishes into memory
+    twice (its worker lost it), twice-1 once, twice-2 errs; group ``once-g`` two tasks."""
+    events = []
+    for key, group, finishes in (("twice-0", "twice-g", ("memory", "memory")), ("twice-1", "twice-g", ("memory",)),
+                                 ("twice-2", "twice-g", ("erred",)), ("once-0", "once-g", ("memory",)),
+                                 ("once-1", "once-g", ("memory",))):
+        base = {"kind": contract.TRANSITION, "key": key, "prefix": group[:-2], "group": group, "span_id": "",
+                "worker": None, "nbytes": None, "typename": None, "startstops": None, "exception": None,
+                "traceback": None, "cause": None}
+        for i, finish in enumerate(finishes):
+            t = T0 + 10 * i + len(events)
+            events += [
+                {**base, "ts": t, "start": "released", "finish": "waiting", "stimulus_id": "graph"},
+                {**base, "ts": t + 0.01, "start": "waiting", "finish": "processing", "stimulus_id": "graph"},
+                {**base, "ts": t + 2, "start": "processing", "finish": finish, "stimulus_id": f"done-{i}",
+                 "worker": WORKERS[i], "nbytes": 100 + 10 * i if finish == "memory" else None,
+                 "startstops": [{"action": "compute", "start": t + 0.5, "stop": t + 1.5}]},
+                {**base, "ts": t + 3, "start": finish, "finish": "released", "stimulus_id": "lost"},
+            ]
+    return {"schema": contract.SCHEMA_VERSION, "cluster_id": "c-re", "cluster_name": "re",
+            "source": "scheduler", "producer_id": "p-re", "seq": 0, "sent_at": T0 + 100,
+            "events": events}
+
+
 @pytest.fixture(scope="module")
 def loaded(tmp_path_factory):
     """chDB migrated, three sink batches of 40 tasks each loaded; (client, loader,
@@ -65,6 +93,8 @@ def loaded(tmp_path_factory):
     for seq in range(3):
         batch = Batch()
         batch.add(Message(contract.RAW, "t.raw", 0, seq, b"c-agg", orjson.dumps(_envelope(seq, 40)), 0))
+        if seq == 0:
+            batch.add(Message(contract.RAW, "t.raw", 1, 0, b"c-re", orjson.dumps(_recomputed()), 0))
         assert loader.load(batch, {})
     ids = [r[0] for r in client.query(
         "SELECT DISTINCT batch_id FROM blackbox.sink_batches WHERE state = 'loaded' ORDER BY batch_id"
@@ -140,3 +170,28 @@ def test_the_backfill_counts_each_row_once(loaded):
         for statement in schema.backfills(text, TARGET):
             client.command(statement)
         assert _read(backend) == raw
+
+
+def test_groups_and_actions_read_alike_from_aggregates_and_raw_rows(loaded):
+    """The Task groups and transfer views answer the same from the aggregates (a run
+    too big for raw rows) as from the raw rows: a group whose task finished twice
+    counts it once, its latest result's bytes, and one recomputation."""
+    _, _, backend, _ = loaded
+    for cluster in ("c-agg", "c-re"):
+        raw = panels.resolve(backend, cluster)
+        big = dataclasses.replace(raw, n_transitions=aggregates.RAW_TRANSITIONS + 1)
+        assert not aggregates.usable(raw) and aggregates.usable(big)
+        by_raw, by_agg = task_groups.groups(backend, raw), task_groups.groups(backend, big)
+        assert [g["group"] for g in by_raw["groups"]] == [g["group"] for g in by_agg["groups"]]
+        for a, b in zip(by_raw["groups"], by_agg["groups"]):
+            assert a == {k: pytest.approx(v) if isinstance(v, float) else v for k, v in b.items()}
+        # Each action's seconds over the run, in the raw rows' buckets and in whole seconds.
+        fine, whole = panels.activity(backend, raw)["actions"], panels.activity(backend, big)["actions"]
+        assert whole["bucket"] == int(whole["bucket"]) >= 1 and whole["times"][0] == int(whole["times"][0])
+        assert set(fine["series"]) == set(whole["series"]) >= {"compute"}
+        for action, values in fine["series"].items():
+            assert sum(values) * fine["bucket"] == pytest.approx(sum(whole["series"][action]) * whole["bucket"])
+    twice = {g["group"]: g for g in task_groups.groups(backend, panels.resolve(backend, "c-re"))["groups"]}
+    assert {k: twice["twice-g"][k] for k in ("tasks", "memory", "erred", "recomputed", "nbytes", "compute_s")} == {
+        "tasks": 3, "memory": 2, "erred": 1, "recomputed": 1, "nbytes": 110 + 100, "compute_s": 4.0}
+    assert (twice["once-g"]["memory"], twice["once-g"]["recomputed"], twice["once-g"]["nbytes"]) == (2, 0, 200)

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import time
 
@@ -23,6 +25,7 @@ from dask_blackbox.cli.brokers import free_port
 from dask_blackbox.read import backends, queries
 from dask_blackbox.cli import sink as service
 from dask_blackbox.sinks.schema import Target, migrate
+from dask_blackbox.sinks.tables import TABLES
 
 from sink_support import (
     SinkProcess, assert_same_rows, can_chattr, chattr, count, dump, envelope, lag, produce,
@@ -372,3 +375,40 @@ def test_a_sink_on_a_new_broker_loads_at_once(own_broker_factory, broker_kind, t
                 assert "is not the one it loaded" in log, log
             # Old sinks waited 10 s per such partition, one after another.
             assert waited < CHECK_TIMEOUT + 30, (restart, waited)
+
+
+@pytest.mark.both_brokers
+def test_a_commit_the_group_refused_leaves_the_batch_to_its_next_owner(bb_config, tmp_path):
+    """A sink stalls between loading a batch and committing it (SIGSTOP: a long pause,
+    a swapped-out host) past its session timeout; the group gives its partitions to a
+    second sink, which loads everything from the group's offsets. When the first goes
+    on, its commit is refused: it gives up the batch it loaded (each sink has a chDB
+    store of its own here), so the two stores together hold every row exactly once."""
+    produce(workload(40, 25, clusters=3, t0=NOW - 200))
+    first = SinkProcess(bb_config, debug_pause_at="after-load:1", batch_max_rows="300")
+    second_env = {**bb_config, "DASK_BLACKBOX__DATA_DIR": str(tmp_path / "second")}
+    second = None
+    try:
+        first.wait_ready()
+        first.wait_paused("after-load")
+        os.kill(first.proc.pid, signal.SIGSTOP)  # no heartbeats from here
+        assert lag() > 0
+        second = SinkProcess(second_env, batch_max_rows="300")
+        second.wait_ready()
+        wait_consumed(second, timeout=120)  # the first's partitions came to it
+        os.kill(first.proc.pid, signal.SIGCONT)
+        first.resume("after-load")
+        wait_for(lambda: "could not commit after loading" in first.stderr()
+                 or first.proc.poll() is not None, 60, "the first sink's commit to be refused")
+        assert first.proc.poll() is None, first.stderr()
+        wait_consumed(second)
+        assert first.terminate() == 0 and second.terminate() == 0
+    finally:
+        first.kill()
+        if second is not None:
+            second.kill()
+    stores = [dump(d / "clickhouse") for d in (tmp_path / "data", tmp_path / "second")]
+    expected = reference_dump(topic_messages(), tmp_path / "reference")
+    for table in TABLES:  # the raw tables: rows, duplicates counted
+        assert sorted(stores[0][table] + stores[1][table]) == expected[table], table
+    assert sum(len(expected[t]) for t in TABLES) > 1000
