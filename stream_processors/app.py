@@ -93,9 +93,9 @@ def tune_gc() -> None:
     """Collect garbage less often. The clusters' states are long-lived containers
     (hundreds of thousands under a flood of clusters) that hold no reference cycles,
     and most of what a batch allocates is acyclic and freed at once: with Python's
-    default thresholds the collector rescans the growing state over and over, a
-    quarter of the worker's CPU under a flood. What the worker made while starting
-    is frozen (never scanned)."""
+    default thresholds the collector rescans the growing state over and over (a
+    fifth to a quarter of the processors' own work under a flood of 10,000 clusters).
+    What the worker made while starting is frozen (never scanned)."""
     gc.collect()
     gc.freeze()
     gc.set_threshold(*GC_THRESHOLDS)
