@@ -15,8 +15,9 @@ one ``TRANSITION_RUN`` event, each run of other rows with one orjson call. A par
 envelope leaves at most once per *linger*, a full one as soon as there is enough for
 it. The linger is ``flush-interval``, or, after a busy envelope (:data:`BUSY_ENVELOPE`
 events or more), ``busy_linger`` if longer (a helper's: under load, fewer and larger
-envelopes). After an idle spell the first items leave at once. Kafka compresses each
-envelope on the way (``blackbox.kafka.compression``).
+envelopes). An idle sender sleeps until the buffer gets an item (or a drop), which
+leaves at once. Kafka compresses each envelope on the way
+(``blackbox.kafka.compression``).
 
 Delivery semantics:
 
@@ -71,6 +72,8 @@ BATCH_WEIGHT = EVENTS_BUDGET // 2
 BUSY_ENVELOPE = 200
 #: Names of the recorder's threads start with this (the log handler skips them).
 THREAD_PREFIX = "dask-blackbox-"
+#: An idle sender sleeps until an item comes (:meth:`Buffer.wake_on_offer`), or this long.
+IDLE_WAIT = 1.0
 #: How long one send or connect may take before it counts as failed.
 REQUEST_TIMEOUT = 10.0
 _FIRST_BACKOFF = 0.05
@@ -318,7 +321,8 @@ class Sender:
                             continue  # only failed items: released above
                         if self.closing:
                             return
-                        await self._sleep(flush)
+                        if buffer.wake_on_offer(self.wake):
+                            await self._sleep(IDLE_WAIT)
                         continue
                     try:
                         pending.extend(pack(rows, self.settings.max_value_bytes))
