@@ -7,16 +7,15 @@ Attach it with ``dask worker --preload-nanny dask_blackbox.producers.nanny``
 The nanny is the one process that sees its worker process end, and Dask has no hook
 for it, so the plugin watches: every :data:`WATCH_INTERVAL` it looks at the nanny's
 worker process (``Nanny.process``, its ``AsyncProcess``), samples its memory (RSS,
-with psutil, as the nanny's own memory monitor does) and the host's
-(:func:`host_memory`), and when the process it watched has ended publishes one
-``WORKER_EXIT`` (:class:`~dask_blackbox.contract.WorkerExit`): the worker's address
-and pid, the exit code (negative: killed by that signal, Dask's convention) and the
-signal's name, the last and peak memory against the memory limit and
-``distributed.worker.memory.terminate``, the host's memory, the nanny's status
-(closing: an expected end) and how many times this nanny had started a worker
-process. Whether the nanny itself killed it for memory is in the
-``worker-restart-memory`` event Dask logs on the scheduler (the same pid): the read
-side joins them. The nanny's own log lines ("Worker process
+with psutil, as the nanny's own memory monitor does) and the host's, and when the
+process it watched has ended publishes one ``WORKER_EXIT``
+(:class:`~dask_blackbox.contract.WorkerExit`): the worker's address and pid, the exit
+code (negative: killed by that signal, Dask's convention) and the signal's name, the
+last and peak memory against the memory limit and ``distributed.worker.memory.
+terminate``, the host's memory, the nanny's status (closing: an expected end) and how
+many times this nanny had started a worker process. Whether the nanny itself killed
+it for memory is in the ``worker-restart-memory`` event Dask logs on the scheduler
+(the same pid): the read side joins them. The nanny's own log lines ("Worker process
 ... exited with status ...") are shipped with the logs, ``source`` "nanny".
 """
 
@@ -30,6 +29,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 import dask.config
+import psutil
 from distributed.diagnostics.plugin import NannyPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -71,10 +71,7 @@ class Watched:
 
     def sample(self) -> None:
         try:
-            if self._psutil is None:
-                import psutil
-
-                self._psutil = psutil.Process(self.pid)
+            self._psutil = self._psutil or psutil.Process(self.pid)
             rss = self._psutil.memory_info().rss
         except Exception:  # gone already, or not ours to read
             return
@@ -82,21 +79,12 @@ class Watched:
             return
         self.memory = rss
         self.memory_peak = max(self.memory_peak or 0, rss)
-        self.host_total, self.host_available = host_memory()
-
-
-def host_memory() -> tuple[int, int]:
-    """The host's total and available memory in bytes, as ``psutil.virtual_memory()``
-    says; on Linux read from ``/proc/meminfo`` directly, at a fifth of psutil's cost."""
-    try:
-        with open("/proc/meminfo", "rb", buffering=0) as f:
-            total, available = _MEMINFO.search(f.read()).groups()
-        return int(total) * 1024, int(available) * 1024
-    except (OSError, AttributeError):  # not Linux, or a kernel without MemAvailable
-        import psutil
-
-        host = psutil.virtual_memory()
-        return host.total, host.available
+        try:  # psutil.virtual_memory()'s total and available, at a fifth of its cost
+            with open("/proc/meminfo", "rb", buffering=0) as f:
+                host = [int(kib) * 1024 for kib in _MEMINFO.search(f.read()).groups()]
+        except (OSError, AttributeError):  # not Linux, or a kernel without MemAvailable
+            host = psutil.virtual_memory()[:2]
+        self.host_total, self.host_available = host
 
 
 class BlackboxNannyPlugin(NannyPlugin):

@@ -69,10 +69,8 @@ class EventItem(msgspec.Struct, gc=False):
 
 
 class GraphEntry(msgspec.Struct, gc=False):
-    """A submitted task captured on the event loop: its key, ``TaskGroup``, the keys of
-    its first dependencies and how many it has. Untracked by the collector, like its
-    tuple of keys once a collection has seen it: a large graph held until the drain
-    takes it is not promoted to the oldest generation."""
+    """A submitted task captured on the event loop: its key, ``TaskGroup``, its first
+    dependencies' keys and how many it has (none of it kept in the collector's sight)."""
 
     key: Hashable
     group: Any
@@ -199,11 +197,10 @@ class RowMaker:
         tasks: list[GraphTask] = []
         for entry in item.entries:
             prefix, group_name, span_id = self.names(entry.group)
-            dependencies = entry.dependencies
-            task: GraphTask = {"key": key_text(entry.key), "prefix": prefix,
-                               "group": group_name, "span_id": span_id,
-                               "dependencies": [key_text(d) for d in dependencies]}
-            if entry.n_dependencies > len(dependencies):
+            shown = entry.dependencies
+            task: GraphTask = {"key": key_text(entry.key), "prefix": prefix, "group": group_name,
+                               "span_id": span_id, "dependencies": list(map(key_text, shown))}
+            if entry.n_dependencies > len(shown):
                 task["n_dependencies"] = entry.n_dependencies
             tasks.append(task)
         event: Graph = {

@@ -33,7 +33,6 @@ on the event loop.
 from __future__ import annotations
 
 import logging
-import operator
 import re
 import time
 from collections import defaultdict
@@ -73,7 +72,6 @@ GRAPH_MAX_KEYS = 1_000
 _NTHREADS_ACTIONS = frozenset({"scheduler_start", "worker_added", "worker_removed"})
 _TRAILING_TIME = re.compile(r"-[0-9.e+]+$")
 _NO_TASKS: dict = {}
-_key_of = operator.attrgetter("key")
 
 
 def _discard(*args: Any, **kwargs: Any) -> None:
@@ -203,7 +201,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             if (ts := get(key)) is None:
                 continue
             dependencies = ts.dependencies
-            shown = tuple(map(_key_of, islice(dependencies, GRAPH_MAX_DEPENDENCIES)))
+            shown = tuple([d.key for d in islice(dependencies, GRAPH_MAX_DEPENDENCIES)])
             weight = GRAPH_TASK_BYTES + GRAPH_DEPENDENCY_BYTES * len(shown)
             if weights[-1] + weight > GRAPH_PART_BYTES and parts[-1]:
                 parts.append([])
