@@ -31,6 +31,12 @@ quad, B's sum over A's sum for wall, scheduler-process CPU and tree CPU; their m
 over quads (targets: wall <= 1.03, scheduler CPU <= 1.05, tree CPU <= 1.05). A quad
 one of whose runs lost a worker or did not finish within ``WAIT_DEADLINE`` runs again
 (and says so).
+
+With ``in``, each B run also prints the CPU of the recorder's own threads in the
+scheduler process (from ``/proc/self/task``: the relay, its status reader, the
+nannies' senders), and a figure gives their sum over A's scheduler-process CPU: the
+machine's load does not blur it as it blurs the difference of A and B. What the
+recorder adds on Dask's event loop (the hooks, the nannies' watch) is not in it.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ import argparse
 import contextlib
 import os
 import statistics
+import threading
 import time
 from dataclasses import dataclass
 
@@ -47,6 +54,7 @@ import dask.array as da
 from distributed import Client, LocalCluster
 
 from dask_blackbox import producers
+from dask_blackbox.producers.sender import THREAD_PREFIX
 from local_broker import local_broker
 from process_cluster import process_cluster, process_cpu
 from report import report
@@ -114,6 +122,26 @@ def _cpu(pids: list[int]) -> float:
     return total
 
 
+def _thread_cpu() -> dict[str, float]:
+    """CPU seconds of this process's live threads by name (one name may be many)."""
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                seconds = int(f.read().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+        name = names.get(int(tid), "other")
+        out[name] = out.get(name, 0.0) + seconds
+    return out
+
+
+def _recorder_threads(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
+    return {name.removeprefix(THREAD_PREFIX): seconds - before.get(name, 0.0)
+            for name, seconds in after.items() if name.startswith(THREAD_PREFIX)}
+
+
 @dataclass
 class Run:
     recorded: bool
@@ -121,6 +149,7 @@ class Run:
     scheduler_cpu: float
     tree_cpu: float
     tasks: int
+    recorder_threads: dict[str, float]
 
 
 @contextlib.contextmanager
@@ -153,6 +182,7 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
         timed_graph = graph(side, chunks, kind)
         n_tasks = len(timed_graph.__dask_graph__())
         pids = _tree({broker_pid})
+        threads0 = _thread_cpu()
         cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
         assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
@@ -162,8 +192,10 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
         if recorded:
             _wait(on_scheduler, _delivered, on_scheduler(_accepted))
         wall = time.perf_counter() - t0
+        threads = _recorder_threads(threads0, _thread_cpu()) if placement == "in" else {}
         pids = sorted(set(pids) | set(_tree({broker_pid})))
-        return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks)
+        return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks,
+                   threads)
 
 
 def ratio(runs: list[Run], figure: str) -> float:
@@ -204,6 +236,11 @@ def main() -> None:
                         f"sched {r.tree_cpu:.1f}s tree" for r in runs) + " -> wall "
                         f"{ratio(runs, 'wall'):.3f} sched {ratio(runs, 'scheduler_cpu'):.3f} "
                         f"tree {ratio(runs, 'tree_cpu'):.3f}", flush=True)
+                    for r in runs:
+                        if r.recorder_threads:
+                            print("  recorder threads in the scheduler process: " + ", ".join(
+                                f"{name} {seconds:.2f}s" for name, seconds
+                                in sorted(r.recorder_threads.items())), flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
                 for figure, label, target in (("wall", "wall", 1.03),
                                               ("scheduler_cpu", "scheduler-process CPU", 1.05),
@@ -212,6 +249,13 @@ def main() -> None:
                     report(f"{name}: {label} with/without, median of {len(quads)} quads "
                            f"({', '.join(f'{r:.3f}' for r in per_quad)})",
                            round(statistics.median(per_quad), 3), "x", target)
+                if placement == "in":
+                    shares = [sum(sum(r.recorder_threads.values()) for r in runs if r.recorded)
+                              / sum(r.scheduler_cpu for r in runs if not r.recorded)
+                              for runs in quads]
+                    report(f"{name}: the recorder's threads' CPU over A's scheduler-process "
+                           f"CPU, median of {len(quads)} quads", round(statistics.median(shares), 4),
+                           "x", None)
 
 
 if __name__ == "__main__":

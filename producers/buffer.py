@@ -15,13 +15,14 @@ are dropped, never the oldest, and each is counted (events, bytes, the times of 
 first and last drop not reported yet).
 
 Threads: :meth:`offer` is the hot path. It takes no lock and does no I/O: a length,
-two comparisons and an append. It may be called from several threads (Dask's event
-loop, a thread that logs); ``deque.append`` is atomic, and the counters each have
-one writing side (``_bytes_in`` the offering threads, whose ``+=`` on an int is not
-interrupted by CPython's thread switch; ``_held`` and ``_bytes_out`` the drain, under
-:attr:`lock`). :meth:`take`, :meth:`release` and :attr:`accepted` share that lock,
-never the hot path, so that ``accepted`` is exact whenever it is read: a wait for the
-delivery of everything accepted so far ends.
+three comparisons and an append (and an idle drain's :attr:`on_offer`). It may be
+called from several threads (Dask's event loop, a thread that logs); ``deque.append``
+is atomic, and the counters each have one writing side (``_bytes_in`` the offering
+threads, whose ``+=`` on an int is not interrupted by CPython's thread switch;
+``_held`` and ``_bytes_out`` the drain, under :attr:`lock`). :meth:`take`,
+:meth:`release` and :attr:`accepted` share that lock, never the hot path, so that
+``accepted`` is exact whenever it is read: a wait for the delivery of everything
+accepted so far ends.
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ class Buffer:
 
     __slots__ = ("_items", "_max_items", "_max_bytes", "_bytes_in", "_bytes_out", "_held",
                  "_taken", "lock", "dropped_events", "dropped_bytes", "_reported",
-                 "_first_drop", "_last_drop")
+                 "_first_drop", "_last_drop", "on_offer")
 
     def __init__(self, max_items: int, max_bytes: int):
         self._items: deque = deque()
@@ -71,6 +72,7 @@ class Buffer:
         self._reported = (0, 0)  # (events, bytes) of the drops reported or handed on
         self._first_drop: float | None = None  # of those not reported yet
         self._last_drop = 0.0
+        self.on_offer: Any = None  # an idle drain's wake-up: the next kept item calls it
 
     # ---------------------------------------------------------------- hot path
 
@@ -81,6 +83,10 @@ class Buffer:
                 and self._bytes_in - self._bytes_out + weight <= self._max_bytes):
             self._bytes_in += weight
             self._items.append(item)
+            if self.on_offer is not None:  # the drain is idle: wake it, once
+                wake, self.on_offer = self.on_offer, None
+                if wake is not None:
+                    wake()
             return True
         self.drop(weight)
         return False

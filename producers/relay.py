@@ -47,6 +47,7 @@ short-lived. It imports neither Dask's distributed nor the pipeline's other pack
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import logging
@@ -156,10 +157,8 @@ class Helper:
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         except OSError as e:
             raise HelperFailed(f"cannot start its helper process ({e})") from e
-        try:
+        with contextlib.suppress(AttributeError, OSError):
             fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        except (AttributeError, OSError):
-            pass
         self.status_thread = threading.Thread(
             target=self._read_status, daemon=True,
             name=f"{THREAD_PREFIX}{relay.identity.source}-relay-status")
@@ -171,10 +170,8 @@ class Helper:
         stdin.flush()
 
     def close_input(self) -> None:
-        try:
+        with contextlib.suppress(OSError):
             self.process.stdin.close()
-        except OSError:
-            pass
 
     def kill(self) -> None:
         if self.process.poll() is None:
@@ -326,8 +323,6 @@ class Relay:
                 helper.drops_handed += drops.events
         try:
             helper.write(data)
-        except OSError:
-            raise
         finally:
             if identity is not None:
                 self.identity_handed = identity
@@ -505,10 +500,8 @@ def main() -> None:
     if data is None:
         return
     hello = pickle.loads(data)
-    try:
+    with contextlib.suppress(OSError):
         os.nice(hello["settings"].helper_niceness)
-    except OSError:
-        pass
     yield_on_wakeup()  # before any thread starts: they inherit it and the niceness
     receiver = Receiver(hello)
     receiver.sender.start()

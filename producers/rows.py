@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import operator
 from collections.abc import Hashable
-from typing import Any, NamedTuple
+from typing import Any
 
 import msgspec
 import orjson
@@ -68,9 +68,9 @@ class EventItem(msgspec.Struct, gc=False):
     weight: int
 
 
-class GraphEntry(NamedTuple):
+class GraphEntry(msgspec.Struct, gc=False):
     """A submitted task captured on the event loop: its key, ``TaskGroup``, its first
-    dependencies (``TaskState`` objects) and how many it has."""
+    dependencies' keys and how many it has (none of it kept in the collector's sight)."""
 
     key: Hashable
     group: Any
@@ -195,13 +195,13 @@ class RowMaker:
     def graph(self, item: GraphItem) -> Ready:
         key_text = self.key_text
         tasks: list[GraphTask] = []
-        for key, group, dependencies, n_dependencies in item.entries:
-            prefix, group_name, span_id = self.names(group)
-            task: GraphTask = {"key": key_text(key), "prefix": prefix, "group": group_name,
-                               "span_id": span_id,
-                               "dependencies": [key_text(d.key) for d in dependencies]}
-            if n_dependencies > len(dependencies):
-                task["n_dependencies"] = n_dependencies
+        for entry in item.entries:
+            prefix, group_name, span_id = self.names(entry.group)
+            shown = entry.dependencies
+            task: GraphTask = {"key": key_text(entry.key), "prefix": prefix, "group": group_name,
+                               "span_id": span_id, "dependencies": list(map(key_text, shown))}
+            if entry.n_dependencies > len(shown):
+                task["n_dependencies"] = entry.n_dependencies
             tasks.append(task)
         event: Graph = {
             "kind": GRAPH, "ts": item.ts, "client": item.client, "stimulus_id": item.stimulus_id,

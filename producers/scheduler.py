@@ -201,7 +201,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             if (ts := get(key)) is None:
                 continue
             dependencies = ts.dependencies
-            shown = tuple(islice(dependencies, GRAPH_MAX_DEPENDENCIES))
+            shown = tuple([d.key for d in islice(dependencies, GRAPH_MAX_DEPENDENCIES)])
             weight = GRAPH_TASK_BYTES + GRAPH_DEPENDENCY_BYTES * len(shown)
             if weights[-1] + weight > GRAPH_PART_BYTES and parts[-1]:
                 parts.append([])

@@ -15,8 +15,8 @@ one ``TRANSITION_RUN`` event, each run of other rows with one orjson call. A par
 envelope leaves at most once per *linger*, a full one as soon as there is enough for
 it. The linger is ``flush-interval``, or, after a busy envelope (:data:`BUSY_ENVELOPE`
 events or more), ``busy_linger`` if longer (a helper's: under load, fewer and larger
-envelopes). After an idle spell the first items leave at once. Kafka compresses each
-envelope on the way (``blackbox.kafka.compression``).
+envelopes). An idle sender sleeps until the buffer keeps an item, which leaves at
+once. Kafka compresses each envelope on the way (``blackbox.kafka.compression``).
 
 Delivery semantics:
 
@@ -41,6 +41,7 @@ Delivery semantics:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
@@ -71,6 +72,8 @@ BATCH_WEIGHT = EVENTS_BUDGET // 2
 BUSY_ENVELOPE = 200
 #: Names of the recorder's threads start with this (the log handler skips them).
 THREAD_PREFIX = "dask-blackbox-"
+#: An idle sender sleeps until an item comes (``Buffer.on_offer``), or this long.
+IDLE_WAIT = 1.0
 #: How long one send or connect may take before it counts as failed.
 REQUEST_TIMEOUT = 10.0
 _FIRST_BACKOFF = 0.05
@@ -192,10 +195,8 @@ class KafkaLink:
     async def stop(self) -> None:
         producer, self.producer = self.producer, None
         if producer is not None:
-            try:
+            with contextlib.suppress(Exception):
                 await asyncio.wait_for(producer.stop(), 2.0)
-            except Exception:
-                pass
 
 
 class Sender:
@@ -244,21 +245,12 @@ class Sender:
         """Cut the sender's sleep short (any thread): items came, or it closes."""
         loop = self._loop
         if loop is not None:
-            try:
+            with contextlib.suppress(RuntimeError):  # its loop has ended
                 loop.call_soon_threadsafe(self._cut_sleep)
-            except RuntimeError:  # its loop has ended
-                pass
 
     def delivered(self, accepted: int) -> bool:
         """Whether the first ``accepted`` items accepted were delivered or given up."""
         return self.sent_events - self.sent_drop_reports + self.build_errors >= accepted
-
-    def cpu_seconds(self) -> float | None:
-        """CPU time the sender thread used so far (None where the OS can't say)."""
-        try:
-            return time.clock_gettime(time.pthread_getcpuclockid(self.thread.ident))
-        except (AttributeError, OSError, TypeError):
-            return None
 
     # ------------------------------------------------------------------ thread
 
@@ -318,7 +310,9 @@ class Sender:
                             continue  # only failed items: released above
                         if self.closing:
                             return
-                        await self._sleep(flush)
+                        buffer.on_offer = self.wake  # then checked: no offer goes unseen
+                        if not buffer.waiting:
+                            await self._sleep(IDLE_WAIT)
                         continue
                     try:
                         pending.extend(pack(rows, self.settings.max_value_bytes))
@@ -401,10 +395,8 @@ def yield_on_wakeup() -> None:
     """Put the calling thread (and the threads it starts) under ``SCHED_BATCH``
     (Linux): its CPU share is what its niceness gives, but waking up it never
     preempts a running thread of Dask's (the recorder's threads wake often)."""
-    try:
+    with contextlib.suppress(AttributeError, OSError):
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (AttributeError, OSError):
-        pass
 
 
 class _DemoteSenderNoise(logging.Filter):

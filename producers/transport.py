@@ -101,8 +101,6 @@ class Transport:
             "buffered_bytes": buffer.buffered_bytes, "max_events": buffer.max_items,
             "max_bytes": buffer.max_bytes, "dropped_events": buffer.dropped_events,
             "dropped_bytes": buffer.dropped_bytes, "sender": "thread",
-            "sender_cpu_seconds": self.drain.cpu_seconds() if isinstance(
-                self.drain, Sender) else None,
             **self.drain.stats(),
         }
 

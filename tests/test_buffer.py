@@ -83,3 +83,14 @@ def test_accepted_is_exact_while_a_drain_takes():
     done.set()
     reader.join()
     assert seen and set(seen) == {n} and buffer.released == n
+
+
+def test_an_idle_drains_wake_up_is_called_once_by_the_next_kept_item():
+    buffer = Buffer(10, 1_000)
+    calls: list[int] = []
+    buffer.on_offer = lambda: calls.append(buffer.waiting)
+    assert not buffer.offer(Ready({"kind": "event"}, 2_000))  # dropped: nothing to take
+    assert calls == [] and buffer.on_offer is not None
+    for _ in range(3):
+        assert buffer.offer(Ready({"kind": "event"}, 10))
+    assert calls == [1] and buffer.on_offer is None  # called once, the item already there
