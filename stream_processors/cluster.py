@@ -168,18 +168,20 @@ class ClusterState:
         latest = -math.inf
         closing = None
         rejected: list[Rejection] = []
-        i = 0  # the event's index in the expanded list
+        n = 0  # the index in the expanded list of the next event
         for ev in envelope["events"]:
             kind = ev["kind"]
+            i = n
+            n += 1
             if kind == TRANSITION_RUN:
                 try:
                     columns = run_columns(ev)
                 except _REFUSED as e:
                     rejected.append(_refusal(i, kind, e))
-                    i += 1
                     continue
-                for (ts, key, start, finish, group, prefix, span_id, startstops,
-                     nbytes) in zip(*map(columns.__getitem__, _RUN_READ)):
+                n += len(columns["key"]) - 1  # run_shape checked: every column has one
+                for i, (ts, key, start, finish, group, prefix, span_id, startstops,
+                        nbytes) in enumerate(zip(*map(columns.__getitem__, _RUN_READ)), i):
                     try:
                         if type(ts) is not float:
                             _check_ts(ts)
@@ -188,9 +190,7 @@ class ClusterState:
                                        startstops, nbytes, ts, partial, producer_id, seq)
                     except _REFUSED as e:
                         rejected.append(_refusal(i, TRANSITION, e))
-                        i += 1
                         continue
-                    i += 1
                     if ts > latest:
                         latest = ts
                 continue
@@ -215,9 +215,7 @@ class ClusterState:
                         closing = ts
             except _REFUSED as e:
                 rejected.append(_refusal(i, kind, e))
-                i += 1
                 continue
-            i += 1
             if ts > latest:
                 latest = ts
         if rejected:
