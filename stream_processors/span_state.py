@@ -135,9 +135,7 @@ class Aggregate:
     @property
     def done(self) -> bool:
         """No task is waiting, no-worker, queued or processing (``TaskGroup.done``)."""
-        get = self.states.get  # (ACTIVE_STATES)
-        return not (get("waiting") or get("no-worker") or get("queued")
-                    or get("processing"))
+        return not any(map(self.states.get, ACTIVE_STATES))
 
     def to_record(self) -> dict:
         return {"states": self.states, "durations_us": self.durations_us,
