@@ -32,7 +32,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from dask_blackbox.read import aggregates
+from dask_blackbox.read import aggregates, panels
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 
@@ -68,17 +68,11 @@ def _pick(found: list[dict], shown: int) -> list[dict]:
 def _raw(backend: Backend, scope, only: list[str] | None = None) -> list[dict]:
     """The groups of the scope (or the groups ``only``) from the raw transitions, task
     by task, longest computing first."""
-    conditions = ["cluster_id = {c:String}", "source = 'scheduler'"]
-    p: dict[str, Any] = {"c": scope.cluster_id}
-    if scope.span_ids is not None:
-        conditions.append("span_id IN {ids:Array(String)}")
-        p["ids"] = list(scope.span_ids)
-    if scope.since is not None or scope.until is not None:
-        conditions.append("ts >= toDateTime64({t0:Float64}, 6, 'UTC') "
-                          "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')")
-        p.update(t0=scope.t0, t1=scope.t1)
+    windowed = scope.since is not None or scope.until is not None
+    where, p = panels._where(scope, time_column="ts" if windowed else "")
+    where += " AND source = 'scheduler'"
     if only is not None:
-        conditions.append("task_group IN {only:Array(String)}")
+        where += " AND task_group IN {only:Array(String)}"
         p["only"] = list(only)
     action_seconds = ("sum(arraySum(arrayMap((a, b, e) -> if(a = '{0}', toFloat64(e) - toFloat64(b), 0.), "
                       "startstops.action, startstops.start, startstops.stop)))")
@@ -95,7 +89,7 @@ def _raw(backend: Backend, scope, only: list[str] | None = None) -> list[dict]:
         f"{has_compute}) AS s0, "
         "  maxOrNullIf(toFloat64(startstops.stop[indexOf(startstops.action, 'compute')]), "
         f"{has_compute}) AS s1 "
-        f" FROM {_t(backend, 'transitions')} WHERE {' AND '.join(conditions)} GROUP BY task_group, k"
+        f" FROM {_t(backend, 'transitions')} {where} GROUP BY task_group, k"
         ") GROUP BY task_group ORDER BY sum(c) DESC, task_group", p)
     return [{**dict(zip(_COLUMNS, r)), "tasks": int(r[2]), "memory": int(r[3]), "erred": int(r[4]),
              "recomputed": int(r[5]), "compute_s": float(r[6]), "transfer_s": float(r[7]),
