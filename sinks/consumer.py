@@ -6,8 +6,9 @@ It loads every contract topic (``contract.TOPICS``). A batch closes at
 ``SinkSettings.batch_max_rows`` rows or ``batch_max_wait`` seconds after its first
 message, whichever comes first -- or sooner, ``batch_min_wait`` after its first
 message, when the sink has caught up (its last fetch brought fewer records than it
-asked for) and no batch is being loaded: under a trickle a row is queryable soon,
-under load the batch grows while the one before it loads. It is then loaded in a
+asked for) and no batch is being loaded (a batch that waits for a load looks again
+every ``batch_min_wait``): under a trickle a row is queryable soon, under load the
+batch grows while the one before it loads. It is then loaded in a
 thread and committed
 while the next batch is read and converted (chDB releases the GIL while it inserts,
 so the two overlap on two cores); a batch starts loading only once the previous one
@@ -249,6 +250,11 @@ class SinkConsumer(ConsumerRebalanceListener):
         try:
             while not self._stop.is_set():
                 timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
+                if deadline is not None and not (self._inflight is None or self._inflight.done()):
+                    # A batch waits for the load in flight: look again every
+                    # batch-min-wait, so that it can close as soon as that load ends
+                    # rather than when the next record arrives.
+                    timeout = min(timeout, self.min_wait)
                 # Few messages per call: converting them blocks the event loop.
                 fetched = await self.consumer.getmany(timeout_ms=int(timeout * 1000),
                                                       max_records=FETCH_RECORDS)
