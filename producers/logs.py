@@ -46,8 +46,6 @@ class Target(NamedTuple):
     """A transport records are shipped through, and the worker it speaks for (its
     address, or a function giving it: a nanny's worker changes address on restart)."""
 
-    order: int
-    serial: int
     transport: Transport
     worker: str | Callable[[], str | None] | None
 
@@ -128,17 +126,15 @@ def _task_of_thread() -> tuple[str | None, str | None]:
 
 _handlers: dict[str, LogHandler] = {}
 _targets: tuple[Target, ...] = ()
-_serial = 0
 
 
 def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
     """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
     ``worker`` the address of the worker it speaks for)."""
-    global _targets, _serial
-    with _LOCK:
-        _serial += 1
-        target = Target(_ORDER.get(transport.source, 3), _serial, transport, worker)
-        _targets = tuple(sorted((*_targets, target), key=lambda t: (t.order, t.serial)))
+    global _targets
+    with _LOCK:  # a stable sort: the first installed of a kind first
+        _targets = tuple(sorted((*_targets, Target(transport, worker)),
+                                key=lambda t: _ORDER.get(t.transport.source, 3)))
         loggers = transport.settings.loggers
         for name, level in loggers:
             if name not in _handlers:
