@@ -1,28 +1,26 @@
 """The bounded buffer between a Dask process's hooks and the thread that drains it.
 
 A :class:`Buffer` is the only place that decides whether an item fits (the *room
-rule*) and the only place that counts what did not (the drops). The hooks offer
-items; one drain (the sender thread, or the relay thread handing items to a helper
-process) takes them, and releases them once they are delivered or given up.
+rule*) and the only place that counts what did not (the drops). Hooks offer items;
+one drain (the sender thread, or the relay thread handing rows to a helper process)
+takes them, and releases them once they are delivered or given up.
 
-The room rule: an item of ``weight`` bytes (its own estimate, ``item.weight``) is
+The room rule: an item of ``weight`` bytes (``item.weight``, its own estimate) is
 accepted when the items buffered or held number fewer than ``max_items`` and their
-weights plus its own stay within ``max_bytes``. Items taken and not yet released
+weights plus its own stay within ``max_bytes``. Items taken and not released yet
 (*held*: being packed, in an envelope that is retried, or in a helper process) count
 against both limits, so an outage can neither grow memory past them nor let newer
-items in behind dropped ones. When an item does not fit, it is dropped: the newest
-are dropped, never the oldest, and each is counted (events, bytes, the times of the
-first and last drop not reported yet).
+items in behind dropped ones. An item that does not fit is dropped (the newest, never
+the oldest) and counted: events, bytes, and the times of the first and last drop not
+reported yet.
 
-Threads: :meth:`offer` is the hot path. It takes no lock and does no I/O: a length,
-three comparisons and an append (and an idle drain's :attr:`on_offer`). It may be
-called from several threads (Dask's event loop, a thread that logs); ``deque.append``
-is atomic, and the counters each have one writing side (``_bytes_in`` the offering
-threads, whose ``+=`` on an int is not interrupted by CPython's thread switch;
-``_held`` and ``_bytes_out`` the drain, under :attr:`lock`). :meth:`take`,
-:meth:`release` and :attr:`accepted` share that lock, never the hot path, so that
-``accepted`` is exact whenever it is read: a wait for the delivery of everything
-accepted so far ends.
+Threads: :meth:`offer` is the hot path: no lock, no I/O, a length, three comparisons
+and an append (and an idle drain's :attr:`on_offer`). Several threads may offer
+(Dask's event loop, a thread that logs): ``deque.append`` is atomic, and each counter
+has one writing side (``_bytes_in`` the offering threads, whose ``+=`` on an int
+CPython's thread switch does not interrupt; ``_held`` and ``_bytes_out`` the drain,
+under :attr:`lock`). :meth:`take`, :meth:`release` and :attr:`accepted` share that
+lock, so ``accepted`` is exact whenever it is read.
 """
 
 from __future__ import annotations

@@ -72,7 +72,7 @@ from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, new_producer_id, yield_on_wakeup,
+    BUSY_ENVELOPE, THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -194,45 +194,33 @@ class Helper:
             logger.exception("dask-blackbox: reading its helper's status failed")
         finally:
             self.ended.set()
-            self.relay.wake.set()
+            self.relay.wake()
 
 
-class Relay:
-    """Drains ``buffer`` into a helper process that sends (module docstring); the
-    drain of a :class:`~producers.transport.Transport` like a Sender."""
+class Relay(Drain):
+    """Drains ``buffer`` into a helper process that sends (module docstring)."""
+
+    role = "relay"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
                  rows: RowMaker):
-        self.buffer = buffer
-        self.settings = settings
-        self.identity = identity
-        self.rows = rows
-        self.wake = threading.Event()
+        super().__init__(buffer, settings, identity, rows)
+        self.woken = threading.Event()
         self.lock = threading.Lock()  # the relay thread vs the status thread
-        self.closing = False
-        self.close_deadline = float("inf")
         self.helper: Helper | None = None
         self.ended: dict[str, Any] = {}  # the last status of the helper, once it ended
         self.fallback: Sender | None = None  # the thread sender it became
         self.identity_handed: tuple | None = None
-        self.build_errors = 0  # items no row could be made of, here
         self.abandoned = 0  # rows a dead helper took with it
         self.helper_collections: list[int] | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True,
-                                       name=f"{THREAD_PREFIX}{identity.source}-relay")
 
-    def start(self) -> Relay:
-        self.thread.start()
-        return self
+    def wake(self) -> None:
+        self.woken.set()
 
     def close(self, deadline: float) -> None:
         if self.fallback is not None:
             self.fallback.close(deadline)
-        if not self.closing:
-            self.close_deadline = deadline
-            self.closing = True
-            self.buffer.close()
-        self.wake.set()
+        super().close(deadline)
 
     def delivered(self, accepted: int) -> bool:
         """Whether the first ``accepted`` items accepted were delivered or given up."""
@@ -275,8 +263,8 @@ class Relay:
         while True:
             closing = self.closing
             if not closing:
-                self.wake.wait(linger)
-                self.wake.clear()
+                self.woken.wait(linger)
+                self.woken.clear()
                 closing = self.closing
             if helper.ended.is_set():  # it died: this process sends from now on
                 return False
@@ -304,13 +292,10 @@ class Relay:
         rows, failed = self.rows.rows(taken.items)
         weight = taken.weight
         if failed:
+            self.build_failed(len(failed), failed[0])
             failed_weight = sum(item.weight for item in failed)
-            with self.lock:
-                self.build_errors += len(failed)
             buffer.release(len(failed), failed_weight)
             weight -= failed_weight
-            logger.error("dask-blackbox could not make a row of a %s (%d so far)",
-                         type(failed[0]).__name__, self.build_errors)
         drops = buffer.unreported_drops()
         identity = (self.identity.cluster_id, self.identity.cluster_name)
         if identity == self.identity_handed or identity[0] is None:

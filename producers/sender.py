@@ -193,32 +193,26 @@ class KafkaLink:
                 await asyncio.wait_for(producer.stop(), 2.0)
 
 
-class Sender:
-    """Drains ``buffer`` into Kafka from a thread of its own (module docstring)."""
+class Drain:
+    """What empties a buffer from a thread of its own (``_main``), named
+    ``<source>-<role>``: a :class:`Sender` or a :class:`~producers.relay.Relay`, each
+    with ``wake()``, ``delivered(accepted)`` and ``stats()``."""
+
+    role = "drain"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
-                 rows: RowMaker, busy_linger: float | None = None):
+                 rows: RowMaker):
         self.buffer = buffer
         self.settings = settings
         self.identity = identity
         self.rows = rows
-        self.busy_linger = max(busy_linger or 0.0, settings.flush_interval)
-        self.next_seq = 0
-        self.sent_envelopes = 0
-        self.sent_events = 0  # rows delivered, DROPS reports included
-        self.sent_drop_reports = 0
-        self.reported_drops = 0  # drops the delivered DROPS reports counted
-        self.build_errors = 0
-        self.lost_at_close = 0
-        self.link = KafkaLink(settings, identity)
+        self.build_errors = 0  # items no row could be made of, given up
         self.closing = False
         self.close_deadline = float("inf")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future | None = None
         self.thread = threading.Thread(target=self._main, daemon=True,
-                                       name=f"{THREAD_PREFIX}{identity.source}-sender")
+                                       name=f"{THREAD_PREFIX}{identity.source}-{self.role}")
 
-    def start(self) -> Sender:
+    def start(self) -> Drain:
         self.thread.start()
         return self
 
@@ -230,6 +224,26 @@ class Sender:
             self.closing = True
             self.buffer.close()
         self.wake()
+
+
+class Sender(Drain):
+    """Drains ``buffer`` into Kafka from a thread of its own (module docstring)."""
+
+    role = "sender"
+
+    def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
+                 rows: RowMaker, busy_linger: float | None = None):
+        super().__init__(buffer, settings, identity, rows)
+        self.busy_linger = max(busy_linger or 0.0, settings.flush_interval)
+        self.next_seq = 0
+        self.sent_envelopes = 0
+        self.sent_events = 0  # rows delivered, DROPS reports included
+        self.sent_drop_reports = 0
+        self.reported_drops = 0  # drops the delivered DROPS reports counted
+        self.lost_at_close = 0
+        self.link = KafkaLink(settings, identity)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future | None = None
 
     def wake(self) -> None:
         """Cut the sender's sleep short (any thread): items came, or it closes."""
@@ -354,14 +368,6 @@ class Sender:
                              "until": drops.until}
             rows.insert(0, Ready(report, 0))
         return rows, (len(taken.items), taken.weight)
-
-    def build_failed(self, n: int, example: Any) -> None:
-        """Count ``n`` items no row could be made of (logged at first, then rarely)."""
-        before = self.build_errors
-        self.build_errors += n
-        if before < 3 or before // 10_000 != self.build_errors // 10_000:
-            logger.error("dask-blackbox could not make a row of a %s (%d so far)",
-                         type(example).__name__, self.build_errors)
 
     def _envelope(self, events: bytes) -> bytes:
         identity = self.identity
