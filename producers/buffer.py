@@ -51,14 +51,14 @@ class Taken(NamedTuple):
 class Buffer:
     """A bounded FIFO of items, each with a ``weight`` attribute (module docstring)."""
 
-    __slots__ = ("_items", "_max_items", "_max_bytes", "_bytes_in", "_bytes_out", "_held",
+    __slots__ = ("_items", "max_items", "max_bytes", "_bytes_in", "_bytes_out", "_held",
                  "_taken", "lock", "dropped_events", "dropped_bytes", "_reported",
                  "_first_drop", "_last_drop", "on_offer")
 
     def __init__(self, max_items: int, max_bytes: int):
         self._items: deque = deque()
-        self._max_items = max_items
-        self._max_bytes = max_bytes
+        self.max_items = max_items  # 0 once closed
+        self.max_bytes = max_bytes
         self._bytes_in = 0  # weight offered and accepted (offering threads)
         self._bytes_out = 0  # weight released (the drain)
         self._held = 0  # items taken, not released yet (the drain)
@@ -77,8 +77,8 @@ class Buffer:
     def offer(self, item: Any) -> bool:
         """Buffer ``item``, or drop and count it when it does not fit: True if kept."""
         weight = item.weight
-        if (len(self._items) + self._held < self._max_items
-                and self._bytes_in - self._bytes_out + weight <= self._max_bytes):
+        if (len(self._items) + self._held < self.max_items
+                and self._bytes_in - self._bytes_out + weight <= self.max_bytes):
             self._bytes_in += weight
             self._items.append(item)
             if self.on_offer is not None:  # the drain is idle: wake it, once
@@ -123,7 +123,7 @@ class Buffer:
 
     def close(self) -> None:
         """Accept nothing more: later offers are dropped and counted."""
-        self._max_items = 0
+        self.max_items = 0
 
     def discard(self) -> int:
         """Give up every item still buffered (counted taken and released): how many."""
@@ -184,11 +184,3 @@ class Buffer:
     def released(self) -> int:
         """Items taken and released so far (delivered or given up)."""
         return self._taken - self._held
-
-    @property
-    def max_items(self) -> int:
-        return self._max_items
-
-    @property
-    def max_bytes(self) -> int:
-        return self._max_bytes

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+from distributed.utils import thread_state
+
 from dask_blackbox.contract import LOG, Log, encode_key
 from dask_blackbox.producers.encode import cap_text
 from dask_blackbox.producers.rows import Ready
@@ -112,10 +114,6 @@ class LogHandler(logging.Handler):
 
 def _task_of_thread() -> tuple[str | None, str | None]:
     """The worker address and task key of the task this thread runs, if any."""
-    try:
-        from distributed.utils import thread_state
-    except ImportError:
-        return None, None
     key = getattr(thread_state, "key", None)
     if key is None:
         return None, None

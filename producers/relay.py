@@ -212,7 +212,6 @@ class Relay(Drain):
         self.fallback: Sender | None = None  # the thread sender it became
         self.identity_handed: tuple | None = None
         self.abandoned = 0  # rows a dead helper took with it
-        self.helper_collections: list[int] | None = None
 
     def wake(self) -> None:
         self.woken.set()
@@ -331,7 +330,6 @@ class Relay(Drain):
             while helper.batches and helper.batches[0][0] <= done:
                 _, n, weight = helper.batches.popleft()
                 self.buffer.release(n, weight)
-        self.helper_collections = status.get("gc", self.helper_collections)
 
     def _send_here(self) -> None:
         """Become a thread sender on the same buffer; what a dead helper held is
@@ -381,7 +379,7 @@ class Relay(Drain):
         out["abandoned"] = self.abandoned
         out["relay_pid"] = helper.process.pid if helper else None
         out["relay_ready"] = helper is not None and helper.started
-        out["relay_gc_collections"] = self.helper_collections
+        out["relay_gc_collections"] = (helper.status if helper else self.ended).get("gc")
         return out
 
 

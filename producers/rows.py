@@ -13,7 +13,7 @@
   :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
   holds builtins only: it crosses a pipe to a helper process (msgpack) as it is.
 - A **run** is consecutive transition rows in columns, one ``TRANSITION_RUN`` event
-  on the wire (:func:`encode_run`, :data:`dask_blackbox.contract.PACKED`).
+  on the wire (:func:`run_event`, :data:`dask_blackbox.contract.PACKED`).
 
 Making rows runs in the drain, never on Dask's event loop: names of task groups and
 the text of tuple keys are resolved there (a group's name, prefix and span id never
