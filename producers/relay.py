@@ -407,7 +407,7 @@ class Receiver:
     """The helper's side: frames in, rows offered to its buffer, which its sender
     drains."""
 
-    def __init__(self, hello: dict):
+    def __init__(self, hello: dict, out: Any = None):
         settings: ProducerSettings = hello["settings"]
         self.settings = settings
         self.buffer = Buffer(1 << 62, 1 << 62)  # the Dask process bounds what it hands over
@@ -415,6 +415,7 @@ class Receiver:
                             producer_id=hello["producer_id"])
         self.sender = Sender(self.buffer, settings, identity,
                              RowMaker(settings.max_value_bytes), busy_linger=LINGER)
+        self.out = out  # where status lines go
         self._last_status: bytes | None = None
 
     def apply(self, data: bytes) -> None:
@@ -429,15 +430,16 @@ class Receiver:
             offer(row)
         self.sender.wake()
 
-    def status(self, force: bool = False) -> bytes | None:
-        """The status line, if it changed (or ``force``)."""
+    def report(self, force: bool = False) -> None:
+        """Write the status line to :attr:`out` if it changed (or ``force``)."""
         status = {"done": self.buffer.released, **self.sender.stats()}
         line = orjson.dumps(status)
         if line == self._last_status and not force:
-            return None
+            return
         self._last_status = line
         status["gc"] = [s["collections"] for s in gc.get_stats()]
-        return orjson.dumps(status) + b"\n"
+        self.out.write(orjson.dumps(status) + b"\n")
+        self.out.flush()
 
 
 def main() -> None:
@@ -455,12 +457,11 @@ def main() -> None:
     with contextlib.suppress(OSError):
         os.nice(hello["settings"].helper_niceness)
     yield_on_wakeup()  # before any thread starts: they inherit it and the niceness
-    receiver = Receiver(hello)
+    receiver = Receiver(hello, out)
     receiver.sender.start()
     gc.freeze()
     gc.set_threshold(*HELPER_GC_THRESHOLDS)
-    out.write(receiver.status(force=True))
-    out.flush()
+    receiver.report(force=True)
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ)
     next_status = 0.0
@@ -474,20 +475,14 @@ def main() -> None:
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_INTERVAL
-                line = receiver.status()
-                if line is not None:
-                    out.write(line)
-                    out.flush()
+                receiver.report()
     except BrokenPipeError:  # the Dask process is gone: deliver what is held
         pass
     sender = receiver.sender
     sender.close(time.monotonic() + receiver.settings.close_timeout)
     sender.thread.join(receiver.settings.close_timeout + 1.0)
-    try:
-        out.write(receiver.status(force=True))
-        out.flush()
-    except (BrokenPipeError, ValueError):
-        pass
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        receiver.report(force=True)
 
 
 if __name__ == "__main__":
