@@ -1,28 +1,22 @@
 """dask-blackbox producers: what runs inside Dask and publishes to Kafka.
 
-Three ways to attach, following Dask's conventions:
+Attach them with ``dask scheduler --preload dask_blackbox.producers.scheduler`` and
+``dask worker --preload dask_blackbox.producers.worker --preload-nanny
+dask_blackbox.producers.nanny`` (each process's ``blackbox.*`` config), with
+``client.register_plugin(BlackboxSchedulerPlugin(...))`` (and the worker's and the
+nanny's), or with :func:`attach` (one call, everything, the client's config).
 
-- ``dask scheduler --preload dask_blackbox.producers.scheduler``,
-  ``dask worker --preload dask_blackbox.producers.worker --preload-nanny
-  dask_blackbox.producers.nanny`` (each process's ``blackbox.*`` config);
-- ``client.register_plugin(BlackboxSchedulerPlugin(...))`` (and the worker's and
-  the nanny's);
-
-The route of a record: a hook offers an *item* to the process's buffer
-(:mod:`.buffer`, the only home of the room rule and the drops); a drain makes its
-*row* (:mod:`.rows`) and a sender packs rows into envelopes, a run of transitions as
-one *run*, and delivers them (:mod:`.sender`), in a thread of the Dask process or in a
-helper process the relay hands rows to (:mod:`.relay`); :mod:`.transport` composes
-the buffer and its drain.
-- :func:`attach` (one call, everything, settings from the client's config).
+The route of a record: a hook offers an *item* to its process's buffer
+(:mod:`.buffer`); the drain makes its *row* (:mod:`.rows`); a sender packs rows, a run
+of transitions as one *run*, into envelopes and delivers them (:mod:`.sender`), in a
+thread of the Dask process or in a helper process (:mod:`.relay`). :mod:`.transport`
+composes the buffer and its drain.
 
 This package imports only distributed, aiokafka, orjson, msgspec (cramjam for
-compression) and ``dask_blackbox``'s contract, config and runfiles modules: a Dask node needs
-nothing else (``tests/test_packaging.py`` runs it in a venv holding just those).
-
-The names below are imported when first used, so that importing a module of this
-package (the relay helper process, :mod:`producers.relay`) does not import Dask's
-scheduler and worker.
+compression) and ``dask_blackbox``'s contract, config and runfiles modules
+(``tests/test_packaging.py`` runs it in a venv holding just those). The names below
+are imported when first used, so that the relay's helper process, which imports
+:mod:`.relay`, does not import Dask's scheduler and worker.
 """
 
 from __future__ import annotations

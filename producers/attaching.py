@@ -14,36 +14,29 @@ from dask_blackbox.producers.worker import BlackboxWorkerPlugin
 
 
 def attach(client, cluster_name: str | None = None, **overrides: Any) -> dict:
-    """Attach the scheduler plugin, the worker plugin, the nanny plugin (on clusters
-    with nannies) and log shipping to the cluster of ``client``, and return ``{"cluster_id", "cluster_name", "producer_id"}`` of
-    the scheduler producer.
+    """Attach the scheduler plugin, the worker plugin and the nanny plugin (on clusters
+    with nannies) to the cluster of ``client``; return ``{"cluster_id",
+    "cluster_name", "producer_id"}`` of the scheduler producer (an awaitable with an
+    asynchronous client).
 
     ``overrides`` are ``blackbox.*`` settings relative to ``blackbox.``, dotted
     (``**{"producer.flush-interval": "50ms"}``) or nested
-    (``producer={"flush-interval": "50ms"}``); with the client's Dask config they are
-    resolved and validated here (a bad one raises
-    :class:`~dask_blackbox.config.ConfigError`), then travel inside the plugins.
-    The broker too: with ``blackbox.kafka.bootstrap-servers`` unset, it is that of a
-    running ``dask-blackbox up`` on this process's ``blackbox.data-dir`` (with its
-    topic prefix), else ``127.0.0.1:9092``; the scheduler and workers then publish
-    there whatever their own configuration says.
+    (``producer={"flush-interval": "50ms"}``). They are resolved with the client's
+    Dask config and validated here (a bad one raises
+    :class:`~dask_blackbox.config.ConfigError`), the broker included (see
+    :mod:`producers.settings`), then travel inside the plugins.
 
-    Idempotent: if the cluster already has the plugins (an earlier ``attach`` or a
-    ``--preload``), they are left as they are and keep their settings. Returns an
-    awaitable with an asynchronous client.
+    Idempotent: plugins the cluster already has (an earlier ``attach`` or a
+    ``--preload``) are left as they are, with their settings.
     """
     settings = ProducerSettings.resolve(overrides, cluster_name=cluster_name)
     return client.sync(_attach, client, settings)
 
 
 def detach(client) -> None:
-    """Flush and remove the plugins :func:`attach` (or a preload) installed.
-
-    Workers flush in their plugin teardown; the scheduler plugin publishes
-    ``scheduler_close`` and flushes, bounded by ``close-timeout``. (Closing the
-    scheduler does the same, so detach is only needed to stop recording a cluster
-    that keeps running.)
-    """
+    """Flush and remove the plugins :func:`attach` (or a preload) installed: workers
+    flush in their plugin teardown; the scheduler plugin publishes ``scheduler_close``
+    and flushes, bounded by ``close-timeout`` (as when the scheduler closes)."""
     return client.sync(_detach, client)
 
 

@@ -1,28 +1,26 @@
 """The bounded buffer between a Dask process's hooks and the thread that drains it.
 
 A :class:`Buffer` is the only place that decides whether an item fits (the *room
-rule*) and the only place that counts what did not (the drops). The hooks offer
-items; one drain (the sender thread, or the relay thread handing items to a helper
-process) takes them, and releases them once they are delivered or given up.
+rule*) and the only place that counts what did not (the drops). Hooks offer items;
+one drain (the sender thread, or the relay thread handing rows to a helper process)
+takes them, and releases them once they are delivered or given up.
 
-The room rule: an item of ``weight`` bytes (its own estimate, ``item.weight``) is
+The room rule: an item of ``weight`` bytes (``item.weight``, its own estimate) is
 accepted when the items buffered or held number fewer than ``max_items`` and their
-weights plus its own stay within ``max_bytes``. Items taken and not yet released
+weights plus its own stay within ``max_bytes``. Items taken and not released yet
 (*held*: being packed, in an envelope that is retried, or in a helper process) count
 against both limits, so an outage can neither grow memory past them nor let newer
-items in behind dropped ones. When an item does not fit, it is dropped: the newest
-are dropped, never the oldest, and each is counted (events, bytes, the times of the
-first and last drop not reported yet).
+items in behind dropped ones. An item that does not fit is dropped (the newest, never
+the oldest) and counted: events, bytes, and the times of the first and last drop not
+reported yet.
 
-Threads: :meth:`offer` is the hot path. It takes no lock and does no I/O: a length,
-three comparisons and an append (and an idle drain's :attr:`on_offer`). It may be
-called from several threads (Dask's event loop, a thread that logs); ``deque.append``
-is atomic, and the counters each have one writing side (``_bytes_in`` the offering
-threads, whose ``+=`` on an int is not interrupted by CPython's thread switch;
-``_held`` and ``_bytes_out`` the drain, under :attr:`lock`). :meth:`take`,
-:meth:`release` and :attr:`accepted` share that lock, never the hot path, so that
-``accepted`` is exact whenever it is read: a wait for the delivery of everything
-accepted so far ends.
+Threads: :meth:`offer` is the hot path: no lock, no I/O, a length, three comparisons
+and an append (and an idle drain's :attr:`on_offer`). Several threads may offer
+(Dask's event loop, a thread that logs): ``deque.append`` is atomic, and each counter
+has one writing side (``_bytes_in`` the offering threads, whose ``+=`` on an int
+CPython's thread switch does not interrupt; ``_held`` and ``_bytes_out`` the drain,
+under :attr:`lock`). :meth:`take`, :meth:`release` and :attr:`accepted` share that
+lock, so ``accepted`` is exact whenever it is read.
 """
 
 from __future__ import annotations
@@ -53,14 +51,14 @@ class Taken(NamedTuple):
 class Buffer:
     """A bounded FIFO of items, each with a ``weight`` attribute (module docstring)."""
 
-    __slots__ = ("_items", "_max_items", "_max_bytes", "_bytes_in", "_bytes_out", "_held",
+    __slots__ = ("_items", "max_items", "max_bytes", "_bytes_in", "_bytes_out", "_held",
                  "_taken", "lock", "dropped_events", "dropped_bytes", "_reported",
                  "_first_drop", "_last_drop", "on_offer")
 
     def __init__(self, max_items: int, max_bytes: int):
         self._items: deque = deque()
-        self._max_items = max_items
-        self._max_bytes = max_bytes
+        self.max_items = max_items  # 0 once closed
+        self.max_bytes = max_bytes
         self._bytes_in = 0  # weight offered and accepted (offering threads)
         self._bytes_out = 0  # weight released (the drain)
         self._held = 0  # items taken, not released yet (the drain)
@@ -79,8 +77,8 @@ class Buffer:
     def offer(self, item: Any) -> bool:
         """Buffer ``item``, or drop and count it when it does not fit: True if kept."""
         weight = item.weight
-        if (len(self._items) + self._held < self._max_items
-                and self._bytes_in - self._bytes_out + weight <= self._max_bytes):
+        if (len(self._items) + self._held < self.max_items
+                and self._bytes_in - self._bytes_out + weight <= self.max_bytes):
             self._bytes_in += weight
             self._items.append(item)
             if self.on_offer is not None:  # the drain is idle: wake it, once
@@ -125,7 +123,7 @@ class Buffer:
 
     def close(self) -> None:
         """Accept nothing more: later offers are dropped and counted."""
-        self._max_items = 0
+        self.max_items = 0
 
     def discard(self) -> int:
         """Give up every item still buffered (counted taken and released): how many."""
@@ -186,11 +184,3 @@ class Buffer:
     def released(self) -> int:
         """Items taken and released so far (delivered or given up)."""
         return self._taken - self._held
-
-    @property
-    def max_items(self) -> int:
-        return self._max_items
-
-    @property
-    def max_bytes(self) -> int:
-        return self._max_bytes

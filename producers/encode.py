@@ -139,11 +139,10 @@ def _trusted_array(t: type) -> bool:
 class _Walker:
     """One sanitizing pass with a byte budget shared by the whole value."""
 
-    __slots__ = ("budget", "max_text", "active")
+    __slots__ = ("budget", "active")
 
     def __init__(self, max_bytes: int):
         self.budget = max_bytes
-        self.max_text = max_bytes
         self.active: set[int] = set()  # ids of the containers on the current path
 
     def walk(self, obj: Any, depth: int) -> Any:
@@ -209,39 +208,31 @@ class _Walker:
             self.budget -= 64
             return describe(obj)
         self.active.add(id(obj))
+        self.budget -= 2
         try:
+            n = base.__len__(obj)
             if base is dict:
-                return self._mapping(obj, depth)
-            return self._sequence(obj, base, depth)
+                out: dict[str, Any] = {}
+                for i, (k, v) in enumerate(dict.items(obj)):
+                    if self.budget <= 0:
+                        out["__truncated__"] = n - i
+                        break
+                    key = self._key(k)
+                    self.budget -= len(key) + 3
+                    out[key] = self.walk(v, depth + 1)
+                return out
+            items: list[Any] = []
+            for i, v in enumerate(base.__iter__(obj)):
+                if self.budget <= 0:
+                    items.append({"__type__": "truncated", "__size__": n - i})
+                    break
+                items.append(self.walk(v, depth + 1))
+                self.budget -= 1
+            return items
         except Exception:  # mutated while iterated, ...
             return describe(obj)
         finally:
             self.active.discard(id(obj))
-
-    def _mapping(self, obj: dict, depth: int) -> dict:
-        out: dict[str, Any] = {}
-        self.budget -= 2
-        n = dict.__len__(obj)
-        for i, (k, v) in enumerate(dict.items(obj)):
-            if self.budget <= 0:
-                out["__truncated__"] = n - i
-                break
-            key = self._key(k)
-            self.budget -= len(key) + 3
-            out[key] = self.walk(v, depth + 1)
-        return out
-
-    def _sequence(self, obj: Any, base: type, depth: int) -> list:
-        out: list[Any] = []
-        self.budget -= 2
-        n = base.__len__(obj)
-        for i, v in enumerate(base.__iter__(obj)):
-            if self.budget <= 0:
-                out.append({"__type__": "truncated", "__size__": n - i})
-                break
-            out.append(self.walk(v, depth + 1))
-            self.budget -= 1
-        return out
 
     def _key(self, key: Any) -> str:
         if issubclass(type(key), str):
@@ -276,17 +267,13 @@ def sanitize(value: Any, max_bytes: int) -> tuple[Any, int]:
     return out, max_bytes - walker.budget
 
 
-def _encode_default(obj: Any) -> Any:
-    return describe(obj)
-
-
 def encode_event(event: dict, max_bytes: int) -> bytes:
     """The orjson encoding of one event. Values orjson cannot encode are described
     (see :func:`describe`); if orjson still fails (huge ints, deep nesting, cycles),
     the whole event is passed through :func:`sanitize` with ``max_bytes``, and text
     that is not UTF-8 (lone surrogates) is written with escapes. Never raises."""
     try:
-        return orjson.dumps(event, default=_encode_default, option=_OPTIONS)
+        return orjson.dumps(event, default=describe, option=_OPTIONS)
     except (orjson.JSONEncodeError, TypeError, RecursionError):
         clean, _ = sanitize(event, max_bytes)
     try:

@@ -28,6 +28,8 @@ import threading
 from collections.abc import Callable
 from typing import NamedTuple
 
+from distributed.utils import thread_state
+
 from dask_blackbox.contract import LOG, Log, encode_key
 from dask_blackbox.producers.encode import cap_text
 from dask_blackbox.producers.rows import Ready
@@ -46,8 +48,6 @@ class Target(NamedTuple):
     """A transport records are shipped through, and the worker it speaks for (its
     address, or a function giving it: a nanny's worker changes address on restart)."""
 
-    order: int
-    serial: int
     transport: Transport
     worker: str | Callable[[], str | None] | None
 
@@ -114,10 +114,6 @@ class LogHandler(logging.Handler):
 
 def _task_of_thread() -> tuple[str | None, str | None]:
     """The worker address and task key of the task this thread runs, if any."""
-    try:
-        from distributed.utils import thread_state
-    except ImportError:
-        return None, None
     key = getattr(thread_state, "key", None)
     if key is None:
         return None, None
@@ -128,17 +124,15 @@ def _task_of_thread() -> tuple[str | None, str | None]:
 
 _handlers: dict[str, LogHandler] = {}
 _targets: tuple[Target, ...] = ()
-_serial = 0
 
 
 def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
     """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
     ``worker`` the address of the worker it speaks for)."""
-    global _targets, _serial
-    with _LOCK:
-        _serial += 1
-        target = Target(_ORDER.get(transport.source, 3), _serial, transport, worker)
-        _targets = tuple(sorted((*_targets, target), key=lambda t: (t.order, t.serial)))
+    global _targets
+    with _LOCK:  # a stable sort: the first installed of a kind first
+        _targets = tuple(sorted((*_targets, Target(transport, worker)),
+                                key=lambda t: _ORDER.get(t.transport.source, 3)))
         loggers = transport.settings.loggers
         for name, level in loggers:
             if name not in _handlers:

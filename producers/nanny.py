@@ -1,27 +1,24 @@
 """The nanny producer: a NannyPlugin recording how each worker process ended.
 
-Attach it with ``dask worker --preload-nanny dask_blackbox.producers.nanny``
-(configured by the nanny's own ``blackbox.*`` settings) or with
-:func:`producers.attach`, which registers it on every nanny of the cluster.
+Attach it with ``dask worker --preload-nanny dask_blackbox.producers.nanny`` (the
+nanny's own ``blackbox.*`` settings) or with :func:`producers.attach`.
 
-The nanny is the one process that sees its worker process end, and Dask has no hook
-for it, so the plugin watches: every :data:`WATCH_INTERVAL` it looks at the nanny's
-worker process (``Nanny.process``, its ``AsyncProcess``), samples its memory (RSS,
-with psutil, as the nanny's own memory monitor does) and the host's, and when the
-process it watched has ended publishes one ``WORKER_EXIT``
-(:class:`~dask_blackbox.contract.WorkerExit`): the worker's address and pid, the exit
-code (negative: killed by that signal, Dask's convention) and the signal's name, the
-last and peak memory against the memory limit and ``distributed.worker.memory.
-terminate``, the host's memory, the nanny's status (closing: an expected end) and how
-many times this nanny had started a worker process. Whether the nanny itself killed
-it for memory is in the ``worker-restart-memory`` event Dask logs on the scheduler
-(the same pid): the read side joins them. The nanny's own log lines ("Worker process
-... exited with status ...") are shipped with the logs, ``source`` "nanny".
+Dask has no hook for a worker process's end, and the nanny is the one process that
+sees it, so the plugin watches: every :data:`WATCH_INTERVAL` it samples the nanny's
+worker process (``Nanny.process``: its memory with psutil, as the nanny's memory
+monitor does, and the host's) and, once the process it watched has ended, publishes
+one ``WORKER_EXIT`` (:class:`~dask_blackbox.contract.WorkerExit`): the worker's address
+and pid, the exit code (negative: killed by that signal, Dask's convention) and the
+signal's name, the last and peak memory against the memory limit and
+``distributed.worker.memory.terminate``, the host's memory, the nanny's status
+(closing: an expected end) and how many worker processes this nanny had started.
+Whether the nanny killed it for memory is in the ``worker-restart-memory`` event Dask
+logs on the scheduler (same pid): the read side joins them. The nanny's own log lines
+are shipped with the logs, ``source`` "nanny".
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import re
 import signal
@@ -104,7 +101,6 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.watched: Watched | None = None
         self.starts = 0  # worker processes this nanny started that were watched
         self._watch: PeriodicCallback | None = None
-        self._identity_task: asyncio.Task | None = None
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "cluster_id": self.cluster_id,
@@ -117,10 +113,8 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.nanny = nanny
         self.transport = transport = Transport(
             self.settings, "nanny", cluster_id=self.cluster_id,
-            cluster_name=self.cluster_name or self.settings.cluster_name)
-        if self.cluster_id is None:
-            self._identity_task = asyncio.create_task(transport.learn_identity(
-                nanny.scheduler, self.cluster_name or self.settings.cluster_name))
+            cluster_name=self.cluster_name or self.settings.cluster_name,
+            scheduler=nanny.scheduler)
         if self.settings.record.logs:
             logs.install(transport, worker=lambda: nanny.worker_address)
         self._watch = PeriodicCallback(self.watch, WATCH_INTERVAL * 1000)
@@ -133,8 +127,6 @@ class BlackboxNannyPlugin(NannyPlugin):
         if self._watch is not None:
             self._watch.stop()
         self.watch()
-        if self._identity_task is not None:
-            self._identity_task.cancel()
         logs.uninstall(transport)
         await transport.close()
 

@@ -1,48 +1,44 @@
 """The hand-over to a helper process, and the helper's supervision.
 
-Why. The :class:`~producers.sender.Sender` encodes, compresses and delivers, holding
-the GIL Dask's event loop needs. With ``producer.sender: process`` (``auto`` for the
-scheduler) the Dask process keeps only the hand-over: a :class:`Relay` thread takes
-items from the buffer, makes their rows (:class:`~producers.rows.RowMaker`: plain
-data, a user's object sanitized here and never sent on), and writes them to a helper
-process (:func:`main`), which offers them to a buffer of its own drained by the same
-Sender, under the same producer id: the same envelopes, ``seq``, retries, DROPS
-reports and close semantics.
+With ``producer.sender: process`` (``auto`` for the scheduler) the Dask process keeps
+only the hand-over: a :class:`Relay` thread takes items from the buffer, makes their
+rows (:class:`~producers.rows.RowMaker`: a user's object is sanitized here and never
+sent on) and writes them to a helper process (:func:`main`). The helper offers them to
+a buffer of its own drained by the same :class:`~producers.sender.Sender` under the
+same producer id: the same envelopes, ``seq``, retries, DROPS reports and close
+semantics, without holding the GIL Dask's event loop needs.
 
-The hand-over, every ``flush-interval`` (after a hand-over of
-``sender.BUSY_ENVELOPE`` items or more, :data:`LINGER`: under load, fewer wake-ups,
-each of which takes the GIL from Dask) and when closing: a :class:`Frame` of at most
+The hand-over, every ``flush-interval`` (after one of ``sender.BUSY_ENVELOPE`` rows
+or more, :data:`LINGER` if longer) and when closing: a :class:`Frame` of at most
 :data:`FRAME_ITEMS` rows, the buffer's drops since the previous frame (the helper
-reports them), and the identity when it changed, msgpack-encoded behind a 4-byte
+reports them) and the identity when it changed, msgpack-encoded behind a 4-byte
 little-endian length, one ``write`` to the helper's stdin. A row msgpack cannot
-encode is sanitized first (:func:`~producers.encode.sanitize`).
+encode is sent as the JSON the thread sender would have sent (:func:`encodable`).
 
-The helper writes a status line (JSON) at most every :data:`STATUS_INTERVAL` while
-anything changes: rows done (delivered or given up), its sender's counters, its CPU
-seconds and collections. The relay gives buffer room back for done rows only, so
+The helper writes a JSON status line at most every :data:`STATUS_INTERVAL` while
+anything changes: rows done (delivered or given up), its sender's counters and its
+collections. The relay gives buffer room back for done rows only, so
 ``buffer-max-events``/``buffer-max-bytes`` bound what the two processes hold together.
 
 Failures:
 
 - If the helper cannot start or dies, the relay logs a warning and becomes a thread
-  :class:`~producers.sender.Sender` on the same buffer (what is buffered is kept),
-  under a new producer id if the helper may have used the old one (so no ``seq`` is
-  reused). The rows a dead helper held are counted as dropped (``abandoned`` too),
-  with the drops handed to it that it had not reported; the thread sender reports
-  them.
-- The helper ignores SIGINT and SIGTERM (a Ctrl-C reaches the Dask process, which
-  closes it). At the end of its stdin (closed by the Dask process, or by its death)
-  it delivers what it holds within ``close-timeout`` and exits.
-- Close: the relay hands over what is left, closes the helper's stdin, waits for its
-  exit (``close-timeout`` plus a grace) and takes ``lost_at_close`` from its last
-  status.
+  Sender on the same buffer (what is buffered is kept), under a new producer id if
+  the helper may have used the old one (no ``seq`` is reused). The rows a dead helper
+  held are counted dropped (and ``abandoned``), with the drops handed to it that it
+  had not reported; the thread sender reports them.
+- The helper ignores SIGINT and SIGTERM (the Dask process closes it). At the end of
+  its stdin (closed by the Dask process, or by its death) it delivers what it holds
+  within ``close-timeout`` and exits.
+- Close: the relay hands over what is left, closes the helper's stdin and waits for
+  its exit (``close-timeout`` plus :data:`CLOSE_GRACE`); ``lost_at_close`` comes from
+  its last status.
 
-The helper adds ``producer.helper-niceness`` (19 by default) to the Dask process's
-niceness, and like the relay and status threads runs under ``SCHED_BATCH`` (Linux):
-on a busy machine Dask's processes come first, and waking up none of the recorder's
-threads preempts one of Dask's. It freezes what it made while starting and collects
-rarely (:data:`HELPER_GC_THRESHOLDS`): nearly all it allocates is acyclic and
-short-lived. It imports neither Dask's distributed nor the pipeline's other packages.
+The helper adds ``producer.helper-niceness`` to the Dask process's niceness and, like
+the relay and status threads, runs under ``SCHED_BATCH`` (Linux): Dask's processes
+come first. It freezes what it made while starting and collects rarely
+(:data:`HELPER_GC_THRESHOLDS`: what it allocates is acyclic and short-lived). It
+imports neither Dask's distributed nor the pipeline's other packages.
 """
 
 from __future__ import annotations
@@ -76,7 +72,7 @@ from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, THREAD_PREFIX, Identity, Sender, new_producer_id, yield_on_wakeup,
+    BUSY_ENVELOPE, THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -98,8 +94,9 @@ CLOSE_GRACE = 2.0
 _HEADER = struct.Struct("<I")
 _HELPER_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                 "from dask_blackbox.producers.relay import main; main()")
-_HELPER_FIELDS = ("next_seq", "sent_envelopes", "sent_events", "sent_drop_reports",
-                  "reported_drops", "build_errors", "lost_at_close", "connected")
+#: The helper's sender's counters the relay adds to its own stats.
+_SUMMED = ("sent_envelopes", "sent_events", "sent_drop_reports", "reported_drops",
+           "build_errors", "lost_at_close")
 
 
 class Frame(msgspec.Struct, array_like=True, gc=False):
@@ -124,11 +121,10 @@ def encodable(row: Any, max_chars: int) -> Any:
     except Exception:
         pass
     if type(row) is Ready:
-        event, weight = row.event, row.weight
+        event = row.event
     else:
         event = dict(zip(_TRANSITION_FIELDS, (TRANSITION, *msgspec.structs.astuple(row))))
-        weight = row.weight
-    return Ready(orjson.loads(encode_event(event, max_chars)), weight)
+    return Ready(orjson.loads(encode_event(event, max_chars)), row.weight)
 
 
 class HelperFailed(Exception):
@@ -136,9 +132,10 @@ class HelperFailed(Exception):
 
 
 class Helper:
-    """One helper process, its pipes, and its status (read by a thread of its own)."""
+    """One helper process, started with ``hello``: its pipes, and its status (read
+    by a thread of its own)."""
 
-    def __init__(self, relay: Relay):
+    def __init__(self, relay: Relay, hello: bytes):
         self.relay = relay
         self.producer_id = relay.identity.producer_id
         self.forwarded = 0  # rows written to it
@@ -159,9 +156,13 @@ class Helper:
             raise HelperFailed(f"cannot start its helper process ({e})") from e
         with contextlib.suppress(AttributeError, OSError):
             fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
-        self.status_thread = threading.Thread(
-            target=self._read_status, daemon=True,
-            name=f"{THREAD_PREFIX}{relay.identity.source}-relay-status")
+        try:
+            self.write(hello)
+        except OSError as e:
+            self.kill()
+            raise HelperFailed(f"its helper process exited at start ({e})") from e
+        threading.Thread(target=self._read_status, daemon=True,
+                         name=f"{THREAD_PREFIX}{relay.identity.source}-relay-status").start()
 
     def write(self, data: bytes) -> None:
         stdin = self.process.stdin
@@ -193,47 +194,32 @@ class Helper:
             logger.exception("dask-blackbox: reading its helper's status failed")
         finally:
             self.ended.set()
-            self.relay.wake.set()
+            self.relay.wake()
 
 
-class Relay:
-    """Drains ``buffer`` into a helper process that sends (module docstring); the
-    drain of a :class:`~producers.transport.Transport` like a Sender."""
+class Relay(Drain):
+    """Drains ``buffer`` into a helper process that sends (module docstring)."""
+
+    role = "relay"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
                  rows: RowMaker):
-        self.buffer = buffer
-        self.settings = settings
-        self.identity = identity
-        self.rows = rows
-        self.wake = threading.Event()
+        super().__init__(buffer, settings, identity, rows)
+        self.woken = threading.Event()
         self.lock = threading.Lock()  # the relay thread vs the status thread
-        self.closing = False
-        self.close_deadline = float("inf")
         self.helper: Helper | None = None
+        self.ended: dict[str, Any] = {}  # the last status of the helper, once it ended
         self.fallback: Sender | None = None  # the thread sender it became
         self.identity_handed: tuple | None = None
-        self.counters = dict.fromkeys(_HELPER_FIELDS, 0)  # of helpers that ended, summed
-        self.counters["connected"] = False
-        self.build_errors = 0  # items no row could be made of, here
         self.abandoned = 0  # rows a dead helper took with it
-        self.cpu_of_ended = 0.0  # CPU seconds of helpers that ended
-        self.helper_collections: list[int] | None = None
-        self.thread = threading.Thread(target=self._main, daemon=True,
-                                       name=f"{THREAD_PREFIX}{identity.source}-relay")
 
-    def start(self) -> Relay:
-        self.thread.start()
-        return self
+    def wake(self) -> None:
+        self.woken.set()
 
     def close(self, deadline: float) -> None:
         if self.fallback is not None:
             self.fallback.close(deadline)
-        if not self.closing:
-            self.close_deadline = deadline
-            self.closing = True
-            self.buffer.close()
-        self.wake.set()
+        super().close(deadline)
 
     def delivered(self, accepted: int) -> bool:
         """Whether the first ``accepted`` items accepted were delivered or given up."""
@@ -242,10 +228,9 @@ class Relay:
                 >= accepted)
 
     def _total(self, name: str) -> int:
-        """A counter summed over the helpers that ended, the live one and the thread
-        sender the relay became."""
+        """A sender counter: the helper's (live or ended) plus the thread sender's."""
         helper, fallback = self.helper, self.fallback
-        return (self.counters[name] + (helper.status.get(name, 0) if helper else 0)
+        return (self.ended.get(name, 0) + (helper.status.get(name, 0) if helper else 0)
                 + (getattr(fallback, name) if fallback else 0))
 
     # ------------------------------------------------------------------ thread
@@ -262,29 +247,40 @@ class Relay:
 
     def _relay(self) -> bool:
         """Hand over until closed (True), or False when no helper can be used."""
+        identity = self.identity
+        self.identity_handed = (identity.cluster_id, identity.cluster_name)
+        hello = pickle.dumps({"settings": self.settings, "source": identity.source,
+                              "producer_id": identity.producer_id,
+                              "identity": self.identity_handed}, protocol=5)
         try:
-            self._start_helper()
+            self.helper = helper = Helper(self, hello)
         except HelperFailed as e:
             logger.warning("dask-blackbox %s: %s; sending from the %s process instead",
-                           self.identity.producer_id, e, self.identity.source)
+                           identity.producer_id, e, identity.source)
             return False
         flush = linger = self.settings.flush_interval
         while True:
             closing = self.closing
             if not closing:
-                self.wake.wait(linger)
-                self.wake.clear()
+                self.woken.wait(linger)
+                self.woken.clear()
                 closing = self.closing
-            if self.helper.ended.is_set():  # it died: this process sends from now on
+            if helper.ended.is_set():  # it died: this process sends from now on
                 return False
             try:
                 handed = self._hand_over()
             except OSError:  # its stdin is gone: it died
-                self.helper.ended.wait(1.0)
+                helper.ended.wait(1.0)
                 continue
             linger = max(LINGER, flush) if handed >= BUSY_ENVELOPE else flush
-            if closing and not self.buffer.waiting:
-                self._finish()
+            if closing and not self.buffer.waiting:  # it delivers what it holds, and exits
+                helper.close_input()
+                try:
+                    helper.process.wait(
+                        max(self.close_deadline - time.monotonic(), 0) + CLOSE_GRACE)
+                except subprocess.TimeoutExpired:
+                    helper.kill()
+                helper.ended.wait(1.0)
                 return True
 
     def _hand_over(self) -> int:
@@ -295,13 +291,10 @@ class Relay:
         rows, failed = self.rows.rows(taken.items)
         weight = taken.weight
         if failed:
+            self.build_failed(len(failed), failed[0])
             failed_weight = sum(item.weight for item in failed)
-            with self.lock:
-                self.build_errors += len(failed)
             buffer.release(len(failed), failed_weight)
             weight -= failed_weight
-            logger.error("dask-blackbox could not make a row of a %s (%d so far)",
-                         type(failed[0]).__name__, self.build_errors)
         drops = buffer.unreported_drops()
         identity = (self.identity.cluster_id, self.identity.cluster_name)
         if identity == self.identity_handed or identity[0] is None:
@@ -312,8 +305,7 @@ class Relay:
         try:
             data = _encode_frame(frame)
         except Exception:
-            cap = self.settings.max_value_bytes
-            frame.rows = [encodable(row, cap) for row in rows]
+            frame.rows = [encodable(row, self.settings.max_value_bytes) for row in rows]
             data = _encode_frame(frame)
         with self.lock:
             helper.forwarded += len(rows)
@@ -338,69 +330,36 @@ class Relay:
             while helper.batches and helper.batches[0][0] <= done:
                 _, n, weight = helper.batches.popleft()
                 self.buffer.release(n, weight)
-        self.helper_collections = status.get("gc", self.helper_collections)
-
-    def _start_helper(self) -> None:
-        helper = Helper(self)
-        self.helper = helper
-        self.identity_handed = (self.identity.cluster_id, self.identity.cluster_name)
-        hello = pickle.dumps({"settings": self.settings, "source": self.identity.source,
-                              "producer_id": self.identity.producer_id,
-                              "identity": self.identity_handed}, protocol=5)
-        try:
-            helper.write(hello)
-        except OSError as e:
-            helper.kill()
-            raise HelperFailed(f"its helper process exited at start ({e})") from e
-        helper.status_thread.start()
-
-    def _abandon(self, helper: Helper) -> int:
-        """Count what a dead helper held as dropped (and abandoned), with the drops
-        handed to it that it had not reported; fold its counters into the relay's."""
-        helper.ended.wait(1.0)
-        with self.lock:
-            lost = helper.forwarded - helper.done
-            held = sum(n for _, n, _ in helper.batches)
-            weight = sum(w for _, _, w in helper.batches)
-            helper.batches.clear()
-            self.buffer.release(held, weight)
-            if lost:
-                self.buffer.drop(weight, lost)
-            self.abandoned += lost
-            unreported = helper.drops_handed - helper.status.get("reported_drops", 0)
-            if unreported > 0:
-                self.buffer.drop(0, unreported)
-            for name in _HELPER_FIELDS:
-                if name not in ("next_seq", "connected"):
-                    self.counters[name] += helper.status.get(name, 0)
-            self.cpu_of_ended += helper.status.get("cpu", 0.0)
-            helper.status = {}
-        return lost
-
-    def _finish(self) -> None:
-        """Close the helper's input and wait for its exit: it delivers what it holds."""
-        helper = self.helper
-        helper.close_input()
-        try:
-            helper.process.wait(max(self.close_deadline - time.monotonic(), 0) + CLOSE_GRACE)
-        except subprocess.TimeoutExpired:
-            helper.kill()
-        helper.ended.wait(1.0)
 
     def _send_here(self) -> None:
-        """Become a thread sender on the same buffer (a new producer id if a helper
-        may have used the old one)."""
+        """Become a thread sender on the same buffer; what a dead helper held is
+        counted dropped (and abandoned), with the drops handed to it that it had not
+        reported, and the sender takes a new producer id (the helper may have used
+        the old one)."""
         helper = self.helper
         if helper is not None:
             helper.kill()
-            lost = self._abandon(helper)
+            helper.ended.wait(1.0)
+            with self.lock:
+                lost = helper.forwarded - helper.done
+                held = sum(n for _, n, _ in helper.batches)
+                weight = sum(w for _, _, w in helper.batches)
+                helper.batches.clear()
+                self.buffer.release(held, weight)
+                if lost:
+                    self.buffer.drop(weight, lost)
+                self.abandoned += lost
+                unreported = helper.drops_handed - helper.status.get("reported_drops", 0)
+                if unreported > 0:
+                    self.buffer.drop(0, unreported)
+                self.helper = None
+                self.ended = helper.status
             self.identity.producer_id = new_producer_id(self.identity.source)
             logger.warning(
                 "dask-blackbox: the helper process of %s ended (code %s) with %d undelivered "
                 "event(s), counted as dropped; the %s process sends from now on, as %s",
                 helper.producer_id, helper.process.returncode, lost, self.identity.source,
                 self.identity.producer_id)
-        self.helper = None
         sender = Sender(self.buffer, self.settings, self.identity, self.rows)
         if self.closing:
             sender.close(self.close_deadline)
@@ -411,22 +370,16 @@ class Relay:
 
     def stats(self) -> dict[str, Any]:
         helper, fallback = self.helper, self.fallback
-        out = {name: self._total(name) for name in _HELPER_FIELDS
-               if name not in ("next_seq", "connected")}
+        out: dict[str, Any] = {name: self._total(name) for name in _SUMMED}
         out["build_errors"] += self.build_errors
-        if fallback is not None:
-            out["next_seq"], out["connected"] = fallback.next_seq, fallback.connected
-        else:
-            status = helper.status if helper else {}
-            out["next_seq"] = status.get("next_seq", 0)
-            out["connected"] = bool(status.get("connected"))
+        live = fallback.stats() if fallback is not None else (helper.status if helper else {})
+        out["next_seq"] = live.get("next_seq", 0)
+        out["connected"] = bool(live.get("connected"))
         out["sender"] = "thread" if fallback is not None else "process"
         out["abandoned"] = self.abandoned
         out["relay_pid"] = helper.process.pid if helper else None
         out["relay_ready"] = helper is not None and helper.started
-        out["relay_cpu_seconds"] = self.cpu_of_ended + (
-            helper.status.get("cpu", 0.0) if helper else 0.0)
-        out["relay_gc_collections"] = self.helper_collections
+        out["relay_gc_collections"] = (helper.status if helper else self.ended).get("gc")
         return out
 
 
@@ -454,7 +407,7 @@ class Receiver:
     """The helper's side: frames in, rows offered to its buffer, which its sender
     drains."""
 
-    def __init__(self, hello: dict):
+    def __init__(self, hello: dict, out: Any = None):
         settings: ProducerSettings = hello["settings"]
         self.settings = settings
         self.buffer = Buffer(1 << 62, 1 << 62)  # the Dask process bounds what it hands over
@@ -462,6 +415,7 @@ class Receiver:
                             producer_id=hello["producer_id"])
         self.sender = Sender(self.buffer, settings, identity,
                              RowMaker(settings.max_value_bytes), busy_linger=LINGER)
+        self.out = out  # where status lines go
         self._last_status: bytes | None = None
 
     def apply(self, data: bytes) -> None:
@@ -476,16 +430,16 @@ class Receiver:
             offer(row)
         self.sender.wake()
 
-    def status(self, force: bool = False) -> bytes | None:
-        """The status line, if it changed (or ``force``)."""
+    def report(self, force: bool = False) -> None:
+        """Write the status line to :attr:`out` if it changed (or ``force``)."""
         status = {"done": self.buffer.released, **self.sender.stats()}
         line = orjson.dumps(status)
         if line == self._last_status and not force:
-            return None
+            return
         self._last_status = line
-        status["cpu"] = time.process_time()
         status["gc"] = [s["collections"] for s in gc.get_stats()]
-        return orjson.dumps(status) + b"\n"
+        self.out.write(orjson.dumps(status) + b"\n")
+        self.out.flush()
 
 
 def main() -> None:
@@ -503,12 +457,11 @@ def main() -> None:
     with contextlib.suppress(OSError):
         os.nice(hello["settings"].helper_niceness)
     yield_on_wakeup()  # before any thread starts: they inherit it and the niceness
-    receiver = Receiver(hello)
+    receiver = Receiver(hello, out)
     receiver.sender.start()
     gc.freeze()
     gc.set_threshold(*HELPER_GC_THRESHOLDS)
-    out.write(receiver.status(force=True))
-    out.flush()
+    receiver.report(force=True)
     selector = selectors.DefaultSelector()
     selector.register(stdin, selectors.EVENT_READ)
     next_status = 0.0
@@ -522,20 +475,14 @@ def main() -> None:
             now = time.monotonic()
             if now >= next_status:
                 next_status = now + STATUS_INTERVAL
-                line = receiver.status()
-                if line is not None:
-                    out.write(line)
-                    out.flush()
+                receiver.report()
     except BrokenPipeError:  # the Dask process is gone: deliver what is held
         pass
     sender = receiver.sender
     sender.close(time.monotonic() + receiver.settings.close_timeout)
     sender.thread.join(receiver.settings.close_timeout + 1.0)
-    try:
-        out.write(receiver.status(force=True))
-        out.flush()
-    except (BrokenPipeError, ValueError):
-        pass
+    with contextlib.suppress(BrokenPipeError, ValueError):
+        receiver.report(force=True)
 
 
 if __name__ == "__main__":

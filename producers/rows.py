@@ -13,7 +13,7 @@
   :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
   holds builtins only: it crosses a pipe to a helper process (msgpack) as it is.
 - A **run** is consecutive transition rows in columns, one ``TRANSITION_RUN`` event
-  on the wire (:func:`encode_run`, :data:`dask_blackbox.contract.PACKED`).
+  on the wire (:func:`run_event`, :data:`dask_blackbox.contract.PACKED`).
 
 Making rows runs in the drain, never on Dask's event loop: names of task groups and
 the text of tuple keys are resolved there (a group's name, prefix and span id never
@@ -31,8 +31,8 @@ import msgspec
 import orjson
 
 from dask_blackbox.contract import (
-    EVENT, GRAPH, LIFECYCLE, RUN_OPTIONAL_COLUMNS, TRANSITION_KWARGS, TRANSITION_RUN, Graph,
-    GraphTask, Lifecycle, StructuredEvent, Transition, TransitionRun, encode_key, fields,
+    EVENT, GRAPH, RUN_OPTIONAL_COLUMNS, TRANSITION_KWARGS, TRANSITION_RUN, Graph,
+    GraphTask, StructuredEvent, Transition, TransitionRun, encode_key, fields,
 )
 from dask_blackbox.producers.encode import cap_text, sanitize
 
@@ -274,17 +274,6 @@ def run_event(rows: list) -> TransitionRun:
         if values.count(None) != n:
             run[column] = values  # type: ignore[literal-required]
     return run
-
-
-def lifecycle(ts: float, action: str, worker: str | None = None, client: str | None = None,
-              reason: str | None = None, stimulus_id: str | None = None,
-              detail: Any = None) -> Lifecycle:
-    """A ``LIFECYCLE`` event (``total_nthreads`` is added by the caller where due)."""
-    event: Lifecycle = {
-        "kind": LIFECYCLE, "ts": ts, "action": action, "worker": worker, "client": client,
-        "reason": reason, "stimulus_id": stimulus_id, "detail": detail,
-    }
-    return event
 
 
 def exception_text(raised: Any) -> str:

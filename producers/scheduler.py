@@ -1,33 +1,28 @@
 """The scheduler producer: a SchedulerPlugin publishing what the scheduler sees.
 
-Attach it with ``dask scheduler --preload dask_blackbox.producers.scheduler`` (configured
-by the scheduler's own ``blackbox.*`` settings) or with :func:`producers.attach`.
+Attach it with ``dask scheduler --preload dask_blackbox.producers.scheduler`` (the
+scheduler's own ``blackbox.*`` settings) or with :func:`producers.attach`. It publishes
+(contract kinds; ``blackbox.producer.record`` leaves kinds out):
 
-What it publishes (contract kinds; ``blackbox.producer.record`` leaves kinds out):
-
-- ``TRANSITION`` for every call of :meth:`SchedulerPlugin.transition`, with the
-  timestamp Dask recorded in ``Scheduler.transition_log`` (the one
-  ``Scheduler.story`` shows), the task's prefix, group and span id, what Dask passed
-  as :data:`~dask_blackbox.contract.TRANSITION_KWARGS` (worker, nbytes, typename,
-  startstops, thread), and an erred transition's exception, traceback and cause;
+- ``TRANSITION`` per call of :meth:`SchedulerPlugin.transition`, stamped with the time
+  Dask recorded in ``Scheduler.transition_log`` (the one ``Scheduler.story`` shows),
+  with the task's prefix, group and span id, Dask's
+  :data:`~dask_blackbox.contract.TRANSITION_KWARGS` and an erred transition's
+  exception, traceback and cause;
 - ``GRAPH`` per ``update_graph``, in parts (its tasks with their dependencies, up to
   ``graph-max-tasks``); ``SPAN`` once per span of ``scheduler.extensions["spans"]``,
   parents first;
-- ``EVENT`` for every ``log_event`` on any topic, with the timestamp Dask stored with
-  it (what ``Client.get_events`` returns), the message sanitized in the drain;
-- ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed,
-  restart; scheduler_start, worker_added and worker_removed carry
-  ``total_nthreads``, the entries of ``Scheduler.total_nthreads_history`` appended
-  since the previous one of them (the whole history in scheduler_start);
+- ``EVENT`` per ``log_event`` on any topic, with the time Dask stored with it (what
+  ``Client.get_events`` returns);
+- ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed and
+  restart; scheduler_start, worker_added and worker_removed carry ``total_nthreads``,
+  the entries of ``Scheduler.total_nthreads_history`` appended since the previous one
+  of them (the whole history in scheduler_start);
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
-``transition`` is the hot path: one dict lookup (the task), the timestamp of the
-record Dask just appended, one :class:`~producers.rows.TransitionItem` and
-``Buffer.offer``. The item holds the task's ``TaskGroup`` (its names are read in the
-drain: a group's name, prefix and span id never change once its tasks are runnable)
-and Dask's kwargs values; an erred transition holds Dask's kwargs as they are (its
-exception may come pickled: read in the drain). Nothing a user passes is looked at
-on the event loop.
+``transition`` is the hot path: one dict lookup, the time of the record Dask just
+appended, one :class:`~producers.rows.TransitionItem` and ``Buffer.offer``. Nothing
+a user passes is looked at on the event loop: rows are made in the drain.
 """
 
 from __future__ import annotations
@@ -44,11 +39,12 @@ from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
 from dask_blackbox.contract import (
-    SCHEDULER_METRICS, SPAN, TRANSITION_KWARGS, SchedulerMetrics, Span, encode_key,
+    LIFECYCLE, SCHEDULER_METRICS, SPAN, TRANSITION_KWARGS, Lifecycle, SchedulerMetrics, Span,
+    encode_key,
 )
 from dask_blackbox.producers import logs
 from dask_blackbox.producers.rows import (
-    TRANSITION_WEIGHT, EventItem, GraphEntry, GraphItem, Ready, TransitionItem, lifecycle,
+    TRANSITION_WEIGHT, EventItem, GraphEntry, GraphItem, Ready, TransitionItem,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport
@@ -113,10 +109,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     @property
     def identity(self) -> dict[str, str | None]:
         """``cluster_id``, ``cluster_name`` and ``producer_id`` once started."""
-        t = self.transport
-        return {"cluster_id": t.cluster_id if t else None,
-                "cluster_name": t.cluster_name if t else None,
-                "producer_id": t.producer_id if t else None}
+        i = self.transport.identity if self.transport else None
+        return {name: getattr(i, name, None)
+                for name in ("cluster_id", "cluster_name", "producer_id")}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -305,7 +300,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _lifecycle(self, action: str, **fields: Any) -> None:
         if self.scheduler is None:  # not started: nothing to publish with yet
             return
-        event = lifecycle(time.time(), action, **fields)
+        event: Lifecycle = {"kind": LIFECYCLE, "ts": time.time(), "action": action,
+                            "worker": None, "client": None, "reason": None,
+                            "stimulus_id": None, "detail": None, **fields}
         weight = 400
         if action in _NTHREADS_ACTIONS:
             event["total_nthreads"] = entries = self._new_nthreads_entries()

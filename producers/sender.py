@@ -1,36 +1,29 @@
 """The sender: drains a :class:`~producers.buffer.Buffer` into Kafka.
 
 A :class:`Sender` runs in a thread of its own with its own asyncio loop (aiokafka's),
-either in the Dask process (``producer.sender: thread``) or in a relay's helper
-process (:mod:`producers.relay`), whose buffer the hand-over fills: the same code,
-the same envelopes. It is composed of the buffer it drains, a
-:class:`~producers.rows.RowMaker` (items to rows), :func:`pack` (rows to envelope
-bodies) and a :class:`KafkaLink` (delivery).
-
-Each round it takes items worth about half an envelope (:data:`BATCH_WEIGHT`),
-makes their rows, and packs them into envelopes
-(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
-:data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES`: each run of transition rows as
-one ``TRANSITION_RUN`` event, each run of other rows with one orjson call. A partial
-envelope leaves at most once per *linger*, a full one as soon as there is enough for
-it. The linger is ``flush-interval``, or, after a busy envelope (:data:`BUSY_ENVELOPE`
-events or more), ``busy_linger`` if longer (a helper's: under load, fewer and larger
-envelopes). An idle sender sleeps until the buffer keeps an item, which leaves at
-once. Kafka compresses each envelope on the way (``blackbox.kafka.compression``).
+in the Dask process or in a relay's helper process (:mod:`producers.relay`): the same
+code, the same envelopes. Each round it takes items worth about half an envelope
+(:data:`BATCH_WEIGHT`), makes their rows (:class:`~producers.rows.RowMaker`), packs
+them (:func:`pack`) into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of
+at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them
+(:class:`KafkaLink`). A partial envelope leaves at most once per *linger*, a full one
+as soon as there is enough for it. The linger is ``flush-interval``, or, after an
+envelope of :data:`BUSY_ENVELOPE` events or more, ``busy_linger`` if longer. An idle
+sender sleeps until the buffer keeps an item, which leaves at once. Kafka compresses
+each envelope (``blackbox.kafka.compression``).
 
 Delivery semantics:
 
-- ``seq`` starts at 0 and is consumed only by a delivered envelope: an envelope whose
-  send fails is retried, same events and same ``seq``, after reconnecting with
-  exponential backoff (up to ``reconnect-backoff-max``). A duplicate ``seq`` is
-  possible if a broker stored an envelope but its acknowledgement was lost; a gap
-  means envelopes were genuinely lost (a process killed).
+- ``seq`` starts at 0 and is consumed only by a delivered envelope: a failed send is
+  retried, same events and same ``seq``, after reconnecting with exponential backoff
+  (up to ``reconnect-backoff-max``). A duplicate ``seq`` is possible if a broker stored
+  an envelope but its acknowledgement was lost; a gap means envelopes were lost.
 - The items of a take are released (their room given back) once all of their
-  envelopes are delivered; until then they count against the buffer's limits.
+  envelopes are delivered.
 - Drops the buffer counted are reported by a ``DROPS`` event leading the next
   envelope after a delivery (alone if nothing else waits).
-- Closing delivers what is buffered within ``close-timeout``; what is not delivered
-  by then is lost, counted (``lost_at_close``) and logged.
+- Closing delivers what is buffered within ``close-timeout``; what is not is lost,
+  counted (``lost_at_close``) and logged.
 - An item no row can be made of (a bug) is counted in ``build_errors`` and given up;
   an event that cannot be encoded is sanitized (:func:`~producers.encode.encode_event`);
   one that alone exceeds an envelope is replaced by its description.
@@ -48,6 +41,7 @@ import threading
 import time
 import uuid
 from collections import deque
+from dataclasses import dataclass
 from itertools import groupby
 from typing import Any, NamedTuple
 
@@ -84,17 +78,17 @@ def new_producer_id(source: str) -> str:
     return f"{source}-{uuid.uuid4().hex}"
 
 
+@dataclass(slots=True)
 class Identity:
     """Who sends: the cluster (known later on a preloaded worker) and the producer."""
 
-    __slots__ = ("source", "producer_id", "cluster_id", "cluster_name")
+    source: str
+    cluster_id: str | None = None
+    cluster_name: str | None = None
+    producer_id: str = ""  # a new one if empty
 
-    def __init__(self, source: str, cluster_id: str | None = None,
-                 cluster_name: str | None = None, producer_id: str | None = None):
-        self.source = source
-        self.producer_id = producer_id or new_producer_id(source)
-        self.cluster_id = cluster_id
-        self.cluster_name = cluster_name
+    def __post_init__(self) -> None:
+        self.producer_id = self.producer_id or new_producer_id(self.source)
 
 
 class Body(NamedTuple):
@@ -199,36 +193,26 @@ class KafkaLink:
                 await asyncio.wait_for(producer.stop(), 2.0)
 
 
-class Sender:
-    """Drains ``buffer`` into Kafka from a thread of its own (module docstring)."""
+class Drain:
+    """What empties a buffer from a thread of its own (``_main``), named
+    ``<source>-<role>``: a :class:`Sender` or a :class:`~producers.relay.Relay`, each
+    with ``wake()``, ``delivered(accepted)`` and ``stats()``."""
+
+    role = "drain"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
-                 rows: RowMaker, busy_linger: float | None = None):
+                 rows: RowMaker):
         self.buffer = buffer
         self.settings = settings
         self.identity = identity
         self.rows = rows
-        self.busy_linger = max(busy_linger or 0.0, settings.flush_interval)
-        self.next_seq = 0
-        self.sent_envelopes = 0
-        self.sent_events = 0  # rows delivered, DROPS reports included
-        self.sent_drop_reports = 0
-        self.reported_drops = 0  # drops the delivered DROPS reports counted
-        self.build_errors = 0
-        self.lost_at_close = 0
-        self.link = KafkaLink(settings, identity)
+        self.build_errors = 0  # items no row could be made of, given up
         self.closing = False
         self.close_deadline = float("inf")
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future | None = None
         self.thread = threading.Thread(target=self._main, daemon=True,
-                                       name=f"{THREAD_PREFIX}{identity.source}-sender")
+                                       name=f"{THREAD_PREFIX}{identity.source}-{self.role}")
 
-    @property
-    def connected(self) -> bool:
-        return self.link.connected
-
-    def start(self) -> Sender:
+    def start(self) -> Drain:
         self.thread.start()
         return self
 
@@ -240,6 +224,26 @@ class Sender:
             self.closing = True
             self.buffer.close()
         self.wake()
+
+
+class Sender(Drain):
+    """Drains ``buffer`` into Kafka from a thread of its own (module docstring)."""
+
+    role = "sender"
+
+    def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
+                 rows: RowMaker, busy_linger: float | None = None):
+        super().__init__(buffer, settings, identity, rows)
+        self.busy_linger = max(busy_linger or 0.0, settings.flush_interval)
+        self.next_seq = 0
+        self.sent_envelopes = 0
+        self.sent_events = 0  # rows delivered, DROPS reports included
+        self.sent_drop_reports = 0
+        self.reported_drops = 0  # drops the delivered DROPS reports counted
+        self.lost_at_close = 0
+        self.link = KafkaLink(settings, identity)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._waiter: asyncio.Future | None = None
 
     def wake(self) -> None:
         """Cut the sender's sleep short (any thread): items came, or it closes."""
@@ -365,14 +369,6 @@ class Sender:
             rows.insert(0, Ready(report, 0))
         return rows, (len(taken.items), taken.weight)
 
-    def build_failed(self, n: int, example: Any) -> None:
-        """Count ``n`` items no row could be made of (logged at first, then rarely)."""
-        before = self.build_errors
-        self.build_errors += n
-        if before < 3 or before // 10_000 != self.build_errors // 10_000:
-            logger.error("dask-blackbox could not make a row of a %s (%d so far)",
-                         type(example).__name__, self.build_errors)
-
     def _envelope(self, events: bytes) -> bytes:
         identity = self.identity
         header = orjson.dumps({
@@ -386,8 +382,8 @@ class Sender:
         return {
             "next_seq": self.next_seq, "sent_envelopes": self.sent_envelopes,
             "sent_events": self.sent_events, "sent_drop_reports": self.sent_drop_reports,
-            "reported_drops": self.reported_drops, "build_errors": self.build_errors, "lost_at_close": self.lost_at_close,
-            "connected": self.connected,
+            "reported_drops": self.reported_drops, "build_errors": self.build_errors,
+            "lost_at_close": self.lost_at_close, "connected": self.link.connected,
         }
 
 

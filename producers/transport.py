@@ -1,16 +1,16 @@
 """One producer of a Dask process: the buffer its hooks offer to, and its drain.
 
 A :class:`Transport` is composed of a :class:`~producers.buffer.Buffer` (the hooks'
-``offer``, the only home of the room rule and the drops) and the drain that empties
-it, chosen here and only here by ``blackbox.producer.sender``: a
-:class:`~producers.sender.Sender` thread (``thread``), or a
-:class:`~producers.relay.Relay` thread handing rows to a helper process that runs the
-same Sender (``process``; ``auto`` picks it for the scheduler, a thread for workers and
-nannies, which are many and rarely busy). Both drains have one interface: ``start``,
-``close(deadline)``, ``delivered(accepted)``, ``stats()`` and their ``thread``.
+``offer``) and the drain that empties it, chosen here and only here by
+``blackbox.producer.sender``: a :class:`~producers.sender.Sender` thread (``thread``),
+or a :class:`~producers.relay.Relay` thread handing rows to a helper process that runs
+the same Sender (``process``; ``auto`` picks it for the scheduler, a thread for
+workers and nannies, which are many and rarely busy). Both drains have one interface:
+``start``, ``close(deadline)``, ``delivered(accepted)``, ``stats()`` and ``thread``.
 
-Transports not closed yet are flushed (bounded by ``close-timeout``) when the
-interpreter exits.
+Nothing is sent before the cluster's id is known; a preloaded worker or nanny learns
+it from the scheduler. Transports not closed yet are flushed (bounded by
+``close-timeout``) when the interpreter exits.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from dask_blackbox.producers.sender import Identity, Sender
 from dask_blackbox.producers.settings import ProducerSettings
 
 
-def uses_helper(settings: ProducerSettings, source: str) -> bool:
-    """Whether a producer of ``source`` sends from a helper process."""
-    return settings.sender == "process" or (settings.sender == "auto" and source == "scheduler")
-
-
 class Transport:
-    """A producer: ``offer(item)`` on the hot path, a drain in the background."""
+    """A producer: ``offer(item)`` on the hot path, a drain in the background.
+
+    ``worker`` is the address of the worker whose own transitions it records;
+    ``scheduler``, an rpc to the scheduler to ask for the cluster's id (retrying until
+    it answers) when ``cluster_id`` is not known (needs a running event loop)."""
 
     def __init__(self, settings: ProducerSettings, source: str, cluster_id: str | None = None,
-                 cluster_name: str | None = None, worker: str | None = None):
+                 cluster_name: str | None = None, worker: str | None = None,
+                 scheduler: Any = None):
         self.settings = settings
         self.source = source
         self.buffer = buffer = Buffer(settings.buffer_max_events, settings.buffer_max_bytes)
@@ -45,32 +45,20 @@ class Transport:
         self.offer = buffer.offer
         self.identity = Identity(source, cluster_id, cluster_name)
         rows = RowMaker(settings.max_value_bytes, worker)
-        drain = Relay if uses_helper(settings, source) else Sender
-        self.drain: Sender | Relay = drain(buffer, settings, self.identity, rows).start()
+        helper = settings.sender == "process" or (settings.sender == "auto"
+                                                  and source == "scheduler")
+        self.drain: Sender | Relay = (Relay if helper else Sender)(
+            buffer, settings, self.identity, rows).start()
+        self._learning: asyncio.Task | None = None
+        if cluster_id is None and scheduler is not None:
+            self._learning = asyncio.create_task(self._learn_identity(scheduler))
         _LIVE.add(self)
 
     @property
     def producer_id(self) -> str:
         return self.identity.producer_id
 
-    @property
-    def cluster_id(self) -> str | None:
-        return self.identity.cluster_id
-
-    @property
-    def cluster_name(self) -> str | None:
-        return self.identity.cluster_name
-
-    def set_identity(self, cluster_id: str, cluster_name: str | None) -> None:
-        """The cluster, once known (a preloaded worker learns it from the scheduler):
-        nothing is sent before."""
-        self.identity.cluster_name = cluster_name
-        self.identity.cluster_id = cluster_id
-
-    async def learn_identity(self, scheduler: Any, cluster_name: str | None) -> None:
-        """Ask ``scheduler`` (an rpc to it) for the cluster's id until it answers: a
-        preloaded worker or nanny starts before it knows the cluster, and its
-        transport sends nothing before."""
+    async def _learn_identity(self, scheduler: Any) -> None:
         delay = 0.1
         while True:
             try:
@@ -79,7 +67,8 @@ class Transport:
             except Exception:  # the scheduler may not be up yet
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
-        self.set_identity(info["id"], cluster_name or info["address"])
+        self.identity.cluster_name = self.identity.cluster_name or info["address"]
+        self.identity.cluster_id = info["id"]
 
     @property
     def accepted_events(self) -> int:
@@ -119,6 +108,8 @@ class Transport:
     async def close(self) -> None:
         """:meth:`begin_close`, then wait for the drain, without blocking the event
         loop."""
+        if self._learning is not None:
+            self._learning.cancel()
         self.begin_close()
         deadline = self.close_deadline()
         while self.drain.thread.is_alive() and time.monotonic() < deadline:

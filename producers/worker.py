@@ -1,35 +1,26 @@
 """The worker producer: a WorkerPlugin publishing worker metrics and digests.
 
-Attach it with ``dask worker --preload dask_blackbox.producers.worker`` (configured by the worker's
-own ``blackbox.*`` settings) or with :func:`producers.attach`.
+Attach it with ``dask worker --preload dask_blackbox.producers.worker`` (the worker's
+own ``blackbox.*`` settings) or with :func:`producers.attach`. Every
+``metrics-interval`` it publishes:
 
-Every ``metrics-interval`` it publishes:
-
-- ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts,
-  CPU, executing / ready / in-flight task counts, event-loop interval, and GIL
-  contention when the worker's system monitor measures it;
+- ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts, CPU,
+  executing / ready / in-flight task counts, event-loop interval, and GIL contention
+  when the worker's system monitor measures it;
 - ``WORKER_DIGESTS``: the increase of every ``Worker.digests_total`` entry since the
-  previous sample (Dask's fine performance metrics: the span-keyed contexts of
-  ``distributed.spans.CONTEXTS_WITH_SPAN_ID``, a task's own
-  ``context_meter.digest_metric(label, value, unit)`` calls among them, and the others:
-  ``gather-dep``, ``get-data``, ``memory-monitor``, latency, tick duration, ...), as
-  :data:`~dask_blackbox.contract.DIGEST_ROW` rows (:func:`digest_row`). What was
-  published is remembered per Worker object, so a replaced plugin never publishes
-  the same increase twice.
+  previous sample (Dask's fine performance metrics, a task's own
+  ``context_meter.digest_metric(label, value, unit)`` calls among them), as
+  :func:`digest_row` rows. What was published is remembered per Worker object, so a
+  replaced plugin never publishes the same increase twice.
 
 ``blackbox.producer.record`` leaves kinds out (``metrics``, ``fine-metrics``,
 ``logs``); with ``worker-transitions`` it also publishes the worker's own task
-transitions (``TRANSITION`` with ``source="worker"``; the worker does not pass a
-stimulus id to plugins, so ``stimulus_id`` is null).
-
-The cluster id is the scheduler's id: :func:`producers.attach` passes it in; with
-``--preload`` the plugin asks the scheduler (``identity``), retrying until it answers,
-and sends nothing before it knows it.
+transitions (``TRANSITION`` with ``source="worker"``; Dask passes worker plugins no
+stimulus id, so ``stimulus_id`` is null).
 """
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
 import weakref
@@ -58,30 +49,25 @@ logger = logging.getLogger(__name__)
 _PUBLISHED_DIGESTS: weakref.WeakKeyDictionary[Worker, dict] = weakref.WeakKeyDictionary()
 
 
-
 class BlackboxWorkerPlugin(WorkerPlugin):
     """Publishes one worker's metrics, digests (and optionally transitions).
 
-    ``cluster_id``/``cluster_name``: the scheduler plugin's identity when known by
-    whoever builds the plugin; else learned from the scheduler at setup.
+    ``cluster_id``/``cluster_name``: the scheduler plugin's identity when whoever
+    builds the plugin knows it (:func:`producers.attach`); else learned from the
+    scheduler at setup.
     """
 
     name = PLUGIN_NAME
     idempotent = True
 
-    def __init__(
-        self,
-        settings: ProducerSettings | None = None,
-        cluster_id: str | None = None,
-        cluster_name: str | None = None,
-    ):
+    def __init__(self, settings: ProducerSettings | None = None, cluster_id: str | None = None,
+                 cluster_name: str | None = None):
         self.settings = settings if settings is not None else ProducerSettings.resolve()
         self.cluster_id = cluster_id
         self.cluster_name = cluster_name
         self.worker: Worker | None = None
         self.transport: Transport | None = None
         self._metrics: PeriodicCallback | None = None
-        self._identity_task: asyncio.Task | None = None
 
     def __getstate__(self) -> dict:
         return {"settings": self.settings, "cluster_id": self.cluster_id,
@@ -96,12 +82,9 @@ class BlackboxWorkerPlugin(WorkerPlugin):
         self.transport = transport = Transport(
             self.settings, "worker", cluster_id=self.cluster_id,
             cluster_name=self.cluster_name or self.settings.cluster_name,
-            worker=worker.address)
+            worker=worker.address, scheduler=worker.scheduler)
         self._offer = transport.offer
         self._tasks_get = worker.state.tasks.get
-        if self.cluster_id is None:
-            self._identity_task = asyncio.create_task(transport.learn_identity(
-                worker.scheduler, self.cluster_name or self.settings.cluster_name))
         if record.logs:
             logs.install(transport, worker=worker.address)
         if record.metrics or record.fine_metrics:
@@ -116,9 +99,6 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             return
         if self._metrics is not None:
             self._metrics.stop()
-        if self._identity_task is not None:
-            self._identity_task.cancel()
-        if self._metrics is not None:
             self._sample()
         logs.uninstall(transport)
         await transport.close()
@@ -201,8 +181,7 @@ def digest_row(key: Hashable, value: float) -> list:
         return [_text(key), None, None, None, None, value]
     context, *rest = key
     span_id = rest.pop(0) if context in CONTEXTS_WITH_SPAN_ID and rest else None
-    activity = rest[-2] if len(rest) >= 2 else (rest[0] if rest else None)
-    unit = rest[-1] if len(rest) >= 2 else None
+    activity, unit = (rest[-2:] + [None, None])[:2]
     prefix = ".".join(map(encode_key, rest[:-2])) or None
     return [_text(context), _text(span_id), _text(prefix), _text(activity), _text(unit), value]
 
