@@ -22,10 +22,8 @@ same and the consumer lag for Prometheus (:mod:`.metrics`).
 from __future__ import annotations
 
 import gc
-import time
 
 import faust
-from faust.sensors import Monitor
 
 from dask_blackbox import config, contract, kafka
 from dask_blackbox.config import KafkaSettings
@@ -84,35 +82,7 @@ def app_settings(settings: ProcessorSettings) -> dict:
         "consumer_max_fetch_size": 16 * 1024 * 1024,
         # span snapshots, prefix partials and the checkpoint journal, like raw
         "producer_compression_type": settings.kafka.compression,
-        "Monitor": CountingMonitor,
     }
-
-
-class CountingMonitor(Monitor):
-    """faust's monitor without its bookkeeping per message, event and send (counters
-    by topic, stream and task, timings of each; about 5 % of a worker's CPU under a
-    flood of small envelopes). It keeps what faust itself reads: when a partition's
-    stream last took an event (its check for a stalled stream) and the offsets
-    committed and seen. What the processors did is counted by the processor
-    (``/blackbox/stats/``, ``/metrics``)."""
-
-    def on_message_in(self, tp, offset, message) -> None:
-        pass
-
-    def on_stream_event_in(self, tp, offset, stream, event) -> None:
-        self.stream_inbound_time[tp] = time.monotonic()
-
-    def on_stream_event_out(self, tp, offset, stream, event, state=None) -> None:
-        pass
-
-    def on_message_out(self, tp, offset, message) -> None:
-        pass
-
-    def on_send_initiated(self, producer, topic, message, keysize, valsize) -> None:
-        pass
-
-    def on_send_completed(self, producer, state, metadata) -> None:
-        pass
 
 
 #: The worker's collector thresholds (CPython's default is 700, 10, 10).
