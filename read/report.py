@@ -23,7 +23,9 @@ import pathlib
 import time
 
 from bokeh.document import Document
-from bokeh.embed import file_html
+from bokeh.embed.bundle import bundle_for_objs_and_resources
+from bokeh.embed.elements import html_page_for_render_items
+from bokeh.embed.util import standalone_docs_json_and_render_items
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 from bokeh.resources import INLINE, Resources
@@ -54,6 +56,18 @@ def _document(figures: dict) -> Document:
 
 def _bokeh_resources(web: bool, root_url: str):
     return Resources(mode="server", root_url=root_url) if web else INLINE
+
+
+def _file_html(doc: Document, resources, title: str, template, variables: dict) -> str:
+    """:func:`bokeh.embed.file_html` of every root of ``doc`` (made by
+    :func:`_document`), the same page: the same document JSON, BokehJS bundle and
+    template, without the two walks over every model that draw nothing --
+    Bokeh's document validation (log-only checks; the report's tests run it on the
+    report's document) and the search for Python callbacks (its figures have none)."""
+    docs_json, render_items = standalone_docs_json_and_render_items(doc, suppress_callback_warning=True)
+    bundle = bundle_for_objs_and_resources([doc], resources)
+    return html_page_for_render_items(bundle, docs_json, render_items, title=title,
+                                      template=template, template_variables=variables)
 
 
 def web_resources(root_url: str = "./") -> str:
@@ -88,8 +102,7 @@ def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict |
         "worker_address": None, **extra,
     }
     template = env().get_template("run.html")
-    return file_html(_document(built), _bokeh_resources(web, root_url), title,
-                     template=template, template_variables=variables)
+    return _file_html(_document(built), _bokeh_resources(web, root_url), title, template, variables)
 
 
 def render_page(name: str, web: bool = True, figures: dict | None = None, root_url: str = "/",
@@ -100,9 +113,8 @@ def render_page(name: str, web: bool = True, figures: dict | None = None, root_u
     variables.setdefault("web", web)
     if figures:
         variables["has"] = set(figures)
-        return file_html(_document(figures), _bokeh_resources(web, root_url),
-                         variables.get("page_title", "dask-blackbox"), template=template,
-                         template_variables=variables)
+        return _file_html(_document(figures), _bokeh_resources(web, root_url),
+                          variables.get("page_title", "dask-blackbox"), template, variables)
     for k, v in (("has", set()), ("bokeh_css", ""), ("bokeh_js", ""), ("plot_script", ""),
                  ("roots", {})):
         variables.setdefault(k, v)
