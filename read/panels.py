@@ -212,19 +212,21 @@ def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -
             "erred": sum(c["erred"] for c in totals.values())}
 
 
-def nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
+def nthreads(backend: Backend, scope: Scope, known: dict | None = None) -> dict[str, int]:
     from dask_blackbox.read import workers
 
-    return workers.nthreads(backend, scope.cluster_id)
+    return workers.nthreads(backend, scope.cluster_id, known)
 
 
 def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
-                finished: int | None = None, worker: str | None = None) -> dict:
+                finished: int | None = None, worker: str | None = None,
+                known: dict | None = None) -> dict:
     """Dask's task stream: ``mode="bars"`` with one bar per recorded startstop
     (``bars``: worker, row, key, prefix, action, start, stop, erred) and ``rows``
     (one per worker thread, "worker thread N"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
-    ``worker``: that worker's rows only.
+    ``worker``: that worker's rows only; ``known``: the run's :func:`workers.info`, if
+    already known.
 
     Rows: one per worker thread that ran a task (the ``thread`` Dask passed with
     processing->memory/erred, what its own task stream draws a row for), a worker's
@@ -281,7 +283,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
             "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
             f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
             " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
-    threads = nthreads(backend, scope)
+    threads = nthreads(backend, scope, known)
     first_cell: dict[str, int] = {}
     peak: dict[str, float] = defaultdict(float)
     for w, b, busy, _, _, _ in cells:
@@ -469,14 +471,15 @@ def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     count as the Clusters page's workers lost and the Diagnosis panel's deaths.
     ``found``: the cluster's :func:`diagnosis.deaths`, if already computed.
     """
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+    lifecycle = _t(backend, "lifecycle")
+    _, rows = backend.query(  # with the cluster's first lifecycle event, in one statement
+        f"SELECT toFloat64(ts), action, worker, (SELECT min(toFloat64(ts)) FROM {lifecycle} "
+        f"WHERE cluster_id = {{c:String}}) FROM {lifecycle} WHERE cluster_id = {{c:String}} "
         "AND action IN ('restart', 'worker_added') ORDER BY ts",
         {"c": scope.cluster_id})
     restarts, arrivals = [], []
-    first = _first_seen(backend, scope)
-    for ts, action, worker in rows:
+    first = float(rows[0][3] or 0.0) if rows else 0.0
+    for ts, action, worker, _ in rows:
         if action == "restart":
             restarts.append({"ts": ts})
         elif ts > first + 1.0:
@@ -491,13 +494,6 @@ def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
 
 
-def _first_seen(backend: Backend, scope: Scope) -> float:
-    _, rows = backend.query(
-        f"SELECT min(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}}",
-        {"c": scope.cluster_id})
-    return float(rows[0][0] or 0.0) if rows else 0.0
-
-
 def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
                     found: list | None = None) -> dict:
     """Why workers died and why tasks failed with KilledWorker (:func:`diagnosis.diagnose`
@@ -508,14 +504,16 @@ def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
                               ids=[scope.cluster_id], found=found)
 
 
-def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
+def memory(backend: Backend, scope: Scope, dead: list[str] | None = None,
+           known: dict | None = None) -> dict:
     """Worker memory over time from the worker metrics, averaged per bucket:
     ``cluster`` (managed/unmanaged/spilled summed over workers) and ``workers``
     (the same per worker, for the :data:`MEMORY_WORKERS` shown: dead workers first,
     then by peak memory), ``n_workers`` in all; ``limits``: each worker's memory
     limit as the scheduler recorded it, and ``limit``: the sum of the memory limits
     of the workers there, per bucket. A time cell is at least twice the workers'
-    typical sampling interval, so a worker has a sample in every cell it lived."""
+    typical sampling interval, so a worker has a sample in every cell it lived.
+    ``known``: the run's :func:`workers.info`, if already known."""
     from dask_blackbox.read import workers
 
     where, p = _where(scope, span=False)
@@ -528,7 +526,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
         f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b ORDER BY worker, b", p)
     out = memory_series(rows, scope.t0, w, dead, MEMORY_WORKERS)
     order = out.pop("buckets")
-    known = workers.info(backend, scope.cluster_id)
+    known = workers.info(backend, scope.cluster_id) if known is None else known
     limits = {a: i["memory_limit"] for a, i in known.items() if i["memory_limit"]}
     times = [scope.t0 + b * w for b in order]
     total = [sum(i["memory_limit"] or 0 for i in known.values()
@@ -586,7 +584,8 @@ def _metric_cell(backend: Backend, scope: Scope, worker: str | None = None) -> f
     return max(scope.bucket, 2 * typical)
 
 
-def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
+def activity(backend: Backend, scope: Scope, worker: str | None = None,
+             known: dict | None = None) -> dict:
     """Dask's Processing, CPU and Data Transfer views over time, for the cluster (or
     one ``worker``):
 
@@ -599,7 +598,8 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
     of it -- how many threads were doing it at once, on average over the bucket.
     From the raw startstops, each split over the buckets it spans; for a scope the
     page aggregates answer (:func:`aggregates.usable`), from their whole seconds, in
-    buckets of whole seconds starting on one."""
+    buckets of whole seconds starting on one. ``known``: the run's
+    :func:`workers.info`, if already known."""
     from dask_blackbox.read import workers as worker_data
 
     w = _metric_cell(backend, scope, worker)
@@ -614,7 +614,7 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
         " avg(executing) AS e, avg(ready) AS r, avg(in_flight) AS f, avg(cpu) AS c "
         f" FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b) GROUP BY b ORDER BY b", p)
     times = [scope.t0 + (b + 0.5) * w for b, *_ in rows]
-    known = worker_data.info(backend, scope.cluster_id)
+    known = worker_data.info(backend, scope.cluster_id) if known is None else known
     if worker is not None:
         known = {worker: known[worker]} if worker in known else {}
     threads = [sum(i["nthreads"] or 0 for i in known.values()

@@ -91,6 +91,11 @@ class Context:
         return self.memo.get(("deaths", self.scope.cluster_id),
                              lambda: diagnosis.deaths(self.backend, [self.scope.cluster_id]))
 
+    def info(self) -> dict[str, dict]:
+        """The run's workers as the scheduler recorded them (:func:`workers.info`)."""
+        return self.memo.get(("info", self.scope.cluster_id),
+                             lambda: worker_data.info(self.backend, self.scope.cluster_id))
+
     def markers(self) -> dict:
         return self._shared("markers", lambda: panels.markers(self.backend, self.scope, self.deaths()))
 
@@ -144,7 +149,8 @@ class Context:
     def workers(self) -> dict:
         return self.memo.get(("workers", self.scope.cluster_id, self.count_bytes()),
                              lambda: worker_data.workers(self.backend, self.scope, self.deaths(),
-                                                         self.moved(), not self.count_bytes()))
+                                                         self.moved(), not self.count_bytes(),
+                                                         self.info()))
 
     def critical_keys(self) -> set[str] | None:
         path = self.critical_path()
@@ -179,9 +185,10 @@ def _task_stream(ctx: Context) -> dict:
     max_bars = _int(ctx.params.get("max_bars"), panels.MAX_BARS)
     if ctx.from_rollups():
         stream = rollup_panels.task_stream(ctx.backend, ctx.scope,
-                                           panels.nthreads(ctx.backend, ctx.scope))
+                                           panels.nthreads(ctx.backend, ctx.scope, ctx.info()))
     else:
-        stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished)
+        stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished,
+                                    known=ctx.info())
     return {"task_stream": stream, "critical_path": ctx.critical_path()}
 
 
@@ -220,12 +227,12 @@ def _memory(ctx: Context) -> dict:
     if ctx.from_rollups():
         mem = rollup_panels.memory(ctx.backend, ctx.scope, dead=dead, shown=panels.MEMORY_WORKERS)
     else:
-        mem = panels.memory(ctx.backend, ctx.scope, dead)
+        mem = panels.memory(ctx.backend, ctx.scope, dead, ctx.info())
     return {"memory": mem, "markers": marks}
 
 
 def _activity(ctx: Context) -> dict:
-    return {"activity": panels.activity(ctx.backend, ctx.scope, ctx.worker)}
+    return {"activity": panels.activity(ctx.backend, ctx.scope, ctx.worker, ctx.info())}
 
 
 def _spans(ctx: Context) -> dict:
@@ -349,11 +356,11 @@ def _worker_stream(ctx: Context) -> dict:
 
 
 def _worker_metrics(ctx: Context) -> dict:
-    known = worker_data.info(ctx.backend, ctx.scope.cluster_id).get(ctx.worker, {})
+    known = ctx.info().get(ctx.worker, {})
     series = worker_data.series(ctx.backend, ctx.scope, ctx.worker, panels.BUCKETS)
     series["worker"] = ctx.worker
     return {"worker_series": series, "memory_limit": known.get("memory_limit"),
-            "activity": panels.activity(ctx.backend, ctx.scope, ctx.worker)}
+            "activity": panels.activity(ctx.backend, ctx.scope, ctx.worker, ctx.info())}
 
 
 def _worker_transfers(ctx: Context) -> dict:
@@ -475,7 +482,7 @@ def summary(ctx: Context) -> dict:
     marks = ctx.markers()
     found = ctx.history()
     head.update(deaths=len(marks["deaths"]), restarts=len(marks["restarts"]),
-                workers=len(worker_data.info(ctx.backend, ctx.scope.cluster_id)),
+                workers=len(ctx.info()),
                 history={"source": found.source, "note": found.note})
     return head
 

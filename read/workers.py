@@ -101,9 +101,11 @@ def info(backend: Backend, cluster_id: str) -> dict[str, dict]:
     return out
 
 
-def nthreads(backend: Backend, cluster_id: str) -> dict[str, int]:
-    """Per worker, its threads as the scheduler recorded them."""
-    return {w: i["nthreads"] for w, i in info(backend, cluster_id).items() if i["nthreads"]}
+def nthreads(backend: Backend, cluster_id: str, known: dict | None = None) -> dict[str, int]:
+    """Per worker, its threads as the scheduler recorded them. ``known``: the run's
+    :func:`info`, if already known."""
+    known = info(backend, cluster_id) if known is None else known
+    return {w: i["nthreads"] for w, i in known.items() if i["nthreads"]}
 
 
 def _samples(backend: Backend, cluster_id: str) -> dict[str, tuple]:
@@ -139,16 +141,18 @@ def moved_bytes(backend: Backend, cluster_id: str) -> dict[tuple[str, str], int]
 
 
 def workers(backend: Backend, scope, found: list | None = None,
-            moved: dict | None = None, bytes_deferred: bool = False) -> dict:
+            moved: dict | None = None, bytes_deferred: bool = False,
+            known: dict | None = None) -> dict:
     """The Workers panel of ``scope``'s run (see the module docstring): ``workers`` (one
     row each, in the order they joined), ``graph`` (whether bytes in and out could be
     counted) and ``bytes_deferred``. ``found``: the run's :func:`diagnosis.deaths`, if
     already known; ``moved``: its :func:`moved_bytes`, if already known, unless
-    ``bytes_deferred`` (then bytes in and out are None)."""
+    ``bytes_deferred`` (then bytes in and out are None); ``known``: its :func:`info`, if
+    already known."""
     from dask_blackbox.read import diagnosis
 
     cid = scope.cluster_id
-    known = info(backend, cid)
+    known = info(backend, cid) if known is None else known
     samples = _samples(backend, cid)
     ran = aggregates.per_worker(backend, cid)
     if not bytes_deferred and moved is None:
