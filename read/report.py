@@ -21,6 +21,7 @@ from __future__ import annotations
 import html
 import pathlib
 import time
+from typing import NamedTuple
 
 from bokeh.document import Document
 from bokeh.embed.bundle import bundle_for_objs_and_resources
@@ -79,30 +80,46 @@ def web_resources(root_url: str = "./") -> str:
     return "\n".join(f'<script defer src="{html.escape(src)}"></script>' for src in tags)
 
 
-def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,
-               query_string: str = "") -> str:
-    """The Run page of :func:`views.run_data` as HTML, every panel drawn:
-    self-contained (BokehJS inline) unless ``web``, where BokehJS comes from
-    ``root_url``static/."""
+class RunDocument(NamedTuple):
+    """The Run page's figures drawn: ``doc`` holds every figure, ``names`` are the
+    figures drawn, ``variables`` what their drawing gives the template
+    (:attr:`views.View.draw`)."""
+
+    doc: Document
+    names: set[str]
+    variables: dict
+
+
+def run_document(data: dict, web: bool = False) -> RunDocument:
+    """Every figure of the Run page of :func:`views.run_data`, in one Bokeh document."""
     from dask_blackbox.read.figures import Figures
 
-    scope: panels.Scope = data["scope"]
-    figures = Figures(scope, data["markers"], web)
+    figures = Figures(data["scope"], data["markers"], web)
     extra: dict = {}
     for view in views.RUN_VIEWS:
         if view.draw is not None:
             extra.update(view.draw(figures, data, None))
     built = {k: v for k, v in figures.figures.items() if v is not None}
+    return RunDocument(_document(built), set(built), extra)
+
+
+def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,
+               query_string: str = "") -> str:
+    """The Run page of :func:`views.run_data` as HTML, every panel drawn:
+    self-contained (BokehJS inline) unless ``web``, where BokehJS comes from
+    ``root_url``static/."""
+    scope: panels.Scope = data["scope"]
+    drawn = run_document(data, web)
     title = f"{scope.cluster_name} - dask-blackbox"
     variables = {
         "web": web, "lazy": False, "data": data, "scope": scope, "query": query or {},
-        "has": set(built), "levels": panels.LEVELS, "views": views.RUN_VIEWS,
+        "has": drawn.names, "levels": panels.LEVELS, "views": views.RUN_VIEWS,
         "head": data["summary"], "span_names": data.get("span_names", []),
         "generated": time.time(), "page_title": title, "query_string": query_string,
-        "worker_address": None, **extra,
+        "worker_address": None, **drawn.variables,
     }
     template = env().get_template("run.html")
-    return _file_html(_document(built), _bokeh_resources(web, root_url), title, template, variables)
+    return _file_html(drawn.doc, _bokeh_resources(web, root_url), title, template, variables)
 
 
 def render_page(name: str, web: bool = True, figures: dict | None = None, root_url: str = "/",
