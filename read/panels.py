@@ -110,14 +110,15 @@ class Scope:
 
 
 def _cluster(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
-    try:
-        ids = queries.cluster_ids(backend, cluster)
-    except UnknownCluster as e:
-        raise NotFound(str(e)) from None
+    # the runs of queries.cluster_ids, in the same statement
     _, rows = backend.query(
         f"SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
-        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN {{ids:Array(String)}} "
-        "ORDER BY last_seen DESC", {"ids": ids})
+        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN ("
+        f"SELECT cluster_id FROM {_t(backend, 'envelopes')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
+        f"SELECT cluster_id FROM {_t(backend, 'clusters')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}) "
+        "ORDER BY last_seen DESC", {"c": cluster})
     if not rows:
         raise NotFound(f"no recorded cluster is named {cluster!r} or has that id")
     chosen = rows[0]
@@ -206,7 +207,7 @@ def _where(scope: Scope, time_column: str = "ts", span: bool = True) -> tuple[st
 def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -> dict:
     """Counts for the page header: tasks (distinct keys), transitions into memory and
     into erred (from :func:`progress`'s per-prefix totals, computed once)."""
-    totals = (progress_data or progress(backend, scope))["counts"]
+    totals = progress_data["counts"] if progress_data else prefix_totals(backend, scope)
     return {**scope.as_dict(), "tasks": sum(c["tasks"] for c in totals.values()),
             "finished_in_memory": sum(c["memory"] for c in totals.values()),
             "erred": sum(c["erred"] for c in totals.values())}
@@ -361,19 +362,38 @@ def _n_buckets(scope: Scope) -> int:
     return min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
 
 
-def progress(backend: Backend, scope: Scope) -> dict:
+def prefix_totals(backend: Backend, scope: Scope) -> dict[str, dict]:
+    """Per prefix (``"(none)"`` for none) in the scope: ``tasks`` (distinct keys),
+    ``memory`` and ``erred`` (transitions into memory, into erred): :func:`progress`'s
+    ``counts``, and what the page's heading adds up. From the page aggregates
+    (:mod:`.aggregates`) for a whole run or span."""
+    if aggregates.usable(scope):
+        return aggregates.prefix_counts(backend, scope)
+    where, p = _where(scope)
+    _, totals_rows = backend.query(
+        # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
+        # million keys), and several times cheaper than comparing the strings
+        "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
+        f"countIf(finish = 'erred') FROM {_t(backend, 'transitions')} {where} "
+        "AND source = 'scheduler' GROUP BY prefix", p)
+    return {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
+            for prefix, t, m, e in totals_rows}
+
+
+def progress(backend: Backend, scope: Scope, per_prefix: dict[str, dict] | None = None) -> dict:
     """Per prefix, over time: the fraction of its tasks finished (in memory or
     erred), like Dask's progress bars. ``times`` are bucket ends; ``series`` maps
     prefix -> fractions; ``totals`` the prefix's distinct keys: the
     :data:`TOP_PREFIXES` with the most tasks by name, and every prefix with an erred
     task by name too (however few its tasks), the rest summed as "other";
     ``counts`` per prefix: tasks, transitions into memory, into erred; ``erred`` per
-    series shown: its transitions into erred.
+    series shown: its transitions into erred. ``per_prefix``: the scope's
+    :func:`prefix_totals`, if already known.
 
     From the page aggregates (:mod:`.aggregates`) for a whole run or span."""
     n = _n_buckets(scope)
+    per_prefix = prefix_totals(backend, scope) if per_prefix is None else per_prefix
     if aggregates.usable(scope):
-        per_prefix = aggregates.prefix_counts(backend, scope)
         rows = aggregates.finished_per_bucket(backend, scope, n)
     else:
         where, p = _where(scope)
@@ -382,15 +402,6 @@ def progress(backend: Backend, scope: Scope) -> dict:
             "SELECT prefix, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, count() "
             f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
             "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
-        _, totals_rows = backend.query(
-            # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
-            # million keys), and several times cheaper than comparing the strings
-            "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
-            f"countIf(finish = 'erred') FROM {_t(backend, 'transitions')} {where} "
-            "AND source = 'scheduler' GROUP BY prefix",
-            {k: v for k, v in p.items() if k != "w"})
-        per_prefix = {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
-                      for prefix, t, m, e in totals_rows}
     return progress_series(per_prefix, rows, n,
                            [scope.t0 + (i + 1) * scope.bucket for i in range(n)])
 

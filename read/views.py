@@ -110,12 +110,21 @@ class Context:
     def from_rollups(self) -> bool:
         return self.history().source == "rollups"
 
+    def counts(self) -> dict[str, dict]:
+        """Per prefix: tasks, transitions into memory and into erred (the progress
+        panel's ``counts``; the heading's and the task stream's sums): without the
+        progress panel's series where the raw rows answer."""
+        if self.from_rollups():
+            return self.progress()["counts"]
+        return self._shared("counts", lambda: panels.prefix_totals(self.backend, self.scope))
+
     def progress(self) -> dict:
-        make = rollup_panels.progress if self.from_rollups() else panels.progress
-        return self._shared("progress", lambda: make(self.backend, self.scope))
+        if self.from_rollups():
+            return self._shared("progress", lambda: rollup_panels.progress(self.backend, self.scope))
+        return self._shared("progress", lambda: panels.progress(self.backend, self.scope, self.counts()))
 
     def n_tasks(self) -> int:
-        return sum(c["tasks"] for c in self.progress()["counts"].values())
+        return sum(c["tasks"] for c in self.counts().values())
 
     def slowness(self) -> bool:
         """Whether the critical path and the costs are computed for this page: asked
@@ -180,8 +189,7 @@ def _diagnosis(ctx: Context) -> dict:
 
 
 def _task_stream(ctx: Context) -> dict:
-    prog = ctx.progress()
-    finished = sum(c["memory"] + c["erred"] for c in prog["counts"].values())
+    finished = sum(c["memory"] + c["erred"] for c in ctx.counts().values())
     max_bars = _int(ctx.params.get("max_bars"), panels.MAX_BARS)
     if ctx.from_rollups():
         stream = rollup_panels.task_stream(ctx.backend, ctx.scope,
@@ -478,7 +486,7 @@ def summary(ctx: Context) -> dict:
     if ctx.from_rollups():
         head = rollup_panels.summary(ctx.scope, ctx.progress())
     else:
-        head = panels.summary(ctx.backend, ctx.scope, ctx.progress())
+        head = panels.summary(ctx.backend, ctx.scope, {"counts": ctx.counts()})
     marks = ctx.markers()
     found = ctx.history()
     head.update(deaths=len(marks["deaths"]), restarts=len(marks["restarts"]),
