@@ -51,6 +51,7 @@ import json
 import os
 import pathlib
 import random
+import resource
 import shutil
 import socket
 import statistics
@@ -61,6 +62,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from typing import NamedTuple
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -269,8 +271,9 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
                 print(f"  {label}, {route} ({name}): first panel runs "
                       f"{[round(f * 1000) for _, f in first[route]]} ms (shell "
                       f"{[round(s * 1000) for s, _ in first[route]]} ms); cold report runs "
-                      f"{[round(w, 2) for _, w, _ in cold[route]]} s (from its first import "
-                      f"{[round(i, 2) for i, _, _ in cold[route]]} s), {cold[route][-1][2] / 1e6:.2f} MB",
+                      f"{[round(c.wall, 2) for c in cold[route]]} s (from its first import "
+                      f"{[round(c.inner, 2) for c in cold[route]]} s; CPU "
+                      f"{[round(c.cpu, 2) for c in cold[route]]} s), {cold[route][-1].size / 1e6:.2f} MB",
                       flush=True)
             print(f"  {repeat} processes per route, alternating; load average "
                   f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores", flush=True)
@@ -280,8 +283,11 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
                        f"(median of {len(first[route])})", round(statistics.median(f for _, f in first[route]) * 1000),
                        "ms", (1000 if big else 300) if route == "B" else None)
                 report(f"report written cold (new process), {label}-task run, {route}: {name} "
-                       f"(median of {repeat})", round(statistics.median(w for _, w, _ in cold[route]), 2), "s",
+                       f"(median of {repeat})", round(statistics.median(c.wall for c in cold[route]), 2), "s",
                        None if big or route == "A" else 3)
+                report(f"report written cold, CPU seconds of its process, {label}-task run, {route}: {name} "
+                       f"(median of {repeat})", round(statistics.median(c.cpu for c in cold[route]), 2), "s",
+                       None)
 
 
 COLD = """
@@ -295,23 +301,35 @@ print(time.perf_counter() - t, written["bytes"])
 """
 
 
+class Cold(NamedTuple):
+    """One cold report: seconds from the process's first import, the process's wall
+    seconds and CPU seconds (user + system, every thread: chDB's too), the file's bytes."""
+
+    inner: float
+    wall: float
+    cpu: float
+    size: int
+
+
 def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str,
-                package: str | None = None) -> tuple[float, float, int]:
+                package: str | None = None) -> Cold:
     """A new process writes the report (``package`` first on its PYTHONPATH: the
-    baseline's read side): (its own seconds from the first import, the process's wall
-    seconds, the file's bytes)."""
+    baseline's read side)."""
     env = dict(os.environ)
     if package:
         env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", COLD, str(chdb), str(out), cluster_id],
                           capture_output=True, text=True, timeout=600, env=env,
                           cwd=tempfile.gettempdir())
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
         raise SystemExit(f"the cold report failed: {done.stderr[-2000:]}")
     inner, size = done.stdout.split()[-2:]
-    return float(inner), wall, int(size)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Cold(float(inner), wall, cpu, int(size))
 
 
 def main() -> None:
@@ -410,11 +428,11 @@ def main() -> None:
         for label, cluster_id in loaded:
             runs = [cold_report(root / "chdb", root / f"cold-{label}.html", cluster_id)
                     for _ in range(args.repeat)]
-            print(f"  cold report, {label}: process wall runs {[round(r[1], 2) for r in runs]} s "
-                  f"(from its first import {[round(r[0], 2) for r in runs]} s); "
-                  f"{runs[-1][2] / 1e6:.2f} MB", flush=True)
+            print(f"  cold report, {label}: process wall runs {[round(r.wall, 2) for r in runs]} s "
+                  f"(from its first import {[round(r.inner, 2) for r in runs]} s; CPU "
+                  f"{[round(r.cpu, 2) for r in runs]} s); {runs[-1].size / 1e6:.2f} MB", flush=True)
             report(f"report written cold (new process), {label}-task run (median)",
-                   round(statistics.median(r[1] for r in runs), 2), "s", None if label.endswith("M") else 3)
+                   round(statistics.median(r.wall for r in runs), 2), "s", None if label.endswith("M") else 3)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)
