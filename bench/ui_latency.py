@@ -32,7 +32,13 @@ alternating A, B, A, B, ... ``--repeat`` times each:
   for the shell and the first panel once to warm (as above), then measures one new
   app's shell and first panel three times (each route's figure: the median of every
   run of its processes);
-- report, cold: ``dask-blackbox report``'s work in a new process, as above.
+- report, cold: ``dask-blackbox report``'s work in a new process, as above, with its
+  CPU seconds (every thread's: chDB's too), which a loaded machine does not inflate as
+  it does wall seconds.
+
+``--bytecode``: the new processes keep the compiled modules of the package as an
+installed one has them (``pip install`` compiles them; ``PYTHONDONTWRITEBYTECODE``,
+if set, is unset for them, and one unmeasured run per route writes them first).
 
 With ``--keep DIR`` the generated runs are kept in ``DIR``; with ``--baseline`` too,
 ``DIR/clusters.txt`` names them and a later ``--baseline`` run with the same ``--keep
@@ -234,12 +240,25 @@ def first_panel_child(chdb: str, cluster_id: str, runs: int) -> None:
     print(json.dumps({"runs": measured, "location": dask_blackbox.__file__}))
 
 
-def in_child(args: list[str], package: str | None) -> dict:
-    """Run this script with ``args`` in a new process (``package`` first on its
-    PYTHONPATH: the baseline's read side); its last line of output, parsed."""
+#: Whether the new processes keep compiled modules (``--bytecode``).
+BYTECODE = False
+
+
+def child_env(package: str | None) -> dict:
+    """The environment of a new process: ``package`` first on its PYTHONPATH (the
+    baseline's read side); with :data:`BYTECODE`, modules' bytecode written and read."""
     env = dict(os.environ)
     if package:
         env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    if BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def in_child(args: list[str], package: str | None) -> dict:
+    """Run this script with ``args`` in a new process (:func:`child_env`); its last
+    line of output, parsed."""
+    env = child_env(package)
     done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
                           timeout=600, cwd=tempfile.gettempdir())
     if done.returncode:
@@ -257,6 +276,9 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
     with tempfile.TemporaryDirectory() as base:
         package = str(baseline_package(revision, pathlib.Path(base)))
         routes = (("A", f"baseline {revision}", package), ("B", "this checkout", None))
+        if BYTECODE:  # one unmeasured run per route writes its modules' bytecode
+            for _, _, pkg in routes:
+                cold_report(root / "chdb", root / "cold-warm.html", loaded[0][1], pkg)
         for label, cluster_id in loaded:
             first: dict[str, list] = {"A": [], "B": []}
             cold: dict[str, list] = {"A": [], "B": []}
@@ -275,17 +297,19 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
                       f"{[round(c.inner, 2) for c in cold[route]]} s; CPU "
                       f"{[round(c.cpu, 2) for c in cold[route]]} s), {cold[route][-1].size / 1e6:.2f} MB",
                       flush=True)
-            print(f"  {repeat} processes per route, alternating; load average "
+            print(f"  {repeat} processes per route, alternating"
+                  f"{', compiled modules kept' if BYTECODE else ''}; load average "
                   f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores", flush=True)
             big = label.endswith("M")
+            kept = ", compiled modules kept" if BYTECODE else ""
             for route, name, _ in routes:
-                report(f"Run page first panel served (new process), {label}-task run, {route}: {name} "
+                report(f"Run page first panel served (new process{kept}), {label}-task run, {route}: {name} "
                        f"(median of {len(first[route])})", round(statistics.median(f for _, f in first[route]) * 1000),
                        "ms", (1000 if big else 300) if route == "B" else None)
-                report(f"report written cold (new process), {label}-task run, {route}: {name} "
+                report(f"report written cold (new process{kept}), {label}-task run, {route}: {name} "
                        f"(median of {repeat})", round(statistics.median(c.wall for c in cold[route]), 2), "s",
                        None if big or route == "A" else 3)
-                report(f"report written cold, CPU seconds of its process, {label}-task run, {route}: {name} "
+                report(f"report written cold, CPU seconds of its process{kept}, {label}-task run, {route}: {name} "
                        f"(median of {repeat})", round(statistics.median(c.cpu for c in cold[route]), 2), "s",
                        None)
 
@@ -315,9 +339,7 @@ def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str,
                 package: str | None = None) -> Cold:
     """A new process writes the report (``package`` first on its PYTHONPATH: the
     baseline's read side)."""
-    env = dict(os.environ)
-    if package:
-        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    env = child_env(package)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", COLD, str(chdb), str(out), cluster_id],
@@ -342,8 +364,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="one 20k-task cluster, 2 runs")
     parser.add_argument("--baseline", metavar="REV",
                         help="instead: A/B of the first panel and the cold report, REV against this checkout")
+    parser.add_argument("--bytecode", action="store_true",
+                        help="new processes keep compiled modules, as an installed package has them")
     parser.add_argument("--child-first-panel", nargs=2, metavar=("CHDB", "CLUSTER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global BYTECODE
+    BYTECODE = args.bytecode
     if args.child_first_panel:
         first_panel_child(*args.child_first_panel, runs=3)
         return
