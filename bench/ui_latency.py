@@ -23,17 +23,41 @@ kept from the run before: the app's memo of deaths, progress and scope is empty)
 
 Times are wall clock; the load average is printed (the machine is shared).
 
+With ``--baseline REV`` (a git revision, e.g. ``main``) it measures, instead, the
+two figures served by a new process as an A/B on the same recorded run: A is
+``REV``'s read side (its package put first on ``PYTHONPATH``), B this checkout's,
+alternating A, B, A, B, ... ``--repeat`` times each:
+
+- first panel served: a new process opens the chDB directory, serves the web UI, asks
+  for the shell and the first panel once to warm (as above), then measures one new
+  app's shell and first panel three times (each route's figure: the median of every
+  run of its processes);
+- report, cold: ``dask-blackbox report``'s work in a new process, as above, with its
+  CPU seconds (every thread's: chDB's too), which a loaded machine does not inflate as
+  it does wall seconds.
+
+``--bytecode``: the new processes keep the compiled modules of the package as an
+installed one has them (``pip install`` compiles them; ``PYTHONDONTWRITEBYTECODE``,
+if set, is unset for them, and one unmeasured run per route writes them first).
+
+With ``--keep DIR`` the generated runs are kept in ``DIR``; with ``--baseline`` too,
+``DIR/clusters.txt`` names them and a later ``--baseline`` run with the same ``--keep
+DIR`` and ``--seed`` reuses them.
+
     python bench/ui_latency.py                 # 100k and 1M tasks
     python bench/ui_latency.py --tasks 100000  # one size
+    python bench/ui_latency.py --tasks 100000 --keep /tmp/ui100k --baseline main --repeat 3
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import pathlib
 import random
+import resource
 import shutil
 import socket
 import statistics
@@ -44,6 +68,7 @@ import threading
 import time
 import urllib.parse
 import urllib.request
+from typing import NamedTuple
 
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 
@@ -200,6 +225,95 @@ def panel_costs(backend, cluster_id: str) -> dict[str, float]:
     return costs
 
 
+def first_panel_child(chdb: str, cluster_id: str, runs: int) -> None:
+    """In a new process (``--child-first-panel``): open ``chdb``, warm once, then print
+    ``runs`` measures of :func:`first_panel` (a new app each) as JSON."""
+    import dask_blackbox
+
+    client = clickhouse.open_client(f"chdb://{chdb}")
+    try:
+        backend = backends.DirectBackend(client, "blackbox")
+        first_panel(backend, cluster_id)  # warm: first reads of each column's parts
+        measured = [first_panel(backend, cluster_id)[:2] for _ in range(runs)]
+    finally:
+        client.close()
+    print(json.dumps({"runs": measured, "location": dask_blackbox.__file__}))
+
+
+#: Whether the new processes keep compiled modules (``--bytecode``).
+BYTECODE = False
+
+
+def child_env(package: str | None) -> dict:
+    """The environment of a new process: ``package`` first on its PYTHONPATH (the
+    baseline's read side); with :data:`BYTECODE`, modules' bytecode written and read."""
+    env = dict(os.environ)
+    if package:
+        env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
+    if BYTECODE:
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return env
+
+
+def in_child(args: list[str], package: str | None) -> dict:
+    """Run this script with ``args`` in a new process (:func:`child_env`); its last
+    line of output, parsed."""
+    env = child_env(package)
+    done = subprocess.run([sys.executable, __file__, *args], env=env, capture_output=True, text=True,
+                          timeout=600, cwd=tempfile.gettempdir())
+    if done.returncode:
+        raise SystemExit(f"the child {args[0]} failed: {done.stderr[-2000:]}")
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    if package and not result["location"].startswith(package):
+        raise SystemExit(f"route A imported {result['location']}, not the baseline")
+    return result
+
+
+def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str, repeat: int) -> None:
+    """The A/B of ``--baseline`` (see the module docstring) for each loaded run."""
+    from sink_ingest import baseline_package
+
+    with tempfile.TemporaryDirectory() as base:
+        package = str(baseline_package(revision, pathlib.Path(base)))
+        routes = (("A", f"baseline {revision}", package), ("B", "this checkout", None))
+        if BYTECODE:  # one unmeasured run per route writes its modules' bytecode
+            for _, _, pkg in routes:
+                cold_report(root / "chdb", root / "cold-warm.html", loaded[0][1], pkg)
+        for label, cluster_id in loaded:
+            first: dict[str, list] = {"A": [], "B": []}
+            cold: dict[str, list] = {"A": [], "B": []}
+            for _ in range(repeat):
+                for route, _, pkg in routes:
+                    first[route] += in_child(["--child-first-panel", str(root / "chdb"), cluster_id],
+                                             pkg)["runs"]
+                    cold[route].append(cold_report(root / "chdb", root / f"cold-{label}-{route}.html",
+                                                   cluster_id, pkg))
+            load = os.getloadavg()
+            for route, name, _ in routes:
+                print(f"  {label}, {route} ({name}): first panel runs "
+                      f"{[round(f * 1000) for _, f in first[route]]} ms (shell "
+                      f"{[round(s * 1000) for s, _ in first[route]]} ms); cold report runs "
+                      f"{[round(c.wall, 2) for c in cold[route]]} s (from its first import "
+                      f"{[round(c.inner, 2) for c in cold[route]]} s; CPU "
+                      f"{[round(c.cpu, 2) for c in cold[route]]} s), {cold[route][-1].size / 1e6:.2f} MB",
+                      flush=True)
+            print(f"  {repeat} processes per route, alternating"
+                  f"{', compiled modules kept' if BYTECODE else ''}; load average "
+                  f"{load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} cores", flush=True)
+            big = label.endswith("M")
+            kept = ", compiled modules kept" if BYTECODE else ""
+            for route, name, _ in routes:
+                report(f"Run page first panel served (new process{kept}), {label}-task run, {route}: {name} "
+                       f"(median of {len(first[route])})", round(statistics.median(f for _, f in first[route]) * 1000),
+                       "ms", (1000 if big else 300) if route == "B" else None)
+                report(f"report written cold (new process{kept}), {label}-task run, {route}: {name} "
+                       f"(median of {repeat})", round(statistics.median(c.wall for c in cold[route]), 2), "s",
+                       None if big or route == "A" else 3)
+                report(f"report written cold, CPU seconds of its process{kept}, {label}-task run, {route}: {name} "
+                       f"(median of {repeat})", round(statistics.median(c.cpu for c in cold[route]), 2), "s",
+                       None)
+
+
 COLD = """
 import sys, time
 t = time.perf_counter()
@@ -211,17 +325,33 @@ print(time.perf_counter() - t, written["bytes"])
 """
 
 
-def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str) -> tuple[float, float, int]:
-    """A new process writes the report: (its own seconds from the first import, the
-    process's wall seconds, the file's bytes)."""
+class Cold(NamedTuple):
+    """One cold report: seconds from the process's first import, the process's wall
+    seconds and CPU seconds (user + system, every thread: chDB's too), the file's bytes."""
+
+    inner: float
+    wall: float
+    cpu: float
+    size: int
+
+
+def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str,
+                package: str | None = None) -> Cold:
+    """A new process writes the report (``package`` first on its PYTHONPATH: the
+    baseline's read side)."""
+    env = child_env(package)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t = time.perf_counter()
     done = subprocess.run([sys.executable, "-c", COLD, str(chdb), str(out), cluster_id],
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=600, env=env,
+                          cwd=tempfile.gettempdir())
     wall = time.perf_counter() - t
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     if done.returncode:
         raise SystemExit(f"the cold report failed: {done.stderr[-2000:]}")
     inner, size = done.stdout.split()[-2:]
-    return float(inner), wall, int(size)
+    cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
+    return Cold(float(inner), wall, cpu, int(size))
 
 
 def main() -> None:
@@ -232,15 +362,46 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=3)
     parser.add_argument("--keep", help="keep the chDB directory here")
     parser.add_argument("--quick", action="store_true", help="one 20k-task cluster, 2 runs")
+    parser.add_argument("--baseline", metavar="REV",
+                        help="instead: A/B of the first panel and the cold report, REV against this checkout")
+    parser.add_argument("--bytecode", action="store_true",
+                        help="new processes keep compiled modules, as an installed package has them")
+    parser.add_argument("--child-first-panel", nargs=2, metavar=("CHDB", "CLUSTER"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    global BYTECODE
+    BYTECODE = args.bytecode
+    if args.child_first_panel:
+        first_panel_child(*args.child_first_panel, runs=3)
+        return
     if args.quick:
         args.tasks, args.repeat = args.tasks or [20_000], 2
     sizes = args.tasks or [100_000, 1_000_000]
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bb-ui-bench-"))
+    kept = root / "clusters.txt"  # "tasks seed cluster_id" per kept run
+    known = {}
+    if args.keep and kept.exists():
+        known = {(int(t), int(s)): c for t, s, c in (line.split() for line in kept.read_text().splitlines())}
     client = clickhouse.open_client(f"chdb://{root / 'chdb'}")
     target = Target("blackbox", 90 * 86400)
     migrate(client, target)
     backend = backends.DirectBackend(client, "blackbox")
+    if args.baseline:
+        loaded = []
+        for index, tasks in enumerate(sizes):
+            label = f"{tasks // 1000}k" if tasks < 1_000_000 else f"{tasks / 1e6:g}M"
+            if (tasks, args.seed) not in known:
+                print(f"{label}-task cluster:", flush=True)
+                known[(tasks, args.seed)] = load_cluster(client, target, tasks, index, args.seed)[0]
+                if args.keep:
+                    kept.write_text("".join(f"{t} {s} {c}\n" for (t, s), c in known.items()))
+            loaded.append((label, known[(tasks, args.seed)]))
+        client.close()
+        try:
+            baseline_ab(root, loaded, args.baseline, args.repeat)
+        finally:
+            if not args.keep:
+                shutil.rmtree(root, ignore_errors=True)
+        return
     import playwright.sync_api as playwright_sync
 
     loaded: list[tuple[str, str]] = []
@@ -293,11 +454,11 @@ def main() -> None:
         for label, cluster_id in loaded:
             runs = [cold_report(root / "chdb", root / f"cold-{label}.html", cluster_id)
                     for _ in range(args.repeat)]
-            print(f"  cold report, {label}: process wall runs {[round(r[1], 2) for r in runs]} s "
-                  f"(from its first import {[round(r[0], 2) for r in runs]} s); "
-                  f"{runs[-1][2] / 1e6:.2f} MB", flush=True)
+            print(f"  cold report, {label}: process wall runs {[round(r.wall, 2) for r in runs]} s "
+                  f"(from its first import {[round(r.inner, 2) for r in runs]} s; CPU "
+                  f"{[round(r.cpu, 2) for r in runs]} s); {runs[-1].size / 1e6:.2f} MB", flush=True)
             report(f"report written cold (new process), {label}-task run (median)",
-                   round(statistics.median(r[1] for r in runs), 2), "s", None if label.endswith("M") else 3)
+                   round(statistics.median(r.wall for r in runs), 2), "s", None if label.endswith("M") else 3)
     finally:
         if not args.keep:
             shutil.rmtree(root, ignore_errors=True)

@@ -497,48 +497,75 @@ def _death_evidence(backend: Backend, found: list[Death], lines: int) -> dict:
     tasks_of: dict[tuple[str, str], list] = defaultdict(list)
     for c, stimulus_id, k, prefix, finish in tasks:
         tasks_of[(c, stimulus_id)].append({"key": k, "prefix": prefix, "finish": finish})
-    out = {}
-    for d in found:
-        out[(d.cluster_id, d.stimulus_id, d.worker)] = {
-            "tasks": tasks_of.get((d.cluster_id, d.stimulus_id), []),
-            "logs": _logs_about(backend, d, lines), "metrics": _last_metrics(backend, d)}
-    return out
+    logs, metrics = _logs_about(backend, found, lines), _last_metrics(backend, found)
+    return {(d.cluster_id, d.stimulus_id, d.worker): {
+                "tasks": tasks_of.get((d.cluster_id, d.stimulus_id), []),
+                "logs": logs[i], "metrics": metrics[i]}
+            for i, d in enumerate(found)}
 
 
-def _logs_about(backend: Backend, d: Death, lines: int) -> list[dict]:
-    """The log lines about a removed worker's process (any process's lines naming its
-    address or "Worker process <pid>", around the removal) and its own last warnings
-    and errors before it, oldest first."""
+def _each_death(found: list[Death]) -> tuple[str, dict]:
+    """Array parameters naming each death (``cs``, ``ws``, ``ts``: its cluster, worker
+    and time, 1-based as ClickHouse's arrays) and the SQL of their numbers, so one
+    statement answers for every death (``ARRAY JOIN`` of the deaths a row concerns)."""
+    return ("range(1, length({ws:Array(String)}) + 1)",
+            {"cs": [d.cluster_id for d in found], "ws": [d.worker for d in found],
+             "ts": [float(d.ts) for d in found]})
+
+
+def _logs_about(backend: Backend, found: list[Death], lines: int) -> list[list[dict]]:
+    """Per death (in ``found``'s order), the log lines about the removed worker's
+    process (any process's lines naming its address or "Worker process <pid>", around
+    the removal; at most ``lines``) and its own last warnings and errors before it (at
+    most ``lines``), oldest first; one statement for every death."""
+    deaths, p = _each_death(found)
     # from a little after it joined: the lines of its registration say nothing of its end
-    since = d.ts - LOG_WINDOW_S if d.added is None else max(d.ts - LOG_WINDOW_S,
-                                                            min(d.added + 0.2, d.ts))
-    p = {"c": d.cluster_id, "w": d.worker, "t": d.ts, "s": since, "n": lines,
-         "pid": f"Worker process {d.pid} " if d.pid is not None else "\x00",
-         "pidq": f"(pid={d.pid})" if d.pid is not None else "\x00"}
+    p["ss"] = [d.ts - LOG_WINDOW_S if d.added is None else max(d.ts - LOG_WINDOW_S, min(d.added + 0.2, d.ts))
+               for d in found]
+    p["pids"] = [f"Worker process {d.pid} " if d.pid is not None else "\x00" for d in found]
+    p["pidqs"] = [f"(pid={d.pid})" if d.pid is not None else "\x00" for d in found]
+    p["n"] = lines
     columns = "toFloat64(ts) AS t, level, source, worker, logger, message, seq, idx"
+    logs = table(backend, "logs")
     _, rows = backend.query(
-        f"SELECT * FROM (SELECT {columns} FROM {table(backend, 'logs')} "
-        "WHERE cluster_id = {c:String} AND toFloat64(ts) BETWEEN {s:Float64} "
-        "AND {t:Float64} + 10 AND (position(message, {w:String}) > 0 "
-        "OR position(message, {pid:String}) > 0 OR position(message, {pidq:String}) > 0) "
-        "ORDER BY t DESC LIMIT {n:UInt32}) "
-        f"UNION ALL SELECT * FROM (SELECT {columns} FROM {table(backend, 'logs')} "
-        "WHERE cluster_id = {c:String} AND worker = {w:String} "
-        "AND level IN ('WARNING', 'ERROR', 'CRITICAL') AND toFloat64(ts) <= {t:Float64} + 1 "
-        "AND toFloat64(ts) >= {s:Float64} - 600 "
-        "ORDER BY t DESC LIMIT {n:UInt32})", p)
-    rows = sorted(set(rows), key=lambda r: (r[0], r[6], r[7]))  # a line may match both
-    return [{"ts": t, "level": lv, "source": src, "worker": w, "logger": lg, "message": m}
-            for t, lv, src, w, lg, m, _, _ in rows]
+        f"SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
+        "cluster_id = {cs:Array(String)}[i] AND toFloat64(ts) >= {ss:Array(Float64)}[i] "
+        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 10 "
+        "AND (position(message, {ws:Array(String)}[i]) > 0 OR position(message, {pids:Array(String)}[i]) > 0 "
+        f"OR position(message, {{pidqs:Array(String)}}[i]) > 0), {deaths}) AS i "
+        "WHERE cluster_id IN {cs:Array(String)} AND toFloat64(ts) >= arrayMin({ss:Array(Float64)}) "
+        "AND toFloat64(ts) <= arrayMax({ts:Array(Float64)}) + 10 "
+        "ORDER BY t DESC LIMIT {n:UInt32} BY i) "
+        f"UNION ALL SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
+        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
+        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 1 "
+        f"AND toFloat64(ts) >= {{ss:Array(Float64)}}[i] - 600, {deaths}) AS i "
+        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
+        "AND level IN ('WARNING', 'ERROR', 'CRITICAL') "
+        "ORDER BY t DESC LIMIT {n:UInt32} BY i)", p)
+    per: list[set] = [set() for _ in found]
+    for i, *line in rows:
+        per[i - 1].add(tuple(line))  # a line may match both
+    return [[{"ts": t, "level": lv, "source": src, "worker": w, "logger": lg, "message": m}
+             for t, lv, src, w, lg, m, _, _ in sorted(lines_, key=lambda r: (r[0], r[6], r[7]))]
+            for lines_ in per]
 
 
-def _last_metrics(backend: Backend, d: Death) -> dict | None:
+def _last_metrics(backend: Backend, found: list[Death]) -> list[dict | None]:
+    """Per death (in ``found``'s order), the dead worker's last metric sample at or
+    before its removal (None without one); one statement for every death."""
+    deaths, p = _each_death(found)
     columns, rows = backend.query(
-        "SELECT toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, cpu, executing, "
-        f"ready FROM {table(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
-        "AND worker = {w:String} AND toFloat64(ts) <= {t:Float64} ORDER BY ts DESC LIMIT 1",
-        {"c": d.cluster_id, "w": d.worker, "t": d.ts})
-    return dict(zip(columns, rows[0])) if rows else None
+        "SELECT i, toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, cpu, executing, "
+        f"ready FROM {table(backend, 'worker_metrics')} ARRAY JOIN arrayFilter(i -> "
+        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
+        f"AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], {deaths}) AS i "
+        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
+        "ORDER BY ts DESC LIMIT 1 BY i", p)
+    out: list[dict | None] = [None] * len(found)
+    for i, *sample in rows:
+        out[i - 1] = dict(zip(columns[1:], sample))
+    return out
 
 
 __all__ = ["Death", "KilledTask", "Suspect", "deaths", "death_counts", "killed_workers",

@@ -110,14 +110,15 @@ class Scope:
 
 
 def _cluster(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
-    try:
-        ids = queries.cluster_ids(backend, cluster)
-    except UnknownCluster as e:
-        raise NotFound(str(e)) from None
+    # the runs of queries.cluster_ids, in the same statement
     _, rows = backend.query(
         f"SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
-        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN {{ids:Array(String)}} "
-        "ORDER BY last_seen DESC", {"ids": ids})
+        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN ("
+        f"SELECT cluster_id FROM {_t(backend, 'envelopes')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
+        f"SELECT cluster_id FROM {_t(backend, 'clusters')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}) "
+        "ORDER BY last_seen DESC", {"c": cluster})
     if not rows:
         raise NotFound(f"no recorded cluster is named {cluster!r} or has that id")
     chosen = rows[0]
@@ -206,25 +207,27 @@ def _where(scope: Scope, time_column: str = "ts", span: bool = True) -> tuple[st
 def summary(backend: Backend, scope: Scope, progress_data: dict | None = None) -> dict:
     """Counts for the page header: tasks (distinct keys), transitions into memory and
     into erred (from :func:`progress`'s per-prefix totals, computed once)."""
-    totals = (progress_data or progress(backend, scope))["counts"]
+    totals = progress_data["counts"] if progress_data else prefix_totals(backend, scope)
     return {**scope.as_dict(), "tasks": sum(c["tasks"] for c in totals.values()),
             "finished_in_memory": sum(c["memory"] for c in totals.values()),
             "erred": sum(c["erred"] for c in totals.values())}
 
 
-def nthreads(backend: Backend, scope: Scope) -> dict[str, int]:
+def nthreads(backend: Backend, scope: Scope, known: dict | None = None) -> dict[str, int]:
     from dask_blackbox.read import workers
 
-    return workers.nthreads(backend, scope.cluster_id)
+    return workers.nthreads(backend, scope.cluster_id, known)
 
 
 def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
-                finished: int | None = None, worker: str | None = None) -> dict:
+                finished: int | None = None, worker: str | None = None,
+                known: dict | None = None) -> dict:
     """Dask's task stream: ``mode="bars"`` with one bar per recorded startstop
     (``bars``: worker, row, key, prefix, action, start, stop, erred) and ``rows``
     (one per worker thread, "worker thread N"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks.
-    ``worker``: that worker's rows only.
+    ``worker``: that worker's rows only; ``known``: the run's :func:`workers.info`, if
+    already known.
 
     Rows: one per worker thread that ran a task (the ``thread`` Dask passed with
     processing->memory/erred, what its own task stream draws a row for), a worker's
@@ -281,7 +284,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
             "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
             f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
             " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
-    threads = nthreads(backend, scope)
+    threads = nthreads(backend, scope, known)
     first_cell: dict[str, int] = {}
     peak: dict[str, float] = defaultdict(float)
     for w, b, busy, _, _, _ in cells:
@@ -359,19 +362,38 @@ def _n_buckets(scope: Scope) -> int:
     return min(BUCKETS, int((scope.t1 - scope.t0) / scope.bucket) + 1)
 
 
-def progress(backend: Backend, scope: Scope) -> dict:
+def prefix_totals(backend: Backend, scope: Scope) -> dict[str, dict]:
+    """Per prefix (``"(none)"`` for none) in the scope: ``tasks`` (distinct keys),
+    ``memory`` and ``erred`` (transitions into memory, into erred): :func:`progress`'s
+    ``counts``, and what the page's heading adds up. From the page aggregates
+    (:mod:`.aggregates`) for a whole run or span."""
+    if aggregates.usable(scope):
+        return aggregates.prefix_counts(backend, scope)
+    where, p = _where(scope)
+    _, totals_rows = backend.query(
+        # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
+        # million keys), and several times cheaper than comparing the strings
+        "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
+        f"countIf(finish = 'erred') FROM {_t(backend, 'transitions')} {where} "
+        "AND source = 'scheduler' GROUP BY prefix", p)
+    return {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
+            for prefix, t, m, e in totals_rows}
+
+
+def progress(backend: Backend, scope: Scope, per_prefix: dict[str, dict] | None = None) -> dict:
     """Per prefix, over time: the fraction of its tasks finished (in memory or
     erred), like Dask's progress bars. ``times`` are bucket ends; ``series`` maps
     prefix -> fractions; ``totals`` the prefix's distinct keys: the
     :data:`TOP_PREFIXES` with the most tasks by name, and every prefix with an erred
     task by name too (however few its tasks), the rest summed as "other";
     ``counts`` per prefix: tasks, transitions into memory, into erred; ``erred`` per
-    series shown: its transitions into erred.
+    series shown: its transitions into erred. ``per_prefix``: the scope's
+    :func:`prefix_totals`, if already known.
 
     From the page aggregates (:mod:`.aggregates`) for a whole run or span."""
     n = _n_buckets(scope)
+    per_prefix = prefix_totals(backend, scope) if per_prefix is None else per_prefix
     if aggregates.usable(scope):
-        per_prefix = aggregates.prefix_counts(backend, scope)
         rows = aggregates.finished_per_bucket(backend, scope, n)
     else:
         where, p = _where(scope)
@@ -380,15 +402,6 @@ def progress(backend: Backend, scope: Scope) -> dict:
             "SELECT prefix, toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, count() "
             f"FROM {_t(backend, 'transitions')} {where} AND source = 'scheduler' "
             "AND finish IN ('memory', 'erred') GROUP BY prefix, b ORDER BY b", p)
-        _, totals_rows = backend.query(
-            # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
-            # million keys), and several times cheaper than comparing the strings
-            "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
-            f"countIf(finish = 'erred') FROM {_t(backend, 'transitions')} {where} "
-            "AND source = 'scheduler' GROUP BY prefix",
-            {k: v for k, v in p.items() if k != "w"})
-        per_prefix = {prefix or "(none)": {"tasks": t, "memory": m, "erred": e}
-                      for prefix, t, m, e in totals_rows}
     return progress_series(per_prefix, rows, n,
                            [scope.t0 + (i + 1) * scope.bucket for i in range(n)])
 
@@ -469,14 +482,15 @@ def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     count as the Clusters page's workers lost and the Diagnosis panel's deaths.
     ``found``: the cluster's :func:`diagnosis.deaths`, if already computed.
     """
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
+    lifecycle = _t(backend, "lifecycle")
+    _, rows = backend.query(  # with the cluster's first lifecycle event, in one statement
+        f"SELECT toFloat64(ts), action, worker, (SELECT min(toFloat64(ts)) FROM {lifecycle} "
+        f"WHERE cluster_id = {{c:String}}) FROM {lifecycle} WHERE cluster_id = {{c:String}} "
         "AND action IN ('restart', 'worker_added') ORDER BY ts",
         {"c": scope.cluster_id})
     restarts, arrivals = [], []
-    first = _first_seen(backend, scope)
-    for ts, action, worker in rows:
+    first = float(rows[0][3] or 0.0) if rows else 0.0
+    for ts, action, worker, _ in rows:
         if action == "restart":
             restarts.append({"ts": ts})
         elif ts > first + 1.0:
@@ -491,13 +505,6 @@ def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     return {"deaths": deaths, "restarts": restarts, "arrivals": arrivals}
 
 
-def _first_seen(backend: Backend, scope: Scope) -> float:
-    _, rows = backend.query(
-        f"SELECT min(toFloat64(ts)) FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}}",
-        {"c": scope.cluster_id})
-    return float(rows[0][0] or 0.0) if rows else 0.0
-
-
 def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
                     found: list | None = None) -> dict:
     """Why workers died and why tasks failed with KilledWorker (:func:`diagnosis.diagnose`
@@ -508,14 +515,16 @@ def diagnosis_panel(backend: Backend, scope: Scope, key: str | None = None,
                               ids=[scope.cluster_id], found=found)
 
 
-def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dict:
+def memory(backend: Backend, scope: Scope, dead: list[str] | None = None,
+           known: dict | None = None) -> dict:
     """Worker memory over time from the worker metrics, averaged per bucket:
     ``cluster`` (managed/unmanaged/spilled summed over workers) and ``workers``
     (the same per worker, for the :data:`MEMORY_WORKERS` shown: dead workers first,
     then by peak memory), ``n_workers`` in all; ``limits``: each worker's memory
     limit as the scheduler recorded it, and ``limit``: the sum of the memory limits
     of the workers there, per bucket. A time cell is at least twice the workers'
-    typical sampling interval, so a worker has a sample in every cell it lived."""
+    typical sampling interval, so a worker has a sample in every cell it lived.
+    ``known``: the run's :func:`workers.info`, if already known."""
     from dask_blackbox.read import workers
 
     where, p = _where(scope, span=False)
@@ -528,7 +537,7 @@ def memory(backend: Backend, scope: Scope, dead: list[str] | None = None) -> dic
         f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b ORDER BY worker, b", p)
     out = memory_series(rows, scope.t0, w, dead, MEMORY_WORKERS)
     order = out.pop("buckets")
-    known = workers.info(backend, scope.cluster_id)
+    known = workers.info(backend, scope.cluster_id) if known is None else known
     limits = {a: i["memory_limit"] for a, i in known.items() if i["memory_limit"]}
     times = [scope.t0 + b * w for b in order]
     total = [sum(i["memory_limit"] or 0 for i in known.values()
@@ -586,7 +595,8 @@ def _metric_cell(backend: Backend, scope: Scope, worker: str | None = None) -> f
     return max(scope.bucket, 2 * typical)
 
 
-def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
+def activity(backend: Backend, scope: Scope, worker: str | None = None,
+             known: dict | None = None) -> dict:
     """Dask's Processing, CPU and Data Transfer views over time, for the cluster (or
     one ``worker``):
 
@@ -599,7 +609,8 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
     of it -- how many threads were doing it at once, on average over the bucket.
     From the raw startstops, each split over the buckets it spans; for a scope the
     page aggregates answer (:func:`aggregates.usable`), from their whole seconds, in
-    buckets of whole seconds starting on one."""
+    buckets of whole seconds starting on one. ``known``: the run's
+    :func:`workers.info`, if already known."""
     from dask_blackbox.read import workers as worker_data
 
     w = _metric_cell(backend, scope, worker)
@@ -614,7 +625,7 @@ def activity(backend: Backend, scope: Scope, worker: str | None = None) -> dict:
         " avg(executing) AS e, avg(ready) AS r, avg(in_flight) AS f, avg(cpu) AS c "
         f" FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker, b) GROUP BY b ORDER BY b", p)
     times = [scope.t0 + (b + 0.5) * w for b, *_ in rows]
-    known = worker_data.info(backend, scope.cluster_id)
+    known = worker_data.info(backend, scope.cluster_id) if known is None else known
     if worker is not None:
         known = {worker: known[worker]} if worker in known else {}
     threads = [sum(i["nthreads"] or 0 for i in known.values()

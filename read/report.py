@@ -21,9 +21,12 @@ from __future__ import annotations
 import html
 import pathlib
 import time
+from typing import NamedTuple
 
 from bokeh.document import Document
-from bokeh.embed import file_html
+from bokeh.embed.bundle import bundle_for_objs_and_resources
+from bokeh.embed.elements import html_page_for_render_items
+from bokeh.embed.util import standalone_docs_json_and_render_items
 from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 from bokeh.resources import INLINE, Resources
@@ -56,6 +59,18 @@ def _bokeh_resources(web: bool, root_url: str):
     return Resources(mode="server", root_url=root_url) if web else INLINE
 
 
+def _file_html(doc: Document, resources, title: str, template, variables: dict) -> str:
+    """:func:`bokeh.embed.file_html` of every root of ``doc`` (made by
+    :func:`_document`), the same page: the same document JSON, BokehJS bundle and
+    template, without the two walks over every model that draw nothing --
+    Bokeh's document validation (log-only checks; the report's tests run it on the
+    report's document) and the search for Python callbacks (its figures have none)."""
+    docs_json, render_items = standalone_docs_json_and_render_items(doc, suppress_callback_warning=True)
+    bundle = bundle_for_objs_and_resources([doc], resources)
+    return html_page_for_render_items(bundle, docs_json, render_items, title=title,
+                                      template=template, template_variables=variables)
+
+
 def web_resources(root_url: str = "./") -> str:
     """The script tags of BokehJS for a web page that draws panels as they load:
     Bokeh and its widgets (the graph's colour choice), from the UI's ``/static``,
@@ -65,31 +80,46 @@ def web_resources(root_url: str = "./") -> str:
     return "\n".join(f'<script defer src="{html.escape(src)}"></script>' for src in tags)
 
 
-def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,
-               query_string: str = "") -> str:
-    """The Run page of :func:`views.run_data` as HTML, every panel drawn:
-    self-contained (BokehJS inline) unless ``web``, where BokehJS comes from
-    ``root_url``static/."""
+class RunDocument(NamedTuple):
+    """The Run page's figures drawn: ``doc`` holds every figure, ``names`` are the
+    figures drawn, ``variables`` what their drawing gives the template
+    (:attr:`views.View.draw`)."""
+
+    doc: Document
+    names: set[str]
+    variables: dict
+
+
+def run_document(data: dict, web: bool = False) -> RunDocument:
+    """Every figure of the Run page of :func:`views.run_data`, in one Bokeh document."""
     from dask_blackbox.read.figures import Figures
 
-    scope: panels.Scope = data["scope"]
-    figures = Figures(scope, data["markers"], web)
+    figures = Figures(data["scope"], data["markers"], web)
     extra: dict = {}
     for view in views.RUN_VIEWS:
         if view.draw is not None:
             extra.update(view.draw(figures, data, None))
     built = {k: v for k, v in figures.figures.items() if v is not None}
+    return RunDocument(_document(built), set(built), extra)
+
+
+def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,
+               query_string: str = "") -> str:
+    """The Run page of :func:`views.run_data` as HTML, every panel drawn:
+    self-contained (BokehJS inline) unless ``web``, where BokehJS comes from
+    ``root_url``static/."""
+    scope: panels.Scope = data["scope"]
+    drawn = run_document(data, web)
     title = f"{scope.cluster_name} - dask-blackbox"
     variables = {
         "web": web, "lazy": False, "data": data, "scope": scope, "query": query or {},
-        "has": set(built), "levels": panels.LEVELS, "views": views.RUN_VIEWS,
+        "has": drawn.names, "levels": panels.LEVELS, "views": views.RUN_VIEWS,
         "head": data["summary"], "span_names": data.get("span_names", []),
         "generated": time.time(), "page_title": title, "query_string": query_string,
-        "worker_address": None, **extra,
+        "worker_address": None, **drawn.variables,
     }
     template = env().get_template("run.html")
-    return file_html(_document(built), _bokeh_resources(web, root_url), title,
-                     template=template, template_variables=variables)
+    return _file_html(drawn.doc, _bokeh_resources(web, root_url), title, template, variables)
 
 
 def render_page(name: str, web: bool = True, figures: dict | None = None, root_url: str = "/",
@@ -100,9 +130,8 @@ def render_page(name: str, web: bool = True, figures: dict | None = None, root_u
     variables.setdefault("web", web)
     if figures:
         variables["has"] = set(figures)
-        return file_html(_document(figures), _bokeh_resources(web, root_url),
-                         variables.get("page_title", "dask-blackbox"), template=template,
-                         template_variables=variables)
+        return _file_html(_document(figures), _bokeh_resources(web, root_url),
+                          variables.get("page_title", "dask-blackbox"), template, variables)
     for k, v in (("has", set()), ("bokeh_css", ""), ("bokeh_js", ""), ("plot_script", ""),
                  ("roots", {})):
         variables.setdefault(k, v)

@@ -91,6 +91,11 @@ class Context:
         return self.memo.get(("deaths", self.scope.cluster_id),
                              lambda: diagnosis.deaths(self.backend, [self.scope.cluster_id]))
 
+    def info(self) -> dict[str, dict]:
+        """The run's workers as the scheduler recorded them (:func:`workers.info`)."""
+        return self.memo.get(("info", self.scope.cluster_id),
+                             lambda: worker_data.info(self.backend, self.scope.cluster_id))
+
     def markers(self) -> dict:
         return self._shared("markers", lambda: panels.markers(self.backend, self.scope, self.deaths()))
 
@@ -105,12 +110,21 @@ class Context:
     def from_rollups(self) -> bool:
         return self.history().source == "rollups"
 
+    def counts(self) -> dict[str, dict]:
+        """Per prefix: tasks, transitions into memory and into erred (the progress
+        panel's ``counts``; the heading's and the task stream's sums): without the
+        progress panel's series where the raw rows answer."""
+        if self.from_rollups():
+            return self.progress()["counts"]
+        return self._shared("counts", lambda: panels.prefix_totals(self.backend, self.scope))
+
     def progress(self) -> dict:
-        make = rollup_panels.progress if self.from_rollups() else panels.progress
-        return self._shared("progress", lambda: make(self.backend, self.scope))
+        if self.from_rollups():
+            return self._shared("progress", lambda: rollup_panels.progress(self.backend, self.scope))
+        return self._shared("progress", lambda: panels.progress(self.backend, self.scope, self.counts()))
 
     def n_tasks(self) -> int:
-        return sum(c["tasks"] for c in self.progress()["counts"].values())
+        return sum(c["tasks"] for c in self.counts().values())
 
     def slowness(self) -> bool:
         """Whether the critical path and the costs are computed for this page: asked
@@ -144,7 +158,8 @@ class Context:
     def workers(self) -> dict:
         return self.memo.get(("workers", self.scope.cluster_id, self.count_bytes()),
                              lambda: worker_data.workers(self.backend, self.scope, self.deaths(),
-                                                         self.moved(), not self.count_bytes()))
+                                                         self.moved(), not self.count_bytes(),
+                                                         self.info()))
 
     def critical_keys(self) -> set[str] | None:
         path = self.critical_path()
@@ -174,14 +189,14 @@ def _diagnosis(ctx: Context) -> dict:
 
 
 def _task_stream(ctx: Context) -> dict:
-    prog = ctx.progress()
-    finished = sum(c["memory"] + c["erred"] for c in prog["counts"].values())
+    finished = sum(c["memory"] + c["erred"] for c in ctx.counts().values())
     max_bars = _int(ctx.params.get("max_bars"), panels.MAX_BARS)
     if ctx.from_rollups():
         stream = rollup_panels.task_stream(ctx.backend, ctx.scope,
-                                           panels.nthreads(ctx.backend, ctx.scope))
+                                           panels.nthreads(ctx.backend, ctx.scope, ctx.info()))
     else:
-        stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished)
+        stream = panels.task_stream(ctx.backend, ctx.scope, max_bars, finished=finished,
+                                    known=ctx.info())
     return {"task_stream": stream, "critical_path": ctx.critical_path()}
 
 
@@ -220,12 +235,12 @@ def _memory(ctx: Context) -> dict:
     if ctx.from_rollups():
         mem = rollup_panels.memory(ctx.backend, ctx.scope, dead=dead, shown=panels.MEMORY_WORKERS)
     else:
-        mem = panels.memory(ctx.backend, ctx.scope, dead)
+        mem = panels.memory(ctx.backend, ctx.scope, dead, ctx.info())
     return {"memory": mem, "markers": marks}
 
 
 def _activity(ctx: Context) -> dict:
-    return {"activity": panels.activity(ctx.backend, ctx.scope, ctx.worker)}
+    return {"activity": panels.activity(ctx.backend, ctx.scope, ctx.worker, ctx.info())}
 
 
 def _spans(ctx: Context) -> dict:
@@ -349,11 +364,11 @@ def _worker_stream(ctx: Context) -> dict:
 
 
 def _worker_metrics(ctx: Context) -> dict:
-    known = worker_data.info(ctx.backend, ctx.scope.cluster_id).get(ctx.worker, {})
+    known = ctx.info().get(ctx.worker, {})
     series = worker_data.series(ctx.backend, ctx.scope, ctx.worker, panels.BUCKETS)
     series["worker"] = ctx.worker
     return {"worker_series": series, "memory_limit": known.get("memory_limit"),
-            "activity": panels.activity(ctx.backend, ctx.scope, ctx.worker)}
+            "activity": panels.activity(ctx.backend, ctx.scope, ctx.worker, ctx.info())}
 
 
 def _worker_transfers(ctx: Context) -> dict:
@@ -471,11 +486,11 @@ def summary(ctx: Context) -> dict:
     if ctx.from_rollups():
         head = rollup_panels.summary(ctx.scope, ctx.progress())
     else:
-        head = panels.summary(ctx.backend, ctx.scope, ctx.progress())
+        head = panels.summary(ctx.backend, ctx.scope, {"counts": ctx.counts()})
     marks = ctx.markers()
     found = ctx.history()
     head.update(deaths=len(marks["deaths"]), restarts=len(marks["restarts"]),
-                workers=len(worker_data.info(ctx.backend, ctx.scope.cluster_id)),
+                workers=len(ctx.info()),
                 history={"source": found.source, "note": found.note})
     return head
 

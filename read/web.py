@@ -179,8 +179,8 @@ def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starle
         ctx = views.context(backend, q, memo, worker=worker)
         from dask_blackbox.read import workers
 
-        known = workers.info(backend, ctx.scope.cluster_id)
-        if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id):
+        known = ctx.info()
+        if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id, known):
             _, seen = backend.query(
                 f"SELECT count() FROM {backend.database}.worker_metrics WHERE cluster_id = {{c:String}} "
                 "AND worker = {w:String}", {"c": ctx.scope.cluster_id, "w": worker})

@@ -101,9 +101,11 @@ def info(backend: Backend, cluster_id: str) -> dict[str, dict]:
     return out
 
 
-def nthreads(backend: Backend, cluster_id: str) -> dict[str, int]:
-    """Per worker, its threads as the scheduler recorded them."""
-    return {w: i["nthreads"] for w, i in info(backend, cluster_id).items() if i["nthreads"]}
+def nthreads(backend: Backend, cluster_id: str, known: dict | None = None) -> dict[str, int]:
+    """Per worker, its threads as the scheduler recorded them. ``known``: the run's
+    :func:`info`, if already known."""
+    known = info(backend, cluster_id) if known is None else known
+    return {w: i["nthreads"] for w, i in known.items() if i["nthreads"]}
 
 
 def _samples(backend: Backend, cluster_id: str) -> dict[str, tuple]:
@@ -124,31 +126,42 @@ def moved_bytes(backend: Backend, cluster_id: str) -> dict[tuple[str, str], int]
                                {"c": cluster_id})
     if not graphed or not graphed[0][0]:
         return None
+    # fin: each task's last worker and size in memory; each dependency edge (kh -> dh)
+    # looks both of its ends up in one join (two rows per edge, then paired again),
+    # so fin is computed once
     _, rows = backend.query(
         f"WITH fin AS (SELECT cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
         f"argMax(ifNull(nbytes, 0), ts) AS nbytes FROM {t} "
         "WHERE cluster_id = {c:String} AND source = 'scheduler' "
         "AND start = 'processing' AND finish = 'memory' GROUP BY kh) "
-        "SELECT d.worker, m.dest, sum(d.nbytes) FROM ("
-        " SELECT DISTINCT e.dh AS dh, f.worker AS dest FROM ("
-        f"  SELECT DISTINCT cityHash64(key) AS kh, cityHash64(arrayJoin(dependencies)) AS dh FROM {g} "
-        "  WHERE cluster_id = {c:String}) AS e INNER JOIN fin AS f ON f.kh = e.kh) AS m "
-        "INNER JOIN fin AS d ON d.kh = m.dh WHERE d.worker != m.dest GROUP BY d.worker, m.dest",
+        "SELECT sender, dest, sum(n) FROM ("
+        " SELECT dh, dest, any(sender) AS sender, any(n) AS n FROM ("
+        "  SELECT e.kh, e.dh AS dh, anyIf(f.worker, e.is_dest) AS dest, "
+        "   anyIf(f.worker, NOT e.is_dest) AS sender, anyIf(f.nbytes, NOT e.is_dest) AS n, "
+        "   count() AS ends FROM ("
+        "   SELECT kh, dh, arrayJoin([(kh, true), (dh, false)]) AS side, side.1 AS h, "
+        "    side.2 AS is_dest FROM ("
+        f"    SELECT DISTINCT cityHash64(key) AS kh, cityHash64(arrayJoin(dependencies)) AS dh FROM {g} "
+        "    WHERE cluster_id = {c:String})) AS e INNER JOIN fin AS f ON f.kh = e.h "
+        "  GROUP BY e.kh, e.dh HAVING ends = 2) GROUP BY dh, dest) "
+        "WHERE sender != dest GROUP BY sender, dest",
         {"c": cluster_id})
     return {(sender, receiver): int(n) for sender, receiver, n in rows}
 
 
 def workers(backend: Backend, scope, found: list | None = None,
-            moved: dict | None = None, bytes_deferred: bool = False) -> dict:
+            moved: dict | None = None, bytes_deferred: bool = False,
+            known: dict | None = None) -> dict:
     """The Workers panel of ``scope``'s run (see the module docstring): ``workers`` (one
     row each, in the order they joined), ``graph`` (whether bytes in and out could be
     counted) and ``bytes_deferred``. ``found``: the run's :func:`diagnosis.deaths`, if
     already known; ``moved``: its :func:`moved_bytes`, if already known, unless
-    ``bytes_deferred`` (then bytes in and out are None)."""
+    ``bytes_deferred`` (then bytes in and out are None); ``known``: its :func:`info`, if
+    already known."""
     from dask_blackbox.read import diagnosis
 
     cid = scope.cluster_id
-    known = info(backend, cid)
+    known = info(backend, cid) if known is None else known
     samples = _samples(backend, cid)
     ran = aggregates.per_worker(backend, cid)
     if not bytes_deferred and moved is None:

@@ -686,6 +686,16 @@ def test_report_renders_offline(recorded, browser):
         _check_run_page(page, recorded)
     finally:
         page.close()
+    # the report embeds its document without Bokeh's validation: run it here, on the
+    # same figures, and it finds nothing
+    from bokeh.core.validation.check import check_integrity
+
+    from dask_blackbox.read import report, views
+
+    drawn = report.run_document(views.run_data(recorded["backend"], "ui-killed"))
+    assert len(drawn.doc.roots) == len(drawn.names) > 5
+    issues = check_integrity(list(drawn.doc.models))
+    assert (issues.error, issues.warning) == ([], [])
 
 
 def _rows_of(page: Page, selector: str, attrs: list[str]) -> dict[str, dict]:
