@@ -9,7 +9,7 @@ same producer id: the same envelopes, ``seq``, retries, DROPS reports and close
 semantics, without holding the GIL Dask's event loop needs.
 
 The hand-over, every ``flush-interval`` (after one of ``sender.BUSY_ENVELOPE`` rows
-or more, :data:`LINGER` if longer) and when closing: a :class:`Frame` of at most
+or more, ``sender.BUSY_LINGER`` if longer) and when closing: a :class:`Frame` of at most
 :data:`FRAME_ITEMS` rows, the buffer's drops since the previous frame (the helper
 reports them) and the identity when it changed, msgpack-encoded behind a 4-byte
 little-endian length, one ``write`` to the helper's stdin. A row msgpack cannot
@@ -72,7 +72,7 @@ from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
+    BUSY_ENVELOPE, BUSY_LINGER, THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -82,9 +82,6 @@ logger = logging.getLogger(__name__)
 FRAME_ITEMS = 20_000
 #: The helper writes a status line at most this often (seconds) while anything changes.
 STATUS_INTERVAL = 0.05
-#: After a busy hand-over the relay waits this long (or ``flush-interval`` if longer),
-#: and after a busy envelope the helper's sender lingers as long.
-LINGER = 0.5
 #: The helper's input pipe's size (Linux): frames it has not read yet wait there.
 PIPE_BYTES = 1 << 20
 #: The helper's collector thresholds (CPython's default is 700, 10, 10).
@@ -272,7 +269,7 @@ class Relay(Drain):
             except OSError:  # its stdin is gone: it died
                 helper.ended.wait(1.0)
                 continue
-            linger = max(LINGER, flush) if handed >= BUSY_ENVELOPE else flush
+            linger = max(BUSY_LINGER, flush) if handed >= BUSY_ENVELOPE else flush
             if closing and not self.buffer.waiting:  # it delivers what it holds, and exits
                 helper.close_input()
                 try:
@@ -414,7 +411,7 @@ class Receiver:
         identity = Identity(hello["source"], *hello["identity"],
                             producer_id=hello["producer_id"])
         self.sender = Sender(self.buffer, settings, identity,
-                             RowMaker(settings.max_value_bytes), busy_linger=LINGER)
+                             RowMaker(settings.max_value_bytes))
         self.out = out  # where status lines go
         self._last_status: bytes | None = None
 

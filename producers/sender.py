@@ -8,7 +8,8 @@ them (:func:`pack`) into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELD
 at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them
 (:class:`KafkaLink`). A partial envelope leaves at most once per *linger*, a full one
 as soon as there is enough for it. The linger is ``flush-interval``, or, after an
-envelope of :data:`BUSY_ENVELOPE` events or more, ``busy_linger`` if longer. An idle
+envelope of :data:`BUSY_ENVELOPE` events or more, ``busy_linger`` (:data:`BUSY_LINGER`)
+if longer: a trickle leaves soon, a flood in fewer and larger envelopes. An idle
 sender sleeps until the buffer keeps an item, which leaves at once. Kafka compresses
 each envelope (``blackbox.kafka.compression``).
 
@@ -64,6 +65,9 @@ EVENTS_BUDGET = MAX_ENVELOPE_BYTES - ENVELOPE_OVERHEAD
 BATCH_WEIGHT = EVENTS_BUDGET // 2
 #: An envelope of at least this many events is busy (see the module docstring).
 BUSY_ENVELOPE = 200
+#: After a busy envelope, the next partial one waits this long (or ``flush-interval``
+#: if longer); so does a relay's next hand-over after a busy one.
+BUSY_LINGER = 0.5
 #: Names of the recorder's threads start with this (the log handler skips them).
 THREAD_PREFIX = "dask-blackbox-"
 #: An idle sender sleeps until an item comes (``Buffer.on_offer``), or this long.
@@ -232,9 +236,9 @@ class Sender(Drain):
     role = "sender"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
-                 rows: RowMaker, busy_linger: float | None = None):
+                 rows: RowMaker, busy_linger: float = BUSY_LINGER):
         super().__init__(buffer, settings, identity, rows)
-        self.busy_linger = max(busy_linger or 0.0, settings.flush_interval)
+        self.busy_linger = max(busy_linger, settings.flush_interval)
         self.next_seq = 0
         self.sent_envelopes = 0
         self.sent_events = 0  # rows delivered, DROPS reports included

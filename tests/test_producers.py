@@ -661,12 +661,14 @@ def test_transport_splits_batches_into_bounded_envelopes(bb_config):
 def test_after_a_busy_envelope_the_next_waits_busy_linger(bb_config, busy_linger):
     """After an idle spell the first event leaves at once; an envelope of
     BUSY_ENVELOPE events or more is busy, and the next partial one waits
-    ``busy_linger`` (a relay helper's LINGER), else ``flush-interval``. Close
-    delivers it either way, every event once and in order."""
+    ``busy_linger`` if longer than ``flush-interval`` (None: the default,
+    BUSY_LINGER, shorter than this test's flush-interval), else ``flush-interval``.
+    Close delivers it either way, every event once and in order."""
     settings = ProducerSettings.resolve({"producer.flush-interval": "2s"})
     buffer = Buffer(1000, 1 << 20)
     identity = Identity("scheduler", f"c-linger-{busy_linger}", "linger")
-    sender = Sender(buffer, settings, identity, RowMaker(1000), busy_linger=busy_linger).start()
+    chosen = {} if busy_linger is None else {"busy_linger": busy_linger}
+    sender = Sender(buffer, settings, identity, RowMaker(1000), **chosen).start()
     sent = lambda: sender.sent_envelopes  # noqa: E731
     offer = lambda event: buffer.offer(Ready(event, 100))  # noqa: E731
     offer({"kind": "event", "ts": 0.0, "topic": "t", "msg": "first"})
