@@ -160,20 +160,16 @@ def _grouped(backend: Backend, scope, where: str, p: dict, by: str,
         f" SELECT DISTINCT cityHash64(key) AS kh, cityHash64(arrayJoin(dependencies)) AS dh, {by} AS node "
         f" FROM {g} WHERE {where}) AS e INNER JOIN owner AS o ON o.kh = e.dh "
         "WHERE o.node != e.node GROUP BY o.node, e.node", p)
-    _, per_worker = backend.query(
-        f"SELECT {by}, worker, countIf(finish = 'erred'), countIf(finish = 'memory') "
-        f"FROM {t} WHERE cluster_id = {{c:String}} AND source = 'scheduler' "
-        "AND finish IN ('memory', 'erred')" + (" AND span_id IN {ids:Array(String)}" if "ids" in p else "")
-        + f" GROUP BY {by}, worker", {k: v for k, v in p.items() if k in ("c", "ids")})
-    # The worker that ran most of a node's tasks; a tie goes to the first address, so
-    # that the same run always draws the same colours.
-    ran: dict[str, tuple[str, int, int]] = {}
-    most: dict[str, tuple[int, str]] = {}
-    for node, worker, erred, memory in sorted(per_worker, key=lambda r: (r[0], r[1])):
-        _, total_erred, total_memory = ran.get(node, ("", 0, 0))
-        if node not in most or erred + memory > most[node][0]:
-            most[node] = (erred + memory, worker)
-        ran[node] = (most[node][1], total_erred + erred, total_memory + memory)
+    # Per node: the worker that ran most of its tasks, a tie going to the first
+    # address (the same run always draws the same colours), and its finishes.
+    _, workers = backend.query(
+        "SELECT node, argMin(worker, (-toInt64(n), worker)), sum(erred), sum(memory) FROM ("
+        f" SELECT {by} AS node, worker, count() AS n, countIf(finish = 'erred') AS erred, "
+        f" countIf(finish = 'memory') AS memory FROM {t} WHERE cluster_id = {{c:String}} "
+        " AND source = 'scheduler' AND finish IN ('memory', 'erred')"
+        + (" AND span_id IN {ids:Array(String)}" if "ids" in p else "")
+        + " GROUP BY node, worker) GROUP BY node", {k: v for k, v in p.items() if k in ("c", "ids")})
+    ran = {node: (worker, erred, memory) for node, worker, erred, memory in workers}
     compute: dict[str, float] = defaultdict(float)
     for grp in aggregates.groups(backend, scope.cluster_id, scope.span_ids):
         compute[grp["group"] if by == "task_group" else grp["prefix"]] += grp["compute_s"]
