@@ -59,19 +59,24 @@ def table(backend: Backend, name: str) -> str:
     return f"{backend.database}.{name}"
 
 
+def cluster_ids_sql(backend: Backend) -> str:
+    """A statement selecting the distinct ids of the cluster(s) named or identified by
+    the parameter ``c`` (several runs may share a name), to run or to embed."""
+    return (
+        f"SELECT DISTINCT cluster_id FROM {table(backend, 'envelopes')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
+        # a cluster whose envelopes expired, by its last name (the roll-ups keep it)
+        f"SELECT cluster_id FROM {table(backend, 'clusters')} "
+        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}"
+    )
+
+
 def cluster_ids(backend: Backend, cluster: str | None) -> list[str] | None:
     """The ids of the cluster(s) named or identified by ``cluster`` (several runs may
     share a name); None for "all"; UnknownCluster if nothing matches."""
     if cluster is None:
         return None
-    _, rows = backend.query(
-        f"SELECT DISTINCT cluster_id FROM {table(backend, 'envelopes')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
-        # a cluster whose envelopes expired, by its last name (the roll-ups keep it)
-        f"SELECT cluster_id FROM {table(backend, 'clusters')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}",
-        {"c": cluster},
-    )
+    _, rows = backend.query(cluster_ids_sql(backend), {"c": cluster})
     if not rows:
         raise UnknownCluster(f"no recorded cluster is named {cluster!r} or has that id")
     return sorted(r[0] for r in rows)

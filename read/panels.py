@@ -38,7 +38,7 @@ from dask_blackbox.read import cost as costs
 from dask_blackbox.read import critical_path as paths
 from dask_blackbox.read import aggregates, diagnosis, queries, regressions
 from dask_blackbox.read.backends import Backend
-from dask_blackbox.read.filters import Filter
+from dask_blackbox.read.filters import Filter, cluster_ids_sql
 from dask_blackbox.read.filters import epoch as _epoch
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.queries import TimeBound, UnknownCluster
@@ -110,14 +110,10 @@ class Scope:
 
 
 def _cluster(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
-    # the runs of queries.cluster_ids, in the same statement
+    # the runs of filters.cluster_ids, in the same statement
     _, rows = backend.query(
         f"SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
-        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN ("
-        f"SELECT cluster_id FROM {_t(backend, 'envelopes')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
-        f"SELECT cluster_id FROM {_t(backend, 'clusters')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}) "
+        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN ({cluster_ids_sql(backend)}) "
         "ORDER BY last_seen DESC", {"c": cluster})
     if not rows:
         raise NotFound(f"no recorded cluster is named {cluster!r} or has that id")
