@@ -250,7 +250,7 @@ class SinkConsumer(ConsumerRebalanceListener):
         try:
             while not self._stop.is_set():
                 timeout = 1.0 if deadline is None else max(0.0, deadline - loop.time())
-                if deadline is not None and not (self._inflight is None or self._inflight.done()):
+                if deadline is not None and self._loading():
                     # A batch waits for the load in flight: look again every
                     # batch-min-wait, so that it can close as soon as that load ends
                     # rather than when the next record arrives.
@@ -286,7 +286,7 @@ class SinkConsumer(ConsumerRebalanceListener):
                     # message, not batch-max-wait.
                     if deadline is not None and (
                             sum(map(len, fetched.values())) < FETCH_RECORDS
-                            and (self._inflight is None or self._inflight.done())):
+                            and not self._loading()):
                         deadline = min(deadline, first + self.min_wait)
                     if deadline is not None and loop.time() >= deadline:
                         await self._hand_over(batch)
@@ -335,6 +335,10 @@ class SinkConsumer(ConsumerRebalanceListener):
         # batch would be converted before loading even began.
         loading = asyncio.get_running_loop().run_in_executor(None, self.loader.load, batch, starts)
         self._inflight = asyncio.create_task(self._commit_when_loaded(batch, loading))
+
+    def _loading(self) -> bool:
+        """Whether a batch is being loaded (or committed)."""
+        return self._inflight is not None and not self._inflight.done()
 
     async def _finish_inflight(self) -> None:
         if self._inflight is not None:
