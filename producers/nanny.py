@@ -99,6 +99,9 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.nanny: Nanny | None = None
         self.transport: Transport | None = None
         self.watched: Watched | None = None
+        #: the process whose end was published: Dask's WorkerProcess still holds it for a
+        #: moment after it ended, and it must not be watched (and published) again
+        self.ended: Any = None
         self.starts = 0  # worker processes this nanny started that were watched
         self._watch: PeriodicCallback | None = None
 
@@ -141,10 +144,12 @@ class BlackboxNannyPlugin(NannyPlugin):
                                         or watched.process.exitcode is not None):
                 if watched.process.exitcode is not None:
                     self._publish_exit(watched)
+                    self.ended = watched.process
                     self.watched = watched = None
                 elif current is None:  # being replaced; its exit code comes later
                     return
-            if watched is None and current is not None and current.pid is not None:
+            if (watched is None and current is not None and current.pid is not None
+                    and current is not self.ended):
                 self.watched = watched = Watched(current)
                 self.starts += 1
             if watched is not None:

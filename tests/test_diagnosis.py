@@ -46,7 +46,7 @@ from distributed.scheduler import KilledWorker
 
 from dask_blackbox import contract, producers
 from dask_blackbox.cli.supervisor import LocalPipeline
-from dask_blackbox.read import api, backends, diagnosis, panels, queries, report
+from dask_blackbox.read import api, backends, diagnosis, filters, panels, queries, report
 
 from alerts_support import Cluster, Webhook
 from conftest import pipeline_settings
@@ -306,6 +306,22 @@ def test_each_planted_cause_is_named_with_its_evidence(recorded):
         m = dask_view[victim]
         assert m["expected"] is False
         assert tasks_of[victim] == {str(k) for k in m["processing-tasks"]} and plant in tasks_of[victim]
+
+
+def test_each_worker_process_ended_once(recorded):
+    """A nanny publishes one exit per process it ran, even while Dask's WorkerProcess
+    still holds the dead process as it starts the next one."""
+    backend = recorded["backend"]
+    exits = filters.table(backend, "worker_exits")
+    _, rows = backend.query(
+        f"SELECT pid, count() FROM {exits} "
+        "WHERE cluster_id = {c:String} GROUP BY pid HAVING count() > 1",
+        {"c": recorded["cluster_id"]})
+    assert rows == []
+    _, (n,) = backend.query(
+        f"SELECT count() FROM {exits} WHERE cluster_id = {{c:String}}",
+        {"c": recorded["cluster_id"]})
+    assert n[0] >= len(PLANTED)
 
 
 def test_expected_ends_are_not_deaths(recorded):
