@@ -140,6 +140,8 @@ class Loader:
         #: envelopes not loaded because they were loaded before (sinks.sequences)
         self.duplicate_envelopes = 0
         self.delivered = Delivered(client, target)
+        #: the journal's insert context, made (its columns' types read) at the first write
+        self._journal_context = None
         self.batches = 0
         self._last_id = 0
         self._tag = random.getrandbits(12)
@@ -162,12 +164,15 @@ class Loader:
         return {**self.insert_settings, "insert_deduplication_token": f"{self.group_id}:{token}"}
 
     def _journal(self, rows: list[list], token: str) -> None:
-        self.client.insert(
-            self.target.table("sink_batches"), rows,
-            column_names=["group_id", "batch_id", "state", "topic", "partition",
-                          "from_offset", "next_offset", "first_timestamp", "first_crc"],
-            settings=self.settings_for(token),
-        )
+        context = self._journal_context
+        if context is None:
+            context = self._journal_context = self.client.create_insert_context(
+                self.target.table("sink_batches"),
+                ["group_id", "batch_id", "state", "topic", "partition",
+                 "from_offset", "next_offset", "first_timestamp", "first_crc"])
+        context.settings = self.settings_for(token)
+        context.data = None  # an insert that failed may have left its rows in it
+        self.client.insert(data=rows, context=context)
 
     def _end(self, batch_ids: list[int], state: str) -> None:
         self._journal([[self.group_id, b, state, "", 0, 0, 0, 0, 0] for b in batch_ids],
