@@ -18,21 +18,22 @@ kept from the run before: the app's memo of deaths, progress and scope is empty)
   other panels loading as they scroll into view; and every panel of the page loaded;
 - each panel served alone (one run, a context of its own): which panels cost what;
 - report, warm: :func:`report.write_report` in this process;
-- report, cold (after the others, chDB closed): ``dask-blackbox report``'s work in a
-  new Python process: imports, opening the chDB directory, the queries, the file.
+- report, cold (after the others, chDB closed): ``dask-blackbox report`` in a new
+  Python process (``python -m dask_blackbox.cli report``), from its start to its exit:
+  imports, opening the chDB directory, the queries, the file, the interpreter's exit.
 
 Times are wall clock; the load average is printed (the machine is shared).
 
 With ``--baseline REV`` (a git revision, e.g. ``main``) it measures, instead, the
 two figures served by a new process as an A/B on the same recorded run: A is
-``REV``'s read side (its package put first on ``PYTHONPATH``), B this checkout's,
+``REV``'s package (its read side and CLI, put first on ``PYTHONPATH``), B this checkout's,
 alternating A, B, A, B, ... ``--repeat`` times each:
 
 - first panel served: a new process opens the chDB directory, serves the web UI, asks
   for the shell and the first panel once to warm (as above), then measures one new
   app's shell and first panel three times (each route's figure: the median of every
   run of its processes);
-- report, cold: ``dask-blackbox report``'s work in a new process, as above, with its
+- report, cold: ``dask-blackbox report`` in a new process, as above, with its
   CPU seconds (every thread's: chDB's too), which a loaded machine does not inflate as
   it does wall seconds.
 
@@ -57,6 +58,7 @@ import json
 import os
 import pathlib
 import random
+import re
 import resource
 import shutil
 import socket
@@ -293,8 +295,8 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
                 print(f"  {label}, {route} ({name}): first panel runs "
                       f"{[round(f * 1000) for _, f in first[route]]} ms (shell "
                       f"{[round(s * 1000) for s, _ in first[route]]} ms); cold report runs "
-                      f"{[round(c.wall, 2) for c in cold[route]]} s (from its first import "
-                      f"{[round(c.inner, 2) for c in cold[route]]} s; CPU "
+                      f"{[round(c.wall, 2) for c in cold[route]]} s (its report, as it says "
+                      f"{[c.work for c in cold[route]]} s; CPU "
                       f"{[round(c.cpu, 2) for c in cold[route]]} s), {cold[route][-1].size / 1e6:.2f} MB",
                       flush=True)
             print(f"  {repeat} processes per route, alternating"
@@ -314,22 +316,12 @@ def baseline_ab(root: pathlib.Path, loaded: list[tuple[str, str]], revision: str
                        None)
 
 
-COLD = """
-import sys, time
-t = time.perf_counter()
-from dask_blackbox import clickhouse
-from dask_blackbox.read import backends, report
-client = clickhouse.open_client("chdb://" + sys.argv[1])
-written = report.write_report(sys.argv[2], sys.argv[3], backend=backends.DirectBackend(client, "blackbox"))
-print(time.perf_counter() - t, written["bytes"])
-"""
-
-
 class Cold(NamedTuple):
-    """One cold report: seconds from the process's first import, the process's wall
-    seconds and CPU seconds (user + system, every thread: chDB's too), the file's bytes."""
+    """One cold report: the seconds the command says its report took (opening
+    ClickHouse, the queries, the file; to a tenth), the process's wall seconds and
+    CPU seconds (user + system, every thread: chDB's too), the file's bytes."""
 
-    inner: float
+    work: float
     wall: float
     cpu: float
     size: int
@@ -337,21 +329,25 @@ class Cold(NamedTuple):
 
 def cold_report(chdb: pathlib.Path, out: pathlib.Path, cluster_id: str,
                 package: str | None = None) -> Cold:
-    """A new process writes the report (``package`` first on its PYTHONPATH: the
-    baseline's read side)."""
+    """``dask-blackbox report`` in a new process (``python -m dask_blackbox.cli``;
+    ``package`` first on its PYTHONPATH: the baseline's), on an empty data directory
+    (no running sink to ask: the chDB directory is opened directly)."""
     env = child_env(package)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    t = time.perf_counter()
-    done = subprocess.run([sys.executable, "-c", COLD, str(chdb), str(out), cluster_id],
-                          capture_output=True, text=True, timeout=600, env=env,
-                          cwd=tempfile.gettempdir())
-    wall = time.perf_counter() - t
+    with tempfile.TemporaryDirectory() as data_dir:
+        t = time.perf_counter()
+        done = subprocess.run([sys.executable, "-m", "dask_blackbox.cli", "report", "--clickhouse",
+                               f"chdb://{chdb}", "--data-dir", data_dir, "--cluster", cluster_id,
+                               "-o", str(out)],
+                              capture_output=True, text=True, timeout=600, env=env,
+                              cwd=tempfile.gettempdir())
+        wall = time.perf_counter() - t
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    if done.returncode:
-        raise SystemExit(f"the cold report failed: {done.stderr[-2000:]}")
-    inner, size = done.stdout.split()[-2:]
+    said = re.search(r" in ([0-9.]+)s$", done.stdout.strip())
+    if done.returncode or not said:
+        raise SystemExit(f"the cold report failed: {done.stdout[-500:]} {done.stderr[-2000:]}")
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
-    return Cold(float(inner), wall, cpu, int(size))
+    return Cold(float(said[1]), wall, cpu, out.stat().st_size)
 
 
 def main() -> None:
@@ -455,7 +451,7 @@ def main() -> None:
             runs = [cold_report(root / "chdb", root / f"cold-{label}.html", cluster_id)
                     for _ in range(args.repeat)]
             print(f"  cold report, {label}: process wall runs {[round(r.wall, 2) for r in runs]} s "
-                  f"(from its first import {[round(r.inner, 2) for r in runs]} s; CPU "
+                  f"(its report, as it says {[r.work for r in runs]} s; CPU "
                   f"{[round(r.cpu, 2) for r in runs]} s); {runs[-1].size / 1e6:.2f} MB", flush=True)
             report(f"report written cold (new process), {label}-task run (median)",
                    round(statistics.median(r.wall for r in runs), 2), "s", None if label.endswith("M") else 3)

@@ -1,3 +1,3 @@
-from dask_blackbox.cli.main import main
+from dask_blackbox.cli.main import run
 
-raise SystemExit(main())
+run()

@@ -36,11 +36,6 @@ import re
 import sys
 from collections.abc import Iterator, Sequence
 
-from rich import box
-from rich.console import Console
-from rich.table import Table
-from rich.text import Text
-
 FORMATS = ("table", "wide", "json", "csv")
 
 #: Widest default table, in columns.
@@ -273,6 +268,12 @@ def _said_once(columns: list[str], rows: Sequence[Sequence], keep: list[int]) ->
 
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
+    # rich is imported where a table is drawn: commands that draw none start without it
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
     columns = list(columns)
     today = datetime.datetime.now(datetime.timezone.utc).date()
     keep = [i for i, c in enumerate(columns) if c not in _DETAIL_COLUMNS]
@@ -383,5 +384,7 @@ def working(what: str) -> Iterator[None]:
     if not sys.stderr.isatty():
         yield
         return
+    from rich.console import Console
+
     with Console(stderr=True).status(what):
         yield

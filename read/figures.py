@@ -452,8 +452,9 @@ class Figures:
             "critical": {"on the critical path": "#d62728", "not on it": "#dddddd"}
             if g.get("critical") else {"critical path not computed": "#dddddd"},
         }
-        size = [6 + 10 * min(1.0, (n["tasks"] / max(x["tasks"] for x in nodes)) ** 0.5)
-                if g["level"] != "task" else 9 for n in nodes]
+        most = max(n["tasks"] for n in nodes)
+        size = [6 + 10 * min(1.0, (n["tasks"] / most) ** 0.5) if g["level"] != "task" else 9
+                for n in nodes]
         node_source = ColumnDataSource(name="graph-nodes", data={
             "x": _num(n["x"] for n in nodes), "y": _num(n["y"] for n in nodes),
             "id": [n["id"] for n in nodes], "key": [n["key"] for n in nodes],
