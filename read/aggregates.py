@@ -168,8 +168,10 @@ def per_worker(backend: Backend, cluster_id: str, span_ids: list[str] | None = N
 
 
 def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None) -> list[dict]:
-    """Every task group of the scope: prefix, distinct tasks, transitions into memory
-    and erred, compute and transfer seconds, bytes, first compute start and last stop
+    """Every task group of the scope: prefix, distinct tasks, tasks that reached memory
+    (``memory``) and the transitions into memory beyond each task's first
+    (``recomputed``), transitions into erred, compute and transfer seconds, bytes of
+    every result (a recomputed task's each time), first compute start and last stop
     (None when none computed), largest first."""
     where, p = _where(cluster_id, span_ids)
     _, rows = backend.query(
@@ -177,10 +179,17 @@ def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None)
         "sum(compute_s), sum(transfer_s), sum(nbytes), min(first_start), max(last_stop) "
         f"FROM {_t(backend, 'group_totals')} {where} GROUP BY task_group "
         "ORDER BY sum(compute_s) DESC, task_group", p)
-    return [{"group": g, "prefix": prefix, "tasks": int(n), "memory": int(m), "erred": int(e),
-             "compute_s": float(c), "transfer_s": float(x), "nbytes": int(b),
-             "start": s, "stop": e2}
-            for g, prefix, n, m, e, c, x, b, s, e2 in rows]
+    _, computed = backend.query(
+        f"SELECT task_group, uniqExactMerge(keys) FROM {_t(backend, 'group_memory_keys')} "
+        f"{where} GROUP BY task_group", p)
+    tasks_computed = dict(computed)
+    out = []
+    for g, prefix, n, m, e, c, x, b, s, e2 in rows:
+        k = int(tasks_computed.get(g, 0))
+        out.append({"group": g, "prefix": prefix, "tasks": int(n), "memory": k,
+                    "recomputed": int(m) - k, "erred": int(e), "compute_s": float(c),
+                    "transfer_s": float(x), "nbytes": int(b), "start": s, "stop": e2})
+    return out
 
 
 def digests(backend: Backend, cluster_id: str, worker: str | None = None,

@@ -19,11 +19,13 @@ recorded transitions in a scope:
 ``stop``         computed (``TaskGroup.start`` / ``stop``, erred tasks' computes
                  included here).
 
-A whole run or span is read from the page aggregates (:func:`aggregates.groups`,
-which count transitions), the groups shown whose transitions into memory and erred
-outnumber their tasks (some task finished twice) again from their raw rows, task by
-task. A group in which a task finished twice while another never finished is not
-noticed there: its ``memory`` counts that task twice. An explicit window, or a run
+A whole run or span is read from the page aggregates (:func:`aggregates.groups`:
+distinct tasks, tasks that reached memory and recomputations are exact there), the
+groups shown with a recomputation (whose ``nbytes`` would count each result) or with
+more tasks computed or erred than tasks (a task that reached memory and erred later,
+or erred twice) again from their raw rows, task by task. (A task that erred twice,
+retried by the client, in a group where another never finished is counted twice
+there.) An explicit window, or a run
 the aggregates do not answer for (:func:`aggregates.usable`), is read from the raw
 rows.
 """
@@ -48,10 +50,10 @@ def groups(backend: Backend, scope, shown: int = SHOWN) -> dict[str, Any]:
     with an erred task, longest first; ``n_groups``: the groups of the scope;
     ``erred``: the groups with an erred task."""
     if aggregates.usable(scope):
-        found = [{**g, "recomputed": 0}
-                 for g in aggregates.groups(backend, scope.cluster_id, scope.span_ids)]
+        found = aggregates.groups(backend, scope.cluster_id, scope.span_ids)
         picked = _pick(found, shown)
-        again = [g["group"] for g in picked if g["memory"] + g["erred"] > g["tasks"]]
+        again = [g["group"] for g in picked
+                 if g["recomputed"] or g["memory"] + g["erred"] > g["tasks"]]
         if again:
             exact = {g["group"]: g for g in _raw(backend, scope, again)}
             picked = [exact.get(g["group"], g) for g in picked]

@@ -207,7 +207,7 @@ REPLACING = {"span_state", "prefix_stats", "gaps"}
 
 
 #: The page aggregates ClickHouse's materialized views make of the rows
-#: (sinks/sql/006_page_aggregates.sql), merged over the sink batches (batches split
+#: (sinks/sql/006_page_aggregates.sql, 009), merged over the sink batches (batches split
 #: differently after a crash): equal when every row was aggregated exactly once.
 AGGREGATE_DUMPS = {
     "task_seconds": "SELECT cluster_id, span_id, prefix, start, finish, second, sum(n), min(first_ts), "
@@ -219,6 +219,8 @@ AGGREGATE_DUMPS = {
                     "min(first_start), max(last_stop) FROM {db}.group_totals GROUP BY ALL",
     "digest_totals": "SELECT cluster_id, worker, context, span_id, prefix, activity, unit, day, "
                      "round(sum(value), 5) FROM {db}.digest_totals GROUP BY ALL",
+    "group_memory_keys": "SELECT cluster_id, span_id, task_group, day, uniqExactMerge(keys) "
+                         "FROM {db}.group_memory_keys GROUP BY ALL",
 }
 
 
