@@ -175,21 +175,14 @@ def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None)
     (None when none computed), largest first."""
     where, p = _where(cluster_id, span_ids)
     _, rows = backend.query(
-        "SELECT task_group, anyLast(prefix), uniqExactMerge(keys), sum(memory), sum(erred), "
-        "sum(compute_s), sum(transfer_s), sum(nbytes), min(first_start), max(last_stop) "
-        f"FROM {_t(backend, 'group_totals')} {where} GROUP BY task_group "
+        "SELECT task_group, anyLast(prefix), uniqExactMerge(keys), uniqExactMerge(memory_keys), "
+        "sum(memory), sum(erred), sum(compute_s), sum(transfer_s), sum(nbytes), min(first_start), "
+        f"max(last_stop) FROM {_t(backend, 'group_totals')} {where} GROUP BY task_group "
         "ORDER BY sum(compute_s) DESC, task_group", p)
-    _, computed = backend.query(
-        f"SELECT task_group, uniqExactMerge(keys) FROM {_t(backend, 'group_memory_keys')} "
-        f"{where} GROUP BY task_group", p)
-    tasks_computed = dict(computed)
-    out = []
-    for g, prefix, n, m, e, c, x, b, s, e2 in rows:
-        k = int(tasks_computed.get(g, 0))
-        out.append({"group": g, "prefix": prefix, "tasks": int(n), "memory": k,
-                    "recomputed": int(m) - k, "erred": int(e), "compute_s": float(c),
-                    "transfer_s": float(x), "nbytes": int(b), "start": s, "stop": e2})
-    return out
+    return [{"group": g, "prefix": prefix, "tasks": int(n), "memory": int(k),
+             "recomputed": int(m) - int(k), "erred": int(e), "compute_s": float(c),
+             "transfer_s": float(x), "nbytes": int(b), "start": s, "stop": e2}
+            for g, prefix, n, k, m, e, c, x, b, s, e2 in rows]
 
 
 def digests(backend: Backend, cluster_id: str, worker: str | None = None,

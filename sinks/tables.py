@@ -102,12 +102,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 #: Tables the sink writes (everything with a ``_batch`` column).
 TABLES: tuple[str, ...] = tuple(COLUMNS)
 
-#: The page aggregates (sinks/sql/006_page_aggregates.sql, 009_group_memory_keys.sql): ClickHouse's materialized
+#: The page aggregates (sinks/sql/006_page_aggregates.sql): ClickHouse's materialized
 #: views fill them from the rows of the tables above as they are inserted, a row per
 #: sink batch (``_batch``), so that an abandoned batch's aggregate rows are deleted
 #: with it.
-AGGREGATES: tuple[str, ...] = ("task_seconds", "stream_seconds", "group_totals", "digest_totals",
-                               "group_memory_keys")
+AGGREGATES: tuple[str, ...] = ("task_seconds", "stream_seconds", "group_totals", "digest_totals")
 #: The roll-ups (sinks/sql/008_rollups.sql), in the database ``<database>_rollups``,
 #: filled and deleted the same way, and kept far longer than the raw rows.
 ROLLUPS: tuple[str, ...] = ("task_minutes", "worker_minutes", "cluster_minutes")

@@ -214,13 +214,11 @@ AGGREGATE_DUMPS = {
                     "max(last_ts) FROM {db}.task_seconds GROUP BY ALL",
     "stream_seconds": "SELECT cluster_id, worker, second, action, prefix, span_id, sender, "
                       "round(sum(busy), 5), sum(started), sum(erred) FROM {db}.stream_seconds GROUP BY ALL",
-    "group_totals": "SELECT cluster_id, span_id, task_group, day, uniqExactMerge(keys), sum(memory), "
+    "group_totals": "SELECT cluster_id, span_id, task_group, day, uniqExactMerge(keys), uniqExactMerge(memory_keys), sum(memory), "
                     "sum(erred), round(sum(compute_s), 5), round(sum(transfer_s), 5), sum(nbytes), "
                     "min(first_start), max(last_stop) FROM {db}.group_totals GROUP BY ALL",
     "digest_totals": "SELECT cluster_id, worker, context, span_id, prefix, activity, unit, day, "
                      "round(sum(value), 5) FROM {db}.digest_totals GROUP BY ALL",
-    "group_memory_keys": "SELECT cluster_id, span_id, task_group, day, uniqExactMerge(keys) "
-                         "FROM {db}.group_memory_keys GROUP BY ALL",
 }
 
 

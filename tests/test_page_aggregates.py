@@ -97,7 +97,14 @@ def loaded(tmp_path_factory):
     did (an abandoned batch, a backfill): they compare read and raw as they find them."""
     client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path_factory.mktemp('agg') / 'ch'}")
     schema.migrate(client, TARGET)
-    loader = Loader(client, TARGET, "agg")
+    loader, ids = _load(client)
+    yield client, loader, backends.DirectBackend(client, "blackbox"), ids
+    client.close()
+
+
+def _load(client, target: schema.Target = TARGET) -> tuple[Loader, list[int]]:
+    """Three sink batches: 40 tasks of ``c-agg`` each, and ``c-re`` in the first."""
+    loader = Loader(client, target, "agg")
     for seq in range(3):
         batch = Batch()
         batch.add(Message(contract.RAW, "t.raw", 0, seq, b"c-agg", orjson.dumps(_envelope(seq, 40)), 0))
@@ -105,18 +112,17 @@ def loaded(tmp_path_factory):
             batch.add(Message(contract.RAW, "t.raw", 1, 0, b"c-re", orjson.dumps(_recomputed()), 0))
         assert loader.load(batch, {})
     ids = [r[0] for r in client.query(
-        "SELECT DISTINCT batch_id FROM blackbox.sink_batches WHERE state = 'loaded' ORDER BY batch_id"
-    ).result_rows]
+        f"SELECT DISTINCT batch_id FROM {target.table('sink_batches')} WHERE state = 'loaded' "
+        "ORDER BY batch_id").result_rows]
     assert len(ids) == 3
-    yield client, loader, backends.DirectBackend(client, "blackbox"), ids
-    client.close()
+    return loader, ids
 
 
-def _raw(backend) -> dict:
+def _raw(backend, db: str = "blackbox") -> dict:
     """The numbers the aggregates answer, from the raw transitions."""
     q = backend.query
-    where = "FROM blackbox.transitions WHERE cluster_id = 'c-agg' AND source = 'scheduler'"
-    joined = ("FROM blackbox.transitions ARRAY JOIN startstops AS ss "
+    where = f"FROM {db}.transitions WHERE cluster_id = 'c-agg' AND source = 'scheduler'"
+    joined = (f"FROM {db}.transitions ARRAY JOIN startstops AS ss "
               "WHERE cluster_id = 'c-agg' AND source = 'scheduler'")
     prefixes = {p: {"tasks": n, "memory": m, "erred": e} for p, n, m, e in q(
         f"SELECT prefix, uniqExact(key), countIf(finish = 'memory'), countIf(finish = 'erred') {where} "
@@ -168,17 +174,27 @@ def test_an_abandoned_batch_leaves_no_aggregate_rows(loaded):
 
 
 def test_the_backfill_counts_each_row_once(loaded):
-    client, _, backend, _ = loaded
-    raw = _raw(backend)
-    texts = [m.text for m in schema.migrations()
-             if m.name in ("006_page_aggregates.sql", "009_group_memory_keys.sql")]
-    for table in AGGREGATES:  # as if the rows had been loaded before the migrations
-        client.command(f"TRUNCATE TABLE blackbox.{table}")
-    assert aggregates.per_worker(backend, "c-agg") == {}
-    for _ in range(2):  # again after an interruption: nothing counted twice
-        for statement in (s for text in texts for s in schema.backfills(text, TARGET)):
+    """Rows loaded before the aggregates' migrations (006, 009), in a database of
+    their own: each migration, in order, fills its aggregates from them; its backfill
+    run twice (an interrupted migration is run again) counts nothing twice."""
+    client = loaded[0]
+    before = schema.Target("before", TARGET.retention_seconds)
+    for migration in schema.migrations():
+        if migration.version < 6:
+            for statement in schema.statements(schema.render(migration.text, before)):
+                client.command(statement)
+    _load(client, before)
+    backend = backends.DirectBackend(client, "before")
+    for migration in (m for m in schema.migrations() if m.version >= 6):
+        for statement in schema.statements(schema.render(migration.text, before)):
             client.command(statement)
-        assert _read(backend) == raw
+        for _ in range(2):
+            for statement in schema.backfills(migration.text, before):
+                client.command(statement)
+    assert _read(backend) == _raw(backend, "before")
+    recomputed = panels.resolve(backend, "c-re")
+    big = dataclasses.replace(recomputed, n_transitions=aggregates.RAW_TRANSITIONS + 1)
+    assert task_groups.groups(backend, big)["groups"] == task_groups.groups(backend, recomputed)["groups"]
 
 
 def test_groups_and_actions_read_alike_from_aggregates_and_raw_rows(loaded):
