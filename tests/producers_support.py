@@ -34,12 +34,13 @@ def published(idle: float = 1.5) -> tuple[list[dict], list[dict]]:
     contract, its packed events expanded, and each event gets ``_source``/``_producer``
     from its envelope."""
     envelopes = [validate_envelope(e) for e in read_json("raw", idle=idle)]
-    events = [
-        {**ev, "_source": env["source"], "_producer": env["producer_id"]}
-        for env in envelopes
-        for ev in expand_events(env["events"])
-    ]
-    return envelopes, events
+    return envelopes, events_of(envelopes)
+
+
+def events_of(envelopes: list[dict]) -> list[dict]:
+    """The envelopes' events, packed ones expanded, each with ``_source``/``_producer``."""
+    return [{**ev, "_source": env["source"], "_producer": env["producer_id"]}
+            for env in envelopes for ev in expand_events(env["events"])]
 
 
 def offer_event(transport: Transport, event: dict, nbytes: int = 256) -> None:

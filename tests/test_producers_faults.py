@@ -32,7 +32,7 @@ from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport
 from polling import wait_for
 from producers_support import (
-    FAST, offer_event, scheduler_stats, story_until_close,
+    FAST, events_of, offer_event, scheduler_stats, story_until_close,
     own_broker, published, scheduler_transitions,
     seqs_by_producer, wait_scheduler_delivered,
 )
@@ -144,11 +144,20 @@ def test_broker_killed_mid_run_and_restarted(long_story, broker_kind):
             del during
             assert client.submit(inc, 2, key="after-outage").result() == 3
         envelopes, events = published()  # what the broker holds after the restart
+    # An envelope the killed broker had stored but not acknowledged is sent again, same
+    # seq and events (the sender's delivery semantics): the same envelope twice, which
+    # the sink loads once. Compare what is left once such copies are set aside.
+    copies: dict[tuple, dict] = {}
+    for envelope in envelopes:
+        first = copies.setdefault((envelope["producer_id"], envelope["seq"]), envelope)
+        assert first["events"] == envelope["events"], "two envelopes with one seq"
+    envelopes = list(copies.values())
     (seqs,) = [s for pid, s in seqs_by_producer(envelopes).items() if pid.startswith("scheduler-")]
     if broker.persistent:  # Kafka kept what it had acknowledged: nothing is missing
         assert seqs == list(range(len(seqs)))
     else:  # a restarted Tansu is empty: what it holds is a run of seqs from then on
         assert seqs[0] > 0 and seqs == list(range(seqs[0], seqs[0] + len(seqs)))
+    events = events_of(envelopes)
     story = story_until_close(cluster, events)
     got = scheduler_transitions(events)
     for key in [f"during-outage-{i}" for i in range(50)] + ["after-outage"]:
