@@ -23,7 +23,7 @@ import sys
 
 import dask.config
 
-from dask_blackbox import config
+from dask_blackbox import collector, config
 from dask_blackbox.cli.formatting import FORMATS, print_result, printable, working
 
 # Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
@@ -334,12 +334,12 @@ def main(argv: list[str] | None = None) -> int:
 
 def run() -> None:
     """The ``dask-blackbox`` program: :func:`main`, then the process exits with its
-    status. The garbage collector runs less often (the sink's thresholds): a command's
+    status. The garbage collector runs less often (:mod:`dask_blackbox.collector`): a command's
     imports and its work make hundreds of thousands of objects that live until it
     ends, which the default thresholds would scan hundreds of times (0.1 s of a
     ``report``). What the command made is frozen before the exit (:func:`gc.freeze`),
     so the interpreter does not walk it all once more to collect it (0.25 s)."""
-    gc.set_threshold(50_000, 20, 100)
+    gc.set_threshold(*collector.THRESHOLDS)
     code = main()
     gc.freeze()
     sys.exit(code)

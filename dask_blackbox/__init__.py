@@ -4,7 +4,8 @@ The modules of this folder are the ground every other part stands on, and import
 nothing else of the project: the typed wire contract (:mod:`.contract`), configuration
 (:mod:`.config`), Kafka and ClickHouse connection helpers (:mod:`.kafka`,
 :mod:`.clickhouse`), the run files through which local processes find each other
-(:mod:`.runfiles`) and the nesting bound of JSON messages (:mod:`.nesting`).
+(:mod:`.runfiles`), the nesting bound of JSON messages (:mod:`.nesting`) and the
+garbage collector's settings of the project's own processes (:mod:`.collector`).
 
 Above it, installed under this name from their own folders (see pyproject.toml):
 the stages :mod:`dask_blackbox.producers` (inside Dask),

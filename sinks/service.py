@@ -24,7 +24,6 @@ The ``dask-blackbox sink`` command itself is :mod:`dask_blackbox.cli.sink`.
 from __future__ import annotations
 
 import asyncio
-import gc
 import logging
 import os
 import secrets
@@ -35,7 +34,7 @@ from typing import Protocol
 
 from aiokafka.errors import InvalidSessionTimeoutError
 
-from dask_blackbox import clickhouse, config, kafka, metrics, runfiles
+from dask_blackbox import clickhouse, collector, config, kafka, metrics, runfiles
 from dask_blackbox.sinks.consumer import SinkConsumer
 from dask_blackbox.sinks.metrics import SinkMetrics
 from dask_blackbox.sinks.loader import Loader, PausePoint
@@ -54,9 +53,7 @@ def tune_gc() -> None:
     of short-lived lists and dicts (no reference cycles), and Python's default
     thresholds would rescan the growing heap many times per batch -- more than
     doubling the conversion time."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(50_000, 20, 100)
+    collector.collect_rarely()
 
 
 class Companion(Protocol):

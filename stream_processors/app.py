@@ -21,11 +21,9 @@ same and the consumer lag for Prometheus (:mod:`.metrics`).
 
 from __future__ import annotations
 
-import gc
-
 import faust
 
-from dask_blackbox import config, contract, kafka
+from dask_blackbox import collector, config, contract, kafka
 from dask_blackbox.config import KafkaSettings
 
 from . import metrics
@@ -85,10 +83,6 @@ def app_settings(settings: ProcessorSettings) -> dict:
     }
 
 
-#: The worker's collector thresholds (CPython's default is 700, 10, 10).
-GC_THRESHOLDS = (50_000, 20, 100)
-
-
 def tune_gc() -> None:
     """Collect garbage less often. The clusters' states are long-lived containers
     (hundreds of thousands under a flood of clusters) that hold no reference cycles,
@@ -96,9 +90,7 @@ def tune_gc() -> None:
     default thresholds the collector rescans the growing state over and over (a
     fifth to a quarter of the processors' own work under a flood of 10,000 clusters).
     What the worker made while starting is frozen (never scanned)."""
-    gc.collect()
-    gc.freeze()
-    gc.set_threshold(*GC_THRESHOLDS)
+    collector.collect_rarely()
 
 
 class BlackboxApp(faust.App):
