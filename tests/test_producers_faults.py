@@ -143,7 +143,7 @@ def test_broker_killed_mid_run_and_restarted(long_story, broker_kind):
             wait_scheduler_delivered(client)
             del during
             assert client.submit(inc, 2, key="after-outage").result() == 3
-        envelopes, events = published()  # what the broker holds after the restart
+        envelopes, _ = published()  # what the broker holds after the restart
     # An envelope the killed broker had stored but not acknowledged is sent again, same
     # seq and events (the sender's delivery semantics): the same envelope twice, which
     # the sink loads once. Compare what is left once such copies are set aside.
