@@ -28,6 +28,7 @@ from conftest import pipeline_settings, subprocess_env
 from polling import wait_for
 from processors_support import FaustWorker
 from sink_support import SinkProcess
+from cluster_support import live_workers
 
 CLUSTER_NAME = "export-run"
 
@@ -81,7 +82,7 @@ def record(broker: str, workdir) -> dict:
                 bad = client.submit(div, 1, 0, key="div-bad")
                 after = client.submit(inc, bad, key="inc-after-bad")
                 wait([bad, after])
-            doomed = sorted(client.scheduler_info()["workers"])[0]
+            doomed = sorted(live_workers(client))[0]
             pid = client.run(os.getpid, workers=[doomed])[doomed]
             held = [client.submit(hold, str(flag), i, key=f"held-{i}", workers=[doomed],
                                   allow_other_workers=False) for i in range(2)]
@@ -89,12 +90,12 @@ def record(broker: str, workdir) -> dict:
                      "both tasks on the doomed worker", interval=0.1)
             time.sleep(0.3)
             os.kill(pid, signal.SIGKILL)
-            wait_for(lambda: doomed not in client.scheduler_info()["workers"], 30,
+            wait_for(lambda: doomed not in live_workers(client), 30,
                      "the scheduler to remove the killed worker", interval=0.1)
             # Its nanny starts another worker: the death was seen while the nanny ran.
             # (Closing the cluster at once could make the nanny's watch, every 0.1 s,
             # see the dead process only while closing: an expected end.)
-            wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, 60,
+            wait_for(lambda: len(live_workers(client)) == 2, 60,
                      "the nanny to restart the killed worker", interval=0.1)
             flag.unlink()
             client.cancel(held)  # pinned to the dead worker: they would wait forever

@@ -52,6 +52,7 @@ from alerts_support import Cluster, Webhook
 from conftest import pipeline_settings
 from polling import wait_for
 from sink_support import lag, produce
+from cluster_support import live_workers
 
 pytestmark = pytest.mark.slow  # one recorded run of about a minute and a half
 LIMIT = 400 * 2**20
@@ -132,7 +133,7 @@ def _start_worker(scheduler: str, name: str, env: dict, nanny: bool) -> subproce
 
 
 def _worker_named(client: Client, name: str) -> str:
-    return next(a for a, w in client.scheduler_info()["workers"].items() if str(w["name"]) == name)
+    return next(a for a, w in live_workers(client).items() if str(w["name"]) == name)
 
 
 def _pid(client: Client, worker: str) -> int:
@@ -151,7 +152,7 @@ def _heartbeats_recent(dask_scheduler=None) -> bool:
 
 
 def _gone(client: Client, workers) -> bool:
-    return not set(workers) & set(client.scheduler_info()["workers"])
+    return not set(workers) & set(live_workers(client))
 
 
 @pytest.fixture(scope="module")
@@ -216,7 +217,7 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         subprocesses += [_start_worker(address, "sub-nanny", env, nanny=True),
                          _start_worker(address, "no-nanny", env, nanny=False)]
         client.wait_for_workers(6, timeout=90)
-        local = lambda: sorted(a for a, w in client.scheduler_info()["workers"].items()  # noqa: E731
+        local = lambda: sorted(a for a, w in live_workers(client).items()  # noqa: E731
                                if str(w["name"]) not in ("sub-nanny", "no-nanny"))
         # 1. The GIL held past a short worker-ttl, alone: the ttl is short (Dask's floor,
         # 5s at this size) only while every worker heartbeats and this plant runs.
@@ -253,14 +254,14 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         # 4. Expected ends (a retirement, a restart, the close) and a SIGTERM from outside
         victims["retired"] = local()[0]
         client.retire_workers([victims["retired"]])
-        truth["restarted"] = sorted(client.scheduler_info()["workers"])
+        truth["restarted"] = sorted(live_workers(client))
         client.restart()
         client.wait_for_workers(4, timeout=90)
         victims["sigterm"] = _worker_named(client, "sub-nanny")
         subprocesses[0].send_signal(signal.SIGTERM)
         subprocesses[0].wait(60)
         wait_for(lambda: _gone(client, [victims["sigterm"]]), 60, "the SIGTERMed worker to leave")
-        truth["closed"] = sorted(client.scheduler_info()["workers"])
+        truth["closed"] = sorted(live_workers(client))
         truth["dask_removals"] = [msg for _, msg in client.get_events("all")
                                   if msg.get("action") == "remove-worker"]
 

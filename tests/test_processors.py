@@ -52,6 +52,7 @@ from polling import wait_for
 import replay
 from dask_blackbox.stream_processors.checkpoint import Journal, parse_key
 from dask_blackbox.stream_processors.cluster import ClusterState
+from cluster_support import live_workers
 
 PARTITIONS = 2
 PROCESSOR_SETTINGS = {
@@ -114,7 +115,7 @@ def run_workload(client: Client, marker: str, agree) -> list:
         with span("worker death"):
             # All inputs on one worker, and the task that kills it there too: every
             # input is lost with it and recomputed on the other worker.
-            victim = sorted(client.scheduler_info()["workers"])[0]
+            victim = sorted(live_workers(client))[0]
             parts = client.map(slowinc, range(6), workers=[victim], allow_other_workers=True)
             wait(parts)
             # What a dying worker had not reported yet is lost to Dask, and what its

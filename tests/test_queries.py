@@ -29,6 +29,7 @@ from dask_blackbox.read import queries
 
 from polling import wait_for
 from sink_support import SinkProcess, wait_consumed
+from cluster_support import live_workers
 
 
 def inc(x):
@@ -108,7 +109,7 @@ def recorded(broker, tmp_path_factory):
                 bad = client.submit(div, 1, 0, key="div-bad")
                 dependent = client.submit(inc, bad, key="inc-after-bad")
                 wait([bad, dependent])
-                doomed = sorted(client.scheduler_info()["workers"])[0]
+                doomed = sorted(live_workers(client))[0]
                 pid = client.run(os.getpid, workers=[doomed])[doomed]
                 # Two tasks pinned to the doomed worker (one thread): one runs, one waits.
                 running = [client.submit(block_until_released, str(flag), i, key=f"blocked-{i}",
@@ -117,7 +118,7 @@ def recorded(broker, tmp_path_factory):
                          interval=0.1)
                 time.sleep(0.5)  # a few metric samples while it works
                 os.kill(pid, signal.SIGKILL)
-                wait_for(lambda: doomed not in client.scheduler_info()["workers"], 30,
+                wait_for(lambda: doomed not in live_workers(client), 30,
                          "the scheduler to remove the killed worker", interval=0.1)
                 client.wait_for_workers(2, timeout=30)  # the nanny's replacement
                 flag.unlink()

@@ -17,6 +17,7 @@ from distributed import Client, LocalCluster, span, wait
 from dask_blackbox import kafka, producers
 from polling import wait_for
 from processors_support import FaustWorker, converge, env_for, processor_settings
+from cluster_support import live_workers
 
 
 def nap(i):
@@ -55,7 +56,7 @@ def test_workers_joining_and_leaving_while_a_span_runs(processor):
             second = client.map(nap, range(12, 24), workers=[0, 1])
             wait_for(lambda: sum(f.done() for f in second) >= 2, 30, "worker 1 computing")
             cluster.scale(2)  # worker 2 leaves
-            wait_for(lambda: len(client.scheduler_info()["workers"]) == 2, 30,
+            wait_for(lambda: len(live_workers(client)) == 2, 30,
                      "a worker gone")
             assert not all(f.done() for f in first + second), "the span ended too soon"
             wait(first + second)

@@ -50,6 +50,7 @@ from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
 from dask_blackbox.read import backends
 
 from conftest import pipeline_settings
+from cluster_support import live_workers
 from polling import wait_for
 
 import playwright.sync_api as playwright_sync  # noqa: E402  (a test dependency)
@@ -267,7 +268,7 @@ def _planted_activity(client: Client, truth: dict) -> None:
     workers' threads all napping (restricted tasks are sent ahead, not queued), a
     transfer in flight for :data:`SEND_SECONDS` into the second worker, a core held
     for :data:`SPIN` seconds on the first one only."""
-    a, b = sorted(client.scheduler_info()["workers"])
+    a, b = sorted(live_workers(client))
     with LiveSampler(client, [a, b]) as live:
         time.sleep(0.3)
         start = time.time()
