@@ -29,6 +29,7 @@ from dask_blackbox.config import KafkaSettings
 from . import metrics
 from .processor import Processor
 from .settings import ProcessorSettings
+from .transport import Transport
 
 
 def broker_settings(kafka_settings: KafkaSettings) -> dict:
@@ -97,6 +98,10 @@ class BlackboxApp(faust.App):
     #: set by :func:`create_app`
     blackbox: ProcessorSettings
     processor: Processor
+
+    def _new_transport(self) -> Transport:
+        # faust's Kafka transport, its consumer handing messages over more cheaply
+        return Transport(self.conf.broker_consumer, self)
 
     async def on_stop(self) -> None:
         await self.processor.outbox.stop()

@@ -216,7 +216,7 @@ FAST_MODULES = frozenset({
     "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
     "test_export_journal", "test_slowness_input", "test_causes", "test_page_aggregates",
     "test_rollups", "test_cluster_schema", "test_duplicates", "test_palette",
-    "test_graph_levels",
+    "test_graph_levels", "test_faust_transport",
 })
 
 
