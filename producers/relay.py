@@ -206,18 +206,6 @@ class Relay(Drain):
             self.fallback.close(deadline)
         super().close(deadline)
 
-    def delivered(self, accepted: int) -> bool:
-        """Whether the first ``accepted`` items accepted were delivered or given up."""
-        sent = self._total("sent_events") - self._total("sent_drop_reports")
-        return (sent + self._total("build_errors") + self.build_errors + self.abandoned
-                >= accepted)
-
-    def _total(self, name: str) -> int:
-        """A sender counter: the helper's (live or ended) plus the thread sender's."""
-        helper, fallback = self.helper, self.fallback
-        return (self.ended.get(name, 0) + (helper.status.get(name, 0) if helper else 0)
-                + (getattr(fallback, name) if fallback else 0))
-
     def _main(self) -> None:
         yield_on_wakeup()
         try:
@@ -350,17 +338,22 @@ class Relay(Drain):
         sender._main()
 
     def stats(self) -> dict[str, Any]:
+        """Its own counters, with each sender counter summed over the helper (live or
+        ended) and the thread sender it became."""
         helper, fallback = self.helper, self.fallback
-        out: dict[str, Any] = {name: self._total(name) for name in _SUMMED}
+        status = helper.status if helper else {}
+        here = fallback.stats() if fallback else {}
+        out: dict[str, Any] = {name: sum(s.get(name, 0) for s in (self.ended, status, here))
+                               for name in _SUMMED}
         out["build_errors"] += self.build_errors
-        live = fallback.stats() if fallback is not None else (helper.status if helper else {})
+        live = here if fallback else status
         out["next_seq"] = live.get("next_seq", 0)
         out["connected"] = bool(live.get("connected"))
         out["sender"] = "thread" if fallback is not None else "process"
         out["abandoned"] = self.abandoned
         out["relay_pid"] = helper.process.pid if helper else None
         out["relay_ready"] = helper is not None and helper.started
-        out["relay_gc_collections"] = (helper.status if helper else self.ended).get("gc")
+        out["relay_gc_collections"] = (status if helper else self.ended).get("gc")
         return out
 
 

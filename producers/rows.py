@@ -35,7 +35,7 @@ from dask_blackbox.contract import (
 )
 from dask_blackbox.producers.encode import cap_text, sanitize
 
-#: Estimated bytes of a transition (an item's memory; ~60-120 bytes in a run).
+#: Estimated bytes of a transition item.
 TRANSITION_WEIGHT = 200
 #: Task-group names remembered by a row maker, and texts of tuple keys.
 NAMES_CACHE = 4_096
@@ -43,8 +43,6 @@ KEY_TEXT_CACHE = 100_000
 #: Distinct values listed per annotation in a graph's part 0.
 MAX_ANNOTATION_VALUES = 20
 
-
-# ------------------------------------------------------------------- items
 
 #: A task transition as a hook offers it: the record's fields, the task's
 #: ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
@@ -93,8 +91,6 @@ class GraphItem(msgspec.Struct, gc=False):
     parts: int
     weight: int
 
-
-# -------------------------------------------------------------------- rows
 
 class Ready(msgspec.Struct, array_like=True, gc=False, tag=1):
     """A finished event mapping (an item, and the row of every kind but
@@ -236,8 +232,6 @@ def _hashable(value: Any) -> Any:
     except Exception:
         return id(value)
 
-
-# -------------------------------------------------------------------- runs
 
 _astuple = msgspec.structs.astuple
 

@@ -243,8 +243,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         running cluster), oldest first, so the stream holds what get_events holds."""
         backlog = [(ts, topic, msg) for topic, events in self.scheduler.get_events().items()
                    for ts, msg in events]
-        backlog.sort(key=lambda e: e[0])
-        for ts, topic, msg in backlog:
+        for ts, topic, msg in sorted(backlog, key=lambda e: e[0]):
             self._publish_event(topic, ts, msg)
 
     def _event_time(self, topic: str, msg: Any) -> float:

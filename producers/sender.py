@@ -226,6 +226,12 @@ class Drain:
             self.buffer.close()
         self.wake()
 
+    def delivered(self, accepted: int) -> bool:
+        """Whether the first ``accepted`` items accepted were delivered or given up."""
+        s = self.stats()
+        return (s["sent_events"] - s["sent_drop_reports"] + s["build_errors"]
+                + s.get("abandoned", 0) >= accepted)
+
     def linger(self, n_rows: int) -> float:
         """How long the next partial batch waits after one of ``n_rows`` rows."""
         return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
@@ -270,10 +276,6 @@ class Sender(Drain):
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop has ended
                 loop.call_soon_threadsafe(self._cut_sleep)
-
-    def delivered(self, accepted: int) -> bool:
-        """Whether the first ``accepted`` items accepted were delivered or given up."""
-        return self.sent_events - self.sent_drop_reports + self.build_errors >= accepted
 
     def _main(self) -> None:
         yield_on_wakeup()
