@@ -1,21 +1,18 @@
 """The scheduler producer: a SchedulerPlugin publishing what the scheduler sees.
 
-It publishes (contract kinds; ``blackbox.producer.record`` leaves kinds out):
+It publishes (the kinds of :mod:`dask_blackbox.contract`, which specifies each;
+``blackbox.producer.record`` leaves kinds out):
 
 - ``TRANSITION`` per call of :meth:`SchedulerPlugin.transition`, stamped with the time
   Dask recorded in ``Scheduler.transition_log`` (the one ``Scheduler.story`` shows),
-  with the task's prefix, group and span id, Dask's
-  :data:`~dask_blackbox.contract.TRANSITION_KWARGS` and an erred transition's
-  exception, traceback and cause;
-- ``GRAPH`` per ``update_graph``, in parts (its tasks with their dependencies, up to
-  ``graph-max-tasks``); ``SPAN`` once per span of ``scheduler.extensions["spans"]``,
-  parents first;
+  with Dask's :data:`~dask_blackbox.contract.TRANSITION_KWARGS` and an erred
+  transition's exception, traceback and cause;
+- ``GRAPH`` per ``update_graph``, in parts; before it, ``SPAN`` once per new span of
+  ``scheduler.extensions["spans"]``, parents first;
 - ``EVENT`` per ``log_event`` on any topic, with the time Dask stored with it (what
-  ``Client.get_events`` returns);
+  ``Client.get_events`` returns), from the events Dask kept before it started on;
 - ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed and
-  restart; scheduler_start, worker_added and worker_removed carry ``total_nthreads``,
-  the entries of ``Scheduler.total_nthreads_history`` appended since the previous one
-  of them (the whole history in scheduler_start);
+  restart;
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, the time of the record Dask just

@@ -233,7 +233,8 @@ class Drain:
                 + s.get("abandoned", 0) >= accepted)
 
     def linger(self, n_rows: int) -> float:
-        """How long the next partial batch waits after one of ``n_rows`` rows."""
+        """How long the next partial batch waits after one of ``n_rows`` rows:
+        ``busy_linger`` (at least ``flush-interval``) after a busy one."""
         return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
 
     def make_rows(self, items: list) -> tuple[list, list]:

@@ -1,15 +1,11 @@
 """The worker producer: a WorkerPlugin publishing worker metrics and digests.
 
-Every ``metrics-interval`` it publishes:
-
-- ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts, CPU,
-  executing / ready / in-flight task counts, event-loop interval, and GIL contention
-  when the worker's system monitor measures it;
-- ``WORKER_DIGESTS``: the increase of every ``Worker.digests_total`` entry since the
-  previous sample (Dask's fine performance metrics, a task's own
-  ``context_meter.digest_metric(label, value, unit)`` calls among them), as
-  :func:`digest_row` rows. What was published is remembered per Worker object, so a
-  replaced plugin never publishes the same increase twice.
+Every ``metrics-interval`` it publishes ``WORKER_METRICS`` (GIL contention when the
+worker's system monitor measures it) and ``WORKER_DIGESTS``: the increase of every
+``Worker.digests_total`` entry since the previous sample (Dask's fine performance
+metrics, a task's own ``context_meter.digest_metric`` calls among them) as
+:func:`digest_row` rows. What was published is remembered per Worker object, so a
+replaced plugin never publishes the same increase twice.
 
 ``blackbox.producer.record`` leaves kinds out (``metrics``, ``fine-metrics``,
 ``logs``); with ``worker-transitions`` it also publishes the worker's own task
