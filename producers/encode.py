@@ -22,6 +22,7 @@ event loop.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import logging
@@ -162,10 +163,8 @@ class _Walker:
             return obj
         # Subclasses of the builtins, read through the builtin's own methods.
         if issubclass(t, enum.Enum):
-            try:
+            with contextlib.suppress(Exception):
                 return self.walk(object.__getattribute__(obj, "_value_"), depth)
-            except Exception:
-                pass
         elif issubclass(t, str):
             return self._text(str.__str__(obj))
         elif issubclass(t, int):
@@ -177,10 +176,8 @@ class _Walker:
                 if issubclass(t, base):
                     return self._container(obj, base, depth)
             if _trusted_array(t) and getattr(obj, "ndim", None) == 0:  # numpy scalars
-                try:
+                with contextlib.suppress(Exception):
                     return self.walk(obj.item(), depth)
-                except Exception:
-                    pass
         self.budget -= 64
         return describe(obj)
 

@@ -109,11 +109,9 @@ _decode_frame = msgspec.msgpack.Decoder(Frame).decode
 def encodable(row: Any, max_chars: int) -> Any:
     """A row msgpack can encode: ``row`` itself, or its event as the JSON the thread
     sender would have sent (:func:`~producers.encode.encode_event`)."""
-    try:
+    with contextlib.suppress(Exception):
         _encode_frame(row)
         return row
-    except Exception:
-        pass
     event = row.event if type(row) is Ready else {"kind": TRANSITION,
                                                   **msgspec.structs.asdict(row)}
     return Ready(orjson.loads(encode_event(event, max_chars)), row.weight)
@@ -193,7 +191,7 @@ class Relay(Drain):
         self.woken = threading.Event()
         self.lock = threading.Lock()  # the relay thread vs the status thread
         self.helper: Helper | None = None
-        self.ended: dict[str, Any] = {}  # the last status of the helper, once it ended
+        self.ended_status: dict[str, Any] = {}  # of the helper, once it ended
         self.fallback: Sender | None = None  # the thread sender it became
         self.identity_handed: tuple | None = None
         self.abandoned = 0  # rows a dead helper took with it
@@ -324,7 +322,7 @@ class Relay(Drain):
                 if unreported > 0:
                     self.buffer.drop(0, unreported)
                 self.helper = None
-                self.ended = helper.status
+                self.ended_status = helper.status
             self.identity.producer_id = new_producer_id(self.identity.source)
             logger.warning(
                 "dask-blackbox: the helper process of %s ended (code %s) with %d undelivered "
@@ -343,8 +341,8 @@ class Relay(Drain):
         helper, fallback = self.helper, self.fallback
         status = helper.status if helper else {}
         here = fallback.stats() if fallback else {}
-        out: dict[str, Any] = {name: sum(s.get(name, 0) for s in (self.ended, status, here))
-                               for name in _SUMMED}
+        senders = (self.ended_status, status, here)
+        out: dict[str, Any] = {name: sum(s.get(name, 0) for s in senders) for name in _SUMMED}
         out["build_errors"] += self.build_errors
         live = here if fallback else status
         out["next_seq"] = live.get("next_seq", 0)
@@ -353,7 +351,7 @@ class Relay(Drain):
         out["abandoned"] = self.abandoned
         out["relay_pid"] = helper.process.pid if helper else None
         out["relay_ready"] = helper is not None and helper.started
-        out["relay_gc_collections"] = (status if helper else self.ended).get("gc")
+        out["relay_gc_collections"] = (status if helper else self.ended_status).get("gc")
         return out
 
 

@@ -21,6 +21,7 @@ change once its tasks are runnable), a user's payload is sanitized there
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import operator
 from collections.abc import Hashable
@@ -222,11 +223,9 @@ def _as_is(row: Any) -> Any:
 
 def _hashable(value: Any) -> Any:
     """A hashable stand-in for an annotation value, equal for equal values."""
-    try:
+    with contextlib.suppress(TypeError):
         hash(value)
         return value
-    except TypeError:
-        pass
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except Exception:
