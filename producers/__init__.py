@@ -7,10 +7,9 @@ dask_blackbox.producers.nanny`` (each process's ``blackbox.*`` config), with
 nanny's), or with :func:`attach` (one call, everything, the client's config).
 
 The route of a record: a hook offers an *item* to its process's buffer
-(:mod:`.buffer`); the drain makes its *row* (:mod:`.rows`); a sender packs rows, a run
-of transitions as one *run*, into envelopes and delivers them (:mod:`.sender`), in a
-thread of the Dask process or in a helper process (:mod:`.relay`). :mod:`.transport`
-composes the buffer and its drain.
+(:mod:`.buffer`); the drain makes its *row* (:mod:`.rows`) and a sender packs rows into
+envelopes and delivers them (:mod:`.sender`), in a thread of the Dask process or in a
+helper process (:mod:`.relay`); :mod:`.transport` composes the buffer and its drain.
 
 This package imports only distributed, aiokafka, orjson, msgspec (cramjam for
 compression) and ``dask_blackbox``'s contract, config and runfiles modules

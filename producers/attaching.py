@@ -37,14 +37,14 @@ def detach(client) -> None:
     """Flush and remove the plugins :func:`attach` (or a preload) installed: workers
     flush in their plugin teardown; the scheduler plugin publishes ``scheduler_close``
     and flushes, bounded by ``close-timeout`` (as when the scheduler closes)."""
-    return client.sync(_detach, client)
+    return client.run_on_scheduler(_detach_on_scheduler)
 
 
 async def _attach(client, settings: ProducerSettings) -> dict:
     await client.scheduler.register_scheduler_plugin(
         plugin=dumps(BlackboxSchedulerPlugin(settings)), name=PLUGIN_NAME, idempotent=True
     )
-    identity = await _run_on_scheduler(client, _scheduler_identity)
+    identity = await client.run_on_scheduler(_scheduler_identity)
     if identity is None or identity["cluster_id"] is None:
         raise RuntimeError(f"the scheduler has no started {PLUGIN_NAME!r} plugin")
     known = {"cluster_id": identity["cluster_id"], "cluster_name": identity["cluster_name"]}
@@ -53,22 +53,6 @@ async def _attach(client, settings: ProducerSettings) -> dict:
     await client.scheduler.register_nanny_plugin(
         plugin=dumps(BlackboxNannyPlugin(settings, **known)), name=PLUGIN_NAME, idempotent=True)
     return identity
-
-
-async def _detach(client) -> None:
-    await _run_on_scheduler(client, _detach_on_scheduler)
-
-
-async def _run_on_scheduler(client, function) -> Any:
-    response = await client.scheduler.run_function(
-        function=dumps(function), args=dumps(()), kwargs=dumps({}), wait=True
-    )
-    if response["status"] != "OK":
-        raise RuntimeError(
-            f"dask-blackbox: {function.__name__} failed on the scheduler: "
-            f"{response.get('exception_text')}"
-        )
-    return response["result"]
 
 
 def _scheduler_identity(dask_scheduler) -> dict | None:

@@ -1,26 +1,23 @@
 """The bounded buffer between a Dask process's hooks and the thread that drains it.
 
 A :class:`Buffer` is the only place that decides whether an item fits (the *room
-rule*) and the only place that counts what did not (the drops). Hooks offer items;
-one drain (the sender thread, or the relay thread handing rows to a helper process)
-takes them, and releases them once they are delivered or given up.
+rule*) and the only place that counts what did not (the drops). Hooks offer items; one
+drain takes them and releases them once they are delivered or given up.
 
-The room rule: an item of ``weight`` bytes (``item.weight``, its own estimate) is
-accepted when the items buffered or held number fewer than ``max_items`` and their
-weights plus its own stay within ``max_bytes``. Items taken and not released yet
-(*held*: being packed, in an envelope that is retried, or in a helper process) count
-against both limits, so an outage can neither grow memory past them nor let newer
-items in behind dropped ones. An item that does not fit is dropped (the newest, never
-the oldest) and counted: events, bytes, and the times of the first and last drop not
-reported yet.
+The room rule: an item of ``item.weight`` bytes is accepted when the items buffered or
+held number fewer than ``max_items`` and their weights plus its own stay within
+``max_bytes``. Items taken and not released yet (*held*: being packed, in an envelope
+that is retried, or in a helper process) count against both limits, so an outage can
+neither grow memory past them nor let newer items in behind dropped ones. An item that
+does not fit is dropped (the newest, never the oldest) and counted: events, bytes, and
+the times of the first and last drop not reported yet.
 
-Threads: :meth:`offer` is the hot path: no lock, no I/O, a length, three comparisons
-and an append (and an idle drain's :attr:`on_offer`). Several threads may offer
-(Dask's event loop, a thread that logs): ``deque.append`` is atomic, and each counter
-has one writing side (``_bytes_in`` the offering threads, whose ``+=`` on an int
-CPython's thread switch does not interrupt; ``_held`` and ``_bytes_out`` the drain,
-under :attr:`lock`). :meth:`take`, :meth:`release` and :attr:`accepted` share that
-lock, so ``accepted`` is exact whenever it is read.
+Threads: :meth:`offer`, the hot path, takes no lock. Several threads may offer (Dask's
+event loop, a thread that logs): ``deque.append`` is atomic, and each counter has one
+writing side (``_bytes_in`` the offering threads, whose ``+=`` on an int CPython's
+thread switch does not interrupt; ``_held`` and ``_bytes_out`` the drain, under
+:attr:`lock`). :meth:`take`, :meth:`release` and :attr:`accepted` share that lock, so
+``accepted`` is exact whenever it is read.
 """
 
 from __future__ import annotations
@@ -72,8 +69,6 @@ class Buffer:
         self._last_drop = 0.0
         self.on_offer: Any = None  # an idle drain's wake-up: the next kept item calls it
 
-    # ---------------------------------------------------------------- hot path
-
     def offer(self, item: Any) -> bool:
         """Buffer ``item``, or drop and count it when it does not fit: True if kept."""
         weight = item.weight
@@ -96,8 +91,6 @@ class Buffer:
         self._last_drop = now = time.time()
         if self._first_drop is None:
             self._first_drop = now
-
-    # ------------------------------------------------------------------- drain
 
     def take(self, max_items: int, max_weight: int) -> Taken:
         """The oldest items, up to ``max_items`` of them and until their weight
@@ -134,8 +127,6 @@ class Buffer:
             self._taken += n
         return n
 
-    # ------------------------------------------------------------------- drops
-
     def unreported_drops(self) -> DropCount | None:
         """The drops counted since the last call (None if none), now reported."""
         events, nbytes = self.dropped_events, self.dropped_bytes
@@ -156,8 +147,6 @@ class Buffer:
         if self._first_drop is None:
             self._first_drop = drops.since
         self._last_drop = max(self._last_drop, drops.until)
-
-    # ------------------------------------------------------------------ state
 
     @property
     def accepted(self) -> int:

@@ -22,6 +22,7 @@ event loop.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import enum
 import logging
@@ -37,13 +38,10 @@ logger = logging.getLogger(__name__)
 
 #: Containers nested deeper than this are described, not walked.
 MAX_DEPTH = 32
-
 #: Dict keys longer than this are cut.
 MAX_KEY_CHARS = 200
-
 #: Approximate encoded size charged for a scalar (number, bool, null).
 _SCALAR_BYTES = 8
-
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson encodes natively
 
 #: Types orjson encodes natively and that have no size worth capping (exact types).
@@ -51,7 +49,9 @@ _NATIVE_ATOMS = frozenset({datetime.date, uuid.UUID})
 #: Exact tzinfo types whose ``utcoffset`` is the standard library's own code.
 _SAFE_TZINFOS = frozenset({datetime.timezone, zoneinfo.ZoneInfo})
 #: Builtin containers walked (their subclasses through these types' own methods).
-_SEQUENCES = (list, tuple, set, frozenset)
+_CONTAINERS = (dict, list, tuple, set, frozenset)
+#: Builtin types whose length is an object's size (their subclasses' through theirs).
+_SIZED = (bytes, bytearray, *_CONTAINERS)
 #: Top-level modules whose objects' ``nbytes``/``item()`` are trusted.
 _ARRAY_MODULES = frozenset({"numpy", "pandas", "cupy"})
 #: ``__sizeof__`` implementations that are C code (not a user's Python function).
@@ -89,24 +89,22 @@ def describe(obj: Any) -> dict:
     datetime or time whose ``tzinfo`` is not known to be safe, its naive ISO text."""
     out: dict[str, Any] = {"__type__": type_name(obj), "__size__": _size_of(obj)}
     t = type(obj)
-    if issubclass(t, BaseException):
-        try:
+    try:
+        if issubclass(t, BaseException):
             out["__text__"] = cap_text(str(obj), 1000)
-        except Exception:
-            out["__text__"] = None
-    elif t is datetime.datetime or t is datetime.time:  # replace() of a subclass runs its code
-        try:
+        elif t is datetime.datetime or t is datetime.time:  # a subclass's replace() is its code
             out["__text__"] = obj.replace(tzinfo=None).isoformat()
-        except Exception:
-            out["__text__"] = None
+    except Exception:
+        out["__text__"] = None
     return out
 
 
 def _size_of(obj: Any) -> int | None:
     t = type(obj)
     try:
-        if issubclass(t, (bytes, bytearray)):
-            return (bytes if issubclass(t, bytes) else bytearray).__len__(obj)
+        for base in _SIZED:
+            if issubclass(t, base):
+                return base.__len__(obj)
         if t is memoryview:
             return obj.nbytes
         # distributed's frames; looked up, not imported: a relay helper process
@@ -114,11 +112,6 @@ def _size_of(obj: Any) -> int | None:
         serialize = sys.modules.get("distributed.protocol.serialize")
         if serialize is not None and (t is serialize.Serialized or t is serialize.Pickled):
             return sum(memoryview(f).nbytes for f in obj.frames)
-        if issubclass(t, dict):
-            return dict.__len__(obj)
-        for base in _SEQUENCES:
-            if issubclass(t, base):
-                return base.__len__(obj)
         if _trusted_array(t):
             nbytes = getattr(obj, "nbytes", None)
             if type(nbytes) is int:
@@ -170,27 +163,21 @@ class _Walker:
             return obj
         # Subclasses of the builtins, read through the builtin's own methods.
         if issubclass(t, enum.Enum):
-            try:
+            with contextlib.suppress(Exception):
                 return self.walk(object.__getattribute__(obj, "_value_"), depth)
-            except Exception:
-                pass
         elif issubclass(t, str):
             return self._text(str.__str__(obj))
         elif issubclass(t, int):
             return self.walk(int.__int__(obj), depth)
         elif issubclass(t, float):
             return self.walk(float.__float__(obj), depth)
-        elif issubclass(t, dict):
-            return self._container(obj, dict, depth)
         else:
-            for base in _SEQUENCES:
+            for base in _CONTAINERS:
                 if issubclass(t, base):
                     return self._container(obj, base, depth)
             if _trusted_array(t) and getattr(obj, "ndim", None) == 0:  # numpy scalars
-                try:
+                with contextlib.suppress(Exception):
                     return self.walk(obj.item(), depth)
-                except Exception:
-                    pass
         self.budget -= 64
         return describe(obj)
 

@@ -23,6 +23,7 @@ the same thread (a logging call in a ``__str__``) is skipped.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 from collections.abc import Callable
@@ -91,10 +92,8 @@ class LogHandler(logging.Handler):
                 message = cap_text(f"{record.msg!r} (unformattable: {type(e).__name__})", cap)
             exc_text = None
             if record.exc_info:
-                try:
+                with contextlib.suppress(Exception):
                     exc_text = cap_text(logging.Formatter().formatException(record.exc_info), cap)
-                except Exception:
-                    exc_text = None
             elif record.exc_text:
                 exc_text = cap_text(record.exc_text, cap)
             worker, key = _task_of_thread()

@@ -1,20 +1,12 @@
 """The nanny producer: a NannyPlugin recording how each worker process ended.
 
-Attach it with ``dask worker --preload-nanny dask_blackbox.producers.nanny`` (the
-nanny's own ``blackbox.*`` settings) or with :func:`producers.attach`.
-
 Dask has no hook for a worker process's end, and the nanny is the one process that
 sees it, so the plugin watches: every :data:`WATCH_INTERVAL` it samples the nanny's
 worker process (``Nanny.process``: its memory with psutil, as the nanny's memory
 monitor does, and the host's) and, once the process it watched has ended, publishes
-one ``WORKER_EXIT`` (:class:`~dask_blackbox.contract.WorkerExit`): the worker's address
-and pid, the exit code (negative: killed by that signal, Dask's convention) and the
-signal's name, the last and peak memory against the memory limit and
-``distributed.worker.memory.terminate``, the host's memory, the nanny's status
-(closing: an expected end) and how many worker processes this nanny had started.
-Whether the nanny killed it for memory is in the ``worker-restart-memory`` event Dask
-logs on the scheduler (same pid): the read side joins them. The nanny's own log lines
-are shipped with the logs, ``source`` "nanny".
+one :class:`~dask_blackbox.contract.WorkerExit`. Whether the nanny killed it for
+memory is in the ``worker-restart-memory`` event Dask logs on the scheduler (same pid):
+the read side joins them. The nanny's own log lines are shipped, ``source`` "nanny".
 """
 
 from __future__ import annotations
@@ -76,7 +68,7 @@ class Watched:
             return
         self.memory = rss
         self.memory_peak = max(self.memory_peak or 0, rss)
-        try:  # psutil.virtual_memory()'s total and available, at a fifth of its cost
+        try:  # psutil.virtual_memory()'s total and available, read cheaply
             with open("/proc/meminfo", "rb", buffering=0) as f:
                 host = [int(kib) * 1024 for kib in _MEMINFO.search(f.read()).groups()]
         except (OSError, AttributeError):  # not Linux, or a kernel without MemAvailable
@@ -85,8 +77,7 @@ class Watched:
 
 
 class BlackboxNannyPlugin(NannyPlugin):
-    """Publishes a ``WORKER_EXIT`` per worker process its nanny ran, and the nanny's
-    log records."""
+    """Publishes a ``WORKER_EXIT`` per worker process its nanny ran (module docstring)."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -105,12 +96,9 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.starts = 0  # worker processes this nanny started that were watched
         self._watch: PeriodicCallback | None = None
 
-    def __getstate__(self) -> dict:
-        return {"settings": self.settings, "cluster_id": self.cluster_id,
-                "cluster_name": self.cluster_name}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+    def __reduce__(self) -> tuple:
+        """Only the settings (and the cluster's identity) travel."""
+        return type(self), (self.settings, self.cluster_id, self.cluster_name)
 
     async def setup(self, nanny: Nanny) -> None:
         self.nanny = nanny

@@ -2,18 +2,17 @@
 
 With ``producer.sender: process`` (``auto`` for the scheduler) the Dask process keeps
 only the hand-over: a :class:`Relay` thread takes items from the buffer, makes their
-rows (:class:`~producers.rows.RowMaker`: a user's object is sanitized here and never
-sent on) and writes them to a helper process (:func:`main`). The helper offers them to
-a buffer of its own drained by the same :class:`~producers.sender.Sender` under the
-same producer id: the same envelopes, ``seq``, retries, DROPS reports and close
-semantics, without holding the GIL Dask's event loop needs.
+rows (a user's object is sanitized here and never sent on) and writes them to a helper
+process (:func:`main`), whose buffer is drained by the same
+:class:`~producers.sender.Sender` under the same producer id: the delivery semantics of
+:mod:`producers.sender`, without holding the GIL Dask's event loop needs.
 
-The hand-over, every ``flush-interval`` (after one of ``sender.BUSY_ENVELOPE`` rows
-or more, ``sender.BUSY_LINGER`` if longer) and when closing: a :class:`Frame` of at most
-:data:`FRAME_ITEMS` rows, the buffer's drops since the previous frame (the helper
-reports them) and the identity when it changed, msgpack-encoded behind a 4-byte
-little-endian length, one ``write`` to the helper's stdin. A row msgpack cannot
-encode is sent as the JSON the thread sender would have sent (:func:`encodable`).
+The hand-over, at the sender's linger (:meth:`~producers.sender.Drain.linger`) and when
+closing: a :class:`Frame` of at most :data:`FRAME_ITEMS` rows, the buffer's drops since
+the previous frame (the helper reports them) and the identity when it changed,
+msgpack-encoded behind a 4-byte little-endian length, one ``write`` to the helper's
+stdin. A row msgpack cannot encode is sent as the JSON the thread sender would have
+sent (:func:`encodable`).
 
 The helper writes a JSON status line at most every :data:`STATUS_INTERVAL` while
 anything changes: rows done (delivered or given up), its sender's counters and its
@@ -27,18 +26,17 @@ Failures:
   the helper may have used the old one (no ``seq`` is reused). The rows a dead helper
   held are counted dropped (and ``abandoned``), with the drops handed to it that it
   had not reported; the thread sender reports them.
-- The helper ignores SIGINT and SIGTERM (the Dask process closes it). At the end of
-  its stdin (closed by the Dask process, or by its death) it delivers what it holds
-  within ``close-timeout`` and exits.
-- Close: the relay hands over what is left, closes the helper's stdin and waits for
-  its exit (``close-timeout`` plus :data:`CLOSE_GRACE`); ``lost_at_close`` comes from
-  its last status.
+- The helper ignores SIGINT and SIGTERM. At the end of its stdin (closed by the Dask
+  process, or by its death) it delivers what it holds within ``close-timeout`` and
+  exits. The relay's close hands over what is left, closes that stdin and waits for the
+  exit (``close-timeout`` plus :data:`CLOSE_GRACE`); ``lost_at_close`` comes from the
+  last status.
 
 The helper adds ``producer.helper-niceness`` to the Dask process's niceness and, like
-the relay and status threads, runs under ``SCHED_BATCH`` (Linux): Dask's processes
-come first. It freezes what it made while starting and collects rarely
-(:data:`HELPER_GC_THRESHOLDS`: what it allocates is acyclic and short-lived). It
-imports neither Dask's distributed nor the pipeline's other packages.
+the relay and status threads, runs under ``SCHED_BATCH`` (Linux). It freezes what it
+made while starting and collects rarely (:data:`HELPER_GC_THRESHOLDS`: what it
+allocates is acyclic and short-lived). It imports neither Dask's distributed nor the
+pipeline's other packages.
 """
 
 from __future__ import annotations
@@ -67,12 +65,12 @@ try:
 except ImportError:  # not POSIX: the pipe keeps its size
     fcntl = None  # type: ignore[assignment]
 
-from dask_blackbox.contract import TRANSITION, fields, Transition
+from dask_blackbox.contract import TRANSITION
 from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
 from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
 from dask_blackbox.producers.sender import (
-    BUSY_ENVELOPE, BUSY_LINGER, THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
+    THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
 from dask_blackbox.producers.settings import ProducerSettings
 
@@ -106,31 +104,22 @@ class Frame(msgspec.Struct, array_like=True, gc=False):
 
 _encode_frame = msgspec.msgpack.Encoder().encode
 _decode_frame = msgspec.msgpack.Decoder(Frame).decode
-_TRANSITION_FIELDS = ("kind", *fields(Transition)[1:])
 
 
 def encodable(row: Any, max_chars: int) -> Any:
     """A row msgpack can encode: ``row`` itself, or its event as the JSON the thread
     sender would have sent (:func:`~producers.encode.encode_event`)."""
-    try:
+    with contextlib.suppress(Exception):
         _encode_frame(row)
         return row
-    except Exception:
-        pass
-    if type(row) is Ready:
-        event = row.event
-    else:
-        event = dict(zip(_TRANSITION_FIELDS, (TRANSITION, *msgspec.structs.astuple(row))))
+    event = row.event if type(row) is Ready else {"kind": TRANSITION,
+                                                  **msgspec.structs.asdict(row)}
     return Ready(orjson.loads(encode_event(event, max_chars)), row.weight)
 
 
-class HelperFailed(Exception):
-    """The helper process could not be started or used."""
-
-
 class Helper:
-    """One helper process, started with ``hello``: its pipes, and its status (read
-    by a thread of its own)."""
+    """One helper process, started with ``hello`` (OSError if it cannot be): its pipes,
+    and its status (read by a thread of its own)."""
 
     def __init__(self, relay: Relay, hello: bytes):
         self.relay = relay
@@ -145,19 +134,16 @@ class Helper:
         # Isolated (-I): it imports from this process's sys.path, never a module that
         # shadows ours from wherever it was started.
         path = [os.path.abspath(p) for p in sys.path]
-        try:
-            self.process = subprocess.Popen(
-                [sys.executable, "-I", "-c", _HELPER_MAIN, json.dumps(path)],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
-        except OSError as e:
-            raise HelperFailed(f"cannot start its helper process ({e})") from e
+        self.process = subprocess.Popen(
+            [sys.executable, "-I", "-c", _HELPER_MAIN, json.dumps(path)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, close_fds=True)
         with contextlib.suppress(AttributeError, OSError):
             fcntl.fcntl(self.process.stdin.fileno(), fcntl.F_SETPIPE_SZ, PIPE_BYTES)
         try:
             self.write(hello)
-        except OSError as e:
+        except OSError:  # it exited at start
             self.kill()
-            raise HelperFailed(f"its helper process exited at start ({e})") from e
+            raise
         threading.Thread(target=self._read_status, daemon=True,
                          name=f"{THREAD_PREFIX}{relay.identity.source}-relay-status").start()
 
@@ -205,7 +191,7 @@ class Relay(Drain):
         self.woken = threading.Event()
         self.lock = threading.Lock()  # the relay thread vs the status thread
         self.helper: Helper | None = None
-        self.ended: dict[str, Any] = {}  # the last status of the helper, once it ended
+        self.ended_status: dict[str, Any] = {}  # of the helper, once it ended
         self.fallback: Sender | None = None  # the thread sender it became
         self.identity_handed: tuple | None = None
         self.abandoned = 0  # rows a dead helper took with it
@@ -217,20 +203,6 @@ class Relay(Drain):
         if self.fallback is not None:
             self.fallback.close(deadline)
         super().close(deadline)
-
-    def delivered(self, accepted: int) -> bool:
-        """Whether the first ``accepted`` items accepted were delivered or given up."""
-        sent = self._total("sent_events") - self._total("sent_drop_reports")
-        return (sent + self._total("build_errors") + self.build_errors + self.abandoned
-                >= accepted)
-
-    def _total(self, name: str) -> int:
-        """A sender counter: the helper's (live or ended) plus the thread sender's."""
-        helper, fallback = self.helper, self.fallback
-        return (self.ended.get(name, 0) + (helper.status.get(name, 0) if helper else 0)
-                + (getattr(fallback, name) if fallback else 0))
-
-    # ------------------------------------------------------------------ thread
 
     def _main(self) -> None:
         yield_on_wakeup()
@@ -251,11 +223,12 @@ class Relay(Drain):
                               "identity": self.identity_handed}, protocol=5)
         try:
             self.helper = helper = Helper(self, hello)
-        except HelperFailed as e:
-            logger.warning("dask-blackbox %s: %s; sending from the %s process instead",
-                           identity.producer_id, e, identity.source)
+        except OSError as e:
+            logger.warning("dask-blackbox %s: cannot use its helper process (%s); sending "
+                           "from the %s process instead", identity.producer_id, e,
+                           identity.source)
             return False
-        flush = linger = self.settings.flush_interval
+        linger = self.settings.flush_interval
         while True:
             closing = self.closing
             if not closing:
@@ -269,7 +242,7 @@ class Relay(Drain):
             except OSError:  # its stdin is gone: it died
                 helper.ended.wait(1.0)
                 continue
-            linger = max(BUSY_LINGER, flush) if handed >= BUSY_ENVELOPE else flush
+            linger = self.linger(handed)
             if closing and not self.buffer.waiting:  # it delivers what it holds, and exits
                 helper.close_input()
                 try:
@@ -285,10 +258,9 @@ class Relay(Drain):
         changed); how many rows it held."""
         buffer, helper = self.buffer, self.helper
         taken = buffer.take(FRAME_ITEMS, 1 << 62)
-        rows, failed = self.rows.rows(taken.items)
+        rows, failed = self.make_rows(taken.items)
         weight = taken.weight
         if failed:
-            self.build_failed(len(failed), failed[0])
             failed_weight = sum(item.weight for item in failed)
             buffer.release(len(failed), failed_weight)
             weight -= failed_weight
@@ -350,7 +322,7 @@ class Relay(Drain):
                 if unreported > 0:
                     self.buffer.drop(0, unreported)
                 self.helper = None
-                self.ended = helper.status
+                self.ended_status = helper.status
             self.identity.producer_id = new_producer_id(self.identity.source)
             logger.warning(
                 "dask-blackbox: the helper process of %s ended (code %s) with %d undelivered "
@@ -363,31 +335,31 @@ class Relay(Drain):
         self.fallback = sender
         sender._main()
 
-    # ------------------------------------------------------------------ state
-
     def stats(self) -> dict[str, Any]:
+        """Its own counters, with each sender counter summed over the helper (live or
+        ended) and the thread sender it became."""
         helper, fallback = self.helper, self.fallback
-        out: dict[str, Any] = {name: self._total(name) for name in _SUMMED}
+        status = helper.status if helper else {}
+        here = fallback.stats() if fallback else {}
+        senders = (self.ended_status, status, here)
+        out: dict[str, Any] = {name: sum(s.get(name, 0) for s in senders) for name in _SUMMED}
         out["build_errors"] += self.build_errors
-        live = fallback.stats() if fallback is not None else (helper.status if helper else {})
+        live = here if fallback else status
         out["next_seq"] = live.get("next_seq", 0)
         out["connected"] = bool(live.get("connected"))
         out["sender"] = "thread" if fallback is not None else "process"
         out["abandoned"] = self.abandoned
         out["relay_pid"] = helper.process.pid if helper else None
         out["relay_ready"] = helper is not None and helper.started
-        out["relay_gc_collections"] = (helper.status if helper else self.ended).get("gc")
+        out["relay_gc_collections"] = (status if helper else self.ended_status).get("gc")
         return out
 
 
-# ------------------------------------------------------------------ the helper
-
-
 def _read_exact(fd: int, n: int) -> bytes | None:
+    """``n`` bytes of ``fd``; None at the end of the input."""
     parts = []
     while n:
-        chunk = os.read(fd, n)
-        if not chunk:
+        if not (chunk := os.read(fd, n)):
             return None
         parts.append(chunk)
         n -= len(chunk)
@@ -395,7 +367,6 @@ def _read_exact(fd: int, n: int) -> bytes | None:
 
 
 def _read_frame(fd: int) -> bytes | None:
-    """The next frame's bytes; None at the end of the input."""
     header = _read_exact(fd, _HEADER.size)
     return None if header is None else _read_exact(fd, _HEADER.unpack(header)[0])
 
@@ -480,7 +451,3 @@ def main() -> None:
     sender.thread.join(receiver.settings.close_timeout + 1.0)
     with contextlib.suppress(BrokenPipeError, ValueError):
         receiver.report(force=True)
-
-
-if __name__ == "__main__":
-    main()

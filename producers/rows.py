@@ -1,14 +1,12 @@
 """Items, rows and runs: the three shapes a record takes between a hook and the wire.
 
 - An **item** is what a hook offers to the :class:`~producers.buffer.Buffer`, as cheap
-  to make as the hot path needs: a :class:`TransitionItem` (it may hold Dask's
-  ``TaskGroup`` and, for an erred transition, Dask's keyword arguments), an
-  :class:`EventItem` (a ``log_event`` payload, not looked at yet), a :class:`GraphItem`
-  (one part of a submitted graph, Dask's objects captured on the event loop), or a
-  :class:`Ready` holding a finished event mapping. Every item has a ``weight``, its
-  estimated size in bytes, which the buffer's limits count.
-- A **row** is plain, named data, made from an item by the drain (the sender thread,
-  or the relay thread that hands rows to a helper process): a :data:`TransitionRow`
+  to make as the hot path needs: a :class:`TransitionItem`, an :class:`EventItem` (a
+  ``log_event`` payload, not looked at yet), a :class:`GraphItem` (one part of a
+  submitted graph, Dask's objects captured on the event loop), or a :class:`Ready`
+  holding a finished event mapping. Its ``weight``, its estimated size in bytes, is
+  what the buffer's limits count.
+- A **row** is plain, named data the drain makes of an item: a :data:`TransitionRow`
   (the fields of :class:`~dask_blackbox.contract.Transition`, in its order) or a
   :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
   holds builtins only: it crosses a pipe to a helper process (msgpack) as it is.
@@ -23,6 +21,8 @@ change once its tasks are runnable), a user's payload is sanitized there
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import operator
 from collections.abc import Hashable
 from typing import Any
@@ -36,7 +36,7 @@ from dask_blackbox.contract import (
 )
 from dask_blackbox.producers.encode import cap_text, sanitize
 
-#: Estimated bytes of a transition (an item's memory; ~60-120 bytes in a run).
+#: Estimated bytes of a transition item.
 TRANSITION_WEIGHT = 200
 #: Task-group names remembered by a row maker, and texts of tuple keys.
 NAMES_CACHE = 4_096
@@ -44,8 +44,6 @@ KEY_TEXT_CACHE = 100_000
 #: Distinct values listed per annotation in a graph's part 0.
 MAX_ANNOTATION_VALUES = 20
 
-
-# ------------------------------------------------------------------- items
 
 #: A task transition as a hook offers it: the record's fields, the task's
 #: ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
@@ -95,8 +93,6 @@ class GraphItem(msgspec.Struct, gc=False):
     weight: int
 
 
-# -------------------------------------------------------------------- rows
-
 class Ready(msgspec.Struct, array_like=True, gc=False, tag=1):
     """A finished event mapping (an item, and the row of every kind but
     transitions)."""
@@ -125,8 +121,10 @@ class RowMaker:
     def __init__(self, max_chars: int, worker: str | None = None):
         self.max_chars = max_chars
         self.worker = worker
-        self._names: dict = {}
-        self._key_texts: dict = {}
+        #: ``(prefix, group, span_id)`` of a scheduler ``TaskGroup``.
+        self.names = functools.lru_cache(NAMES_CACHE)(_group_names)
+        #: :func:`~dask_blackbox.contract.encode_key` of a key.
+        self.key_text = functools.lru_cache(KEY_TEXT_CACHE)(encode_key)
         self._makers = {TransitionItem: self.transition, EventItem: self.event,
                         GraphItem: self.graph, Ready: _as_is, TransitionRow: _as_is}
 
@@ -154,24 +152,6 @@ class RowMaker:
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)
-
-    def names(self, group: Any) -> tuple:
-        """``(prefix, group, span_id)`` of a scheduler ``TaskGroup``."""
-        names = self._names.get(group)
-        if names is None:
-            if len(self._names) >= NAMES_CACHE:
-                self._names.clear()
-            names = self._names[group] = (group.prefix.name, group.name, group.span_id)
-        return names
-
-    def key_text(self, key: Hashable) -> str:
-        """:func:`~dask_blackbox.contract.encode_key` of a key, remembered."""
-        text = self._key_texts.get(key)
-        if text is None:
-            if len(self._key_texts) >= KEY_TEXT_CACHE:
-                self._key_texts.clear()
-            text = self._key_texts[key] = encode_key(key)
-        return text
 
     def _error(self, kwargs: dict) -> tuple:
         cap = self.max_chars
@@ -233,24 +213,24 @@ class RowMaker:
 _NO_NAMES = (None, None, None)
 
 
+def _group_names(group: Any) -> tuple:
+    return group.prefix.name, group.name, group.span_id
+
+
 def _as_is(row: Any) -> Any:
     return row
 
 
 def _hashable(value: Any) -> Any:
     """A hashable stand-in for an annotation value, equal for equal values."""
-    try:
+    with contextlib.suppress(TypeError):
         hash(value)
         return value
-    except TypeError:
-        pass
     try:
         return orjson.dumps(value, option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
     except Exception:
         return id(value)
 
-
-# -------------------------------------------------------------------- runs
 
 _astuple = msgspec.structs.astuple
 

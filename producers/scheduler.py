@@ -1,28 +1,23 @@
 """The scheduler producer: a SchedulerPlugin publishing what the scheduler sees.
 
-Attach it with ``dask scheduler --preload dask_blackbox.producers.scheduler`` (the
-scheduler's own ``blackbox.*`` settings) or with :func:`producers.attach`. It publishes
-(contract kinds; ``blackbox.producer.record`` leaves kinds out):
+It publishes (the kinds of :mod:`dask_blackbox.contract`, which specifies each;
+``blackbox.producer.record`` leaves kinds out):
 
 - ``TRANSITION`` per call of :meth:`SchedulerPlugin.transition`, stamped with the time
   Dask recorded in ``Scheduler.transition_log`` (the one ``Scheduler.story`` shows),
-  with the task's prefix, group and span id, Dask's
-  :data:`~dask_blackbox.contract.TRANSITION_KWARGS` and an erred transition's
-  exception, traceback and cause;
-- ``GRAPH`` per ``update_graph``, in parts (its tasks with their dependencies, up to
-  ``graph-max-tasks``); ``SPAN`` once per span of ``scheduler.extensions["spans"]``,
-  parents first;
+  with Dask's :data:`~dask_blackbox.contract.TRANSITION_KWARGS` and an erred
+  transition's exception, traceback and cause;
+- ``GRAPH`` per ``update_graph``, in parts; before it, ``SPAN`` once per new span of
+  ``scheduler.extensions["spans"]``, parents first;
 - ``EVENT`` per ``log_event`` on any topic, with the time Dask stored with it (what
-  ``Client.get_events`` returns);
+  ``Client.get_events`` returns), from the events Dask kept before it started on;
 - ``LIFECYCLE`` for scheduler start/close, workers and clients added/removed and
-  restart; scheduler_start, worker_added and worker_removed carry ``total_nthreads``,
-  the entries of ``Scheduler.total_nthreads_history`` appended since the previous one
-  of them (the whole history in scheduler_start);
+  restart;
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, the time of the record Dask just
-appended, one :class:`~producers.rows.TransitionItem` and ``Buffer.offer``. Nothing
-a user passes is looked at on the event loop: rows are made in the drain.
+appended, one :class:`~producers.rows.TransitionItem` and ``Buffer.offer``; nothing a
+user passes is looked at on the event loop.
 """
 
 from __future__ import annotations
@@ -75,12 +70,8 @@ def _discard(*args: Any, **kwargs: Any) -> None:
 
 
 class BlackboxSchedulerPlugin(SchedulerPlugin):
-    """Publishes the scheduler's transitions, graphs, spans, events, lifecycle and
-    metrics through a :class:`~producers.transport.Transport`.
-
-    Only ``settings`` travels when the plugin is pickled; the transport is created in
-    :meth:`start`, in the scheduler process.
-    """
+    """Publishes what the scheduler sees (module docstring) through a
+    :class:`~producers.transport.Transport` made in :meth:`start`."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -100,11 +91,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._log: Any = ()
         self._erred_weight = TRANSITION_WEIGHT + 2 * self.settings.max_value_bytes
 
-    def __getstate__(self) -> dict:
-        return {"settings": self.settings}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(state["settings"])
+    def __reduce__(self) -> tuple:
+        """Only the settings travel."""
+        return type(self), (self.settings,)
 
     @property
     def identity(self) -> dict[str, str | None]:
@@ -112,8 +101,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         i = self.transport.identity if self.transport else None
         return {name: getattr(i, name, None)
                 for name in ("cluster_id", "cluster_name", "producer_id")}
-
-    # ------------------------------------------------------------------ lifecycle
 
     async def start(self, scheduler: Scheduler) -> None:
         if self.transport is not None:  # already running on this scheduler
@@ -157,8 +144,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         logs.uninstall(transport)
         await transport.close()
 
-    # ------------------------------------------------------------------ hot path
-
     def transition(self, key: Hashable, start: str, finish: str, *args: Any,
                    stimulus_id: str | None = None, **kwargs: Any) -> None:
         ts = self._tasks_get(key)
@@ -176,8 +161,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
                                        *map(kwargs.get, TRANSITION_KWARGS), kwargs,
                                        self._erred_weight))
-
-    # ------------------------------------------------------------ graphs, spans
 
     def update_graph(self, scheduler: Scheduler, *, client: str, keys: set, tasks: list,
                      annotations: dict[str, dict], priority: dict, stimulus_id: str,
@@ -229,8 +212,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._offer(Ready(event, 300))
         self._n_spans = len(ext.spans)
 
-    # ------------------------------------------------------------- events, life
-
     def log_event(self, topic: str, msg: Any) -> None:
         if self.settings.record.events:
             self._publish_event(topic, self._event_time(topic, msg), msg)
@@ -259,8 +240,7 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         running cluster), oldest first, so the stream holds what get_events holds."""
         backlog = [(ts, topic, msg) for topic, events in self.scheduler.get_events().items()
                    for ts, msg in events]
-        backlog.sort(key=lambda e: e[0])
-        for ts, topic, msg in backlog:
+        for ts, topic, msg in sorted(backlog, key=lambda e: e[0]):
             self._publish_event(topic, ts, msg)
 
     def _event_time(self, topic: str, msg: Any) -> float:
@@ -317,8 +297,6 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         seen = self._n_nthreads if self._n_nthreads <= len(history) else 0
         self._n_nthreads = len(history)
         return [list(entry) for entry in history[seen:]]
-
-    # ------------------------------------------------------------------ metrics
 
     def _publish_metrics(self) -> None:
         s = self.scheduler

@@ -1,17 +1,15 @@
 """The sender: drains a :class:`~producers.buffer.Buffer` into Kafka.
 
 A :class:`Sender` runs in a thread of its own with its own asyncio loop (aiokafka's),
-in the Dask process or in a relay's helper process (:mod:`producers.relay`): the same
-code, the same envelopes. Each round it takes items worth about half an envelope
-(:data:`BATCH_WEIGHT`), makes their rows (:class:`~producers.rows.RowMaker`), packs
-them (:func:`pack`) into envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of
-at most :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them
-(:class:`KafkaLink`). A partial envelope leaves at most once per *linger*, a full one
-as soon as there is enough for it. The linger is ``flush-interval``, or, after an
-envelope of :data:`BUSY_ENVELOPE` events or more, ``busy_linger`` (:data:`BUSY_LINGER`)
-if longer: a trickle leaves soon, a flood in fewer and larger envelopes. An idle
-sender sleeps until the buffer keeps an item, which leaves at once. Kafka compresses
-each envelope (``blackbox.kafka.compression``).
+in the Dask process or in a relay's helper process (:mod:`producers.relay`). Each
+round it takes items worth about half an envelope (:data:`BATCH_WEIGHT`), makes their
+rows, packs them (:func:`pack`) into envelopes
+(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
+:data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them (:class:`KafkaLink`;
+Kafka compresses each, ``blackbox.kafka.compression``). A full envelope leaves as soon
+as there is enough for it, a partial one at most once per *linger*: ``flush-interval``,
+or after an envelope of :data:`BUSY_ENVELOPE` rows or more, :data:`BUSY_LINGER` if
+longer. An idle sender sleeps until the buffer keeps an item, which leaves at once.
 
 Delivery semantics:
 
@@ -63,10 +61,9 @@ EVENTS_BUDGET = MAX_ENVELOPE_BYTES - ENVELOPE_OVERHEAD
 #: Estimated weight of the items taken for one envelope: under the budget, so that an
 #: envelope rarely has to be split after encoding.
 BATCH_WEIGHT = EVENTS_BUDGET // 2
-#: An envelope of at least this many events is busy (see the module docstring).
+#: An envelope of at least this many rows is busy: the next partial one waits
+#: BUSY_LINGER (or ``flush-interval`` if longer; :meth:`Drain.linger`).
 BUSY_ENVELOPE = 200
-#: After a busy envelope, the next partial one waits this long (or ``flush-interval``
-#: if longer); so does a relay's next hand-over after a busy one.
 BUSY_LINGER = 0.5
 #: Names of the recorder's threads start with this (the log handler skips them).
 THREAD_PREFIX = "dask-blackbox-"
@@ -198,18 +195,18 @@ class KafkaLink:
 
 
 class Drain:
-    """What empties a buffer from a thread of its own (``_main``), named
-    ``<source>-<role>``: a :class:`Sender` or a :class:`~producers.relay.Relay`, each
-    with ``wake()``, ``delivered(accepted)`` and ``stats()``."""
+    """What empties a buffer from a thread of its own (``_main``, named
+    ``<source>-<role>``): a :class:`Sender` or a :class:`~producers.relay.Relay`."""
 
     role = "drain"
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
-                 rows: RowMaker):
+                 rows: RowMaker, busy_linger: float = BUSY_LINGER):
         self.buffer = buffer
         self.settings = settings
         self.identity = identity
         self.rows = rows
+        self.busy_linger = max(busy_linger, settings.flush_interval)
         self.build_errors = 0  # items no row could be made of, given up
         self.closing = False
         self.close_deadline = float("inf")
@@ -229,6 +226,32 @@ class Drain:
             self.buffer.close()
         self.wake()
 
+    def delivered(self, accepted: int) -> bool:
+        """Whether the first ``accepted`` items accepted were delivered or given up."""
+        s = self.stats()
+        return (s["sent_events"] - s["sent_drop_reports"] + s["build_errors"]
+                + s.get("abandoned", 0) >= accepted)
+
+    def linger(self, n_rows: int) -> float:
+        """How long the next partial batch waits after one of ``n_rows`` rows:
+        ``busy_linger`` (at least ``flush-interval``) after a busy one."""
+        return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
+
+    def make_rows(self, items: list) -> tuple[list, list]:
+        """:meth:`RowMaker.rows`, counting the items no row could be made of."""
+        rows, failed = self.rows.rows(items)
+        if failed:
+            self.build_failed(len(failed), failed[0])
+        return rows, failed
+
+    def build_failed(self, n: int, example: Any) -> None:
+        """Count ``n`` items no row could be made of (logged at first, then rarely)."""
+        before = self.build_errors
+        self.build_errors += n
+        if before < 3 or before // 10_000 != self.build_errors // 10_000:
+            logger.error("dask-blackbox could not make a row of a %s (%d so far)",
+                         type(example).__name__, self.build_errors)
+
 
 class Sender(Drain):
     """Drains ``buffer`` into Kafka from a thread of its own (module docstring)."""
@@ -237,8 +260,7 @@ class Sender(Drain):
 
     def __init__(self, buffer: Buffer, settings: ProducerSettings, identity: Identity,
                  rows: RowMaker, busy_linger: float = BUSY_LINGER):
-        super().__init__(buffer, settings, identity, rows)
-        self.busy_linger = max(busy_linger, settings.flush_interval)
+        super().__init__(buffer, settings, identity, rows, busy_linger)
         self.next_seq = 0
         self.sent_envelopes = 0
         self.sent_events = 0  # rows delivered, DROPS reports included
@@ -255,12 +277,6 @@ class Sender(Drain):
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop has ended
                 loop.call_soon_threadsafe(self._cut_sleep)
-
-    def delivered(self, accepted: int) -> bool:
-        """Whether the first ``accepted`` items accepted were delivered or given up."""
-        return self.sent_events - self.sent_drop_reports + self.build_errors >= accepted
-
-    # ------------------------------------------------------------------ thread
 
     def _main(self) -> None:
         yield_on_wakeup()
@@ -328,7 +344,7 @@ class Sender(Drain):
                         self.build_failed(len(rows), rows[0])
                         continue
                     last_pack = time.monotonic()
-                    linger = self.busy_linger if len(rows) >= BUSY_ENVELOPE else flush
+                    linger = self.linger(len(rows))
                 body = pending[0]
                 timeout = REQUEST_TIMEOUT
                 if self.closing:
@@ -363,9 +379,7 @@ class Sender(Drain):
         """The rows of the next items (a DROPS report first once a delivery has
         succeeded), and the items' count and weight."""
         taken = self.buffer.take(1 << 30, BATCH_WEIGHT)
-        rows, failed = self.rows.rows(taken.items)
-        if failed:
-            self.build_failed(len(failed), failed[0])
+        rows, _ = self.make_rows(taken.items)
         if self.next_seq and (drops := self.buffer.unreported_drops()) is not None:
             report: Drops = {"kind": DROPS, "ts": time.time(), "dropped_events": drops.events,
                              "dropped_bytes": drops.bytes, "since": drops.since,

@@ -1,16 +1,11 @@
 """The producers' settings, resolved once and carried inside the plugin objects.
 
 Plugins are pickled from the client to the scheduler and the workers, whose own Dask
-configuration may differ from the client's. So the ``blackbox.*`` values are read
-and validated where the plugin is *built* (the client for :func:`producers.attach`,
-the Dask process itself for ``--preload``) and travel with it as plain data.
-
-That includes the broker: with ``blackbox.kafka.bootstrap-servers`` unset (null, the
-default), :meth:`dask_blackbox.config.KafkaSettings.from_config` resolves it, where
-the plugin is built, to the broker and topic prefix of a live ``dask-blackbox up`` on
-the same ``blackbox.data-dir``, else ``127.0.0.1:9092``; a configured broker always
-wins. The SASL password travels inside :class:`~dask_blackbox.config.KafkaSettings`,
-which keeps it out of ``repr``.
+configuration may differ from the client's. So the ``blackbox.*`` values are read and
+validated where the plugin is *built* (the client for :func:`producers.attach`, the
+Dask process itself for ``--preload``) and travel with it as plain data. That includes
+the broker (:meth:`dask_blackbox.config.KafkaSettings.from_config`, which resolves an
+unset one to a live ``dask-blackbox up``'s and keeps the SASL password out of ``repr``).
 """
 
 from __future__ import annotations
@@ -66,12 +61,9 @@ class Recorded:
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    """Validated ``blackbox.*`` values a producer needs, as plain picklable data.
-
-    ``kafka`` is the resolved ``blackbox.kafka`` section; the aiokafka keyword
-    arguments (which may hold an ``ssl.SSLContext``, not picklable) are built from it
-    in the process that connects, by ``kafka.producer_kwargs()``.
-    """
+    """Validated ``blackbox.*`` values a producer needs, as plain picklable data
+    (``kafka.producer_kwargs()``, which may hold an ``ssl.SSLContext``, is built in the
+    process that connects)."""
 
     cluster_name: str | None
     kafka: KafkaSettings

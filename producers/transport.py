@@ -93,8 +93,6 @@ class Transport:
             **self.drain.stats(),
         }
 
-    # ----------------------------------------------------------------- closing
-
     def close_deadline(self) -> float:
         """The ``time.monotonic()`` by which a close begun now has ended."""
         return time.monotonic() + self.settings.close_timeout + CLOSE_GRACE

@@ -1,17 +1,11 @@
 """The worker producer: a WorkerPlugin publishing worker metrics and digests.
 
-Attach it with ``dask worker --preload dask_blackbox.producers.worker`` (the worker's
-own ``blackbox.*`` settings) or with :func:`producers.attach`. Every
-``metrics-interval`` it publishes:
-
-- ``WORKER_METRICS``: process memory and its managed / unmanaged / spilled parts, CPU,
-  executing / ready / in-flight task counts, event-loop interval, and GIL contention
-  when the worker's system monitor measures it;
-- ``WORKER_DIGESTS``: the increase of every ``Worker.digests_total`` entry since the
-  previous sample (Dask's fine performance metrics, a task's own
-  ``context_meter.digest_metric(label, value, unit)`` calls among them), as
-  :func:`digest_row` rows. What was published is remembered per Worker object, so a
-  replaced plugin never publishes the same increase twice.
+Every ``metrics-interval`` it publishes ``WORKER_METRICS`` (GIL contention when the
+worker's system monitor measures it) and ``WORKER_DIGESTS``: the increase of every
+``Worker.digests_total`` entry since the previous sample (Dask's fine performance
+metrics, a task's own ``context_meter.digest_metric`` calls among them) as
+:func:`digest_row` rows. What was published is remembered per Worker object, so a
+replaced plugin never publishes the same increase twice.
 
 ``blackbox.producer.record`` leaves kinds out (``metrics``, ``fine-metrics``,
 ``logs``); with ``worker-transitions`` it also publishes the worker's own task
@@ -51,11 +45,8 @@ _PUBLISHED_DIGESTS: weakref.WeakKeyDictionary[Worker, dict] = weakref.WeakKeyDic
 
 class BlackboxWorkerPlugin(WorkerPlugin):
     """Publishes one worker's metrics, digests (and optionally transitions).
-
-    ``cluster_id``/``cluster_name``: the scheduler plugin's identity when whoever
-    builds the plugin knows it (:func:`producers.attach`); else learned from the
-    scheduler at setup.
-    """
+    ``cluster_id``/``cluster_name``: the scheduler plugin's identity, if known where the
+    plugin is built (:func:`producers.attach`); else learned from the scheduler."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -69,12 +60,9 @@ class BlackboxWorkerPlugin(WorkerPlugin):
         self.transport: Transport | None = None
         self._metrics: PeriodicCallback | None = None
 
-    def __getstate__(self) -> dict:
-        return {"settings": self.settings, "cluster_id": self.cluster_id,
-                "cluster_name": self.cluster_name}
-
-    def __setstate__(self, state: dict) -> None:
-        self.__init__(**state)
+    def __reduce__(self) -> tuple:
+        """Only the settings (and the cluster's identity) travel."""
+        return type(self), (self.settings, self.cluster_id, self.cluster_name)
 
     async def setup(self, worker: Worker) -> None:
         self.worker = worker
@@ -102,8 +90,6 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             self._sample()
         logs.uninstall(transport)
         await transport.close()
-
-    # ----------------------------------------------------------------- sampling
 
     def _sample(self) -> None:
         record = self.settings.record
@@ -159,8 +145,6 @@ class BlackboxWorkerPlugin(WorkerPlugin):
             published[key] = total
             rows.append(digest_row(key, delta))
         return rows
-
-    # --------------------------------------------------------------- transitions
 
     def transition(self, key: Hashable, start: str, finish: str, **kwargs: Any) -> None:
         if not self.settings.record.worker_transitions or self.transport is None:

@@ -320,6 +320,26 @@ def test_accepted_events_never_counts_an_item_twice(bb_config, sender):
     assert transport.stats()["sent_events"] == n
 
 
+@pytest.mark.parametrize("sender", ["process", "thread"])
+def test_an_item_no_row_can_be_made_of_is_counted_and_given_up(bb_config, sender):
+    """An item whose row cannot be made (a bug: here a transition whose task group has
+    no names) is counted in ``build_errors`` and given up; the drain goes on, and a
+    wait for the delivery of what was accepted ends."""
+    settings = ProducerSettings.resolve({**FAST, "producer.sender": sender})
+    transport = Transport(settings, "scheduler", cluster_id=f"c-unmade-{sender}",
+                          cluster_name="unmade")
+    try:
+        transport.offer(TransitionItem("unmade-1", "released", "waiting", "s", 1.0, object()))
+        wait_for(lambda: transport.delivered(1), 60, "the item given up")
+        assert transport.stats()["build_errors"] == 1
+        assert transport.drain.thread.is_alive()
+        transport.offer(EventItem(2.0, "t", "after", 64))
+        wait_for(lambda: transport.delivered(2), 60, "the next item delivered")
+        assert transport.stats()["sent_events"] == 1
+    finally:
+        transport.close_blocking()
+
+
 def test_the_helper_collects_rarely_and_delivers_every_record(bb_config):
     """What the helper allocates per row is acyclic and short-lived (rows are not
     even tracked by the collector); it collects at HELPER_GC_THRESHOLDS, at most a few
