@@ -229,8 +229,12 @@ def panel_costs(backend, cluster_id: str) -> dict[str, float]:
 
 def first_panel_child(chdb: str, cluster_id: str, runs: int) -> None:
     """In a new process (``--child-first-panel``): open ``chdb``, warm once, then print
-    ``runs`` measures of :func:`first_panel` (a new app each) as JSON."""
+    ``runs`` measures of :func:`first_panel` (a new app each) as JSON. The collector's
+    thresholds are those of a ``dask-blackbox ui`` process (``cli.main.run``)."""
     import dask_blackbox
+    from dask_blackbox import collector
+
+    gc.set_threshold(*collector.THRESHOLDS)
 
     client = clickhouse.open_client(f"chdb://{chdb}")
     try:

@@ -37,6 +37,21 @@ class Tasks:
         return asyncio.Task(coro, loop=loop, **kwargs)
 
 
+def full_queue() -> asyncio.Queue:
+    """A stream's queue with no room: its one place holds "m1"."""
+    queue = asyncio.Queue(maxsize=1)
+    queue.put_nowait("m1")
+    return queue
+
+
+def soon(action) -> asyncio.Future:
+    """Run ``action()`` (a coroutine function) 50 ms from now."""
+    async def later():
+        await asyncio.sleep(0.05)
+        return await action()
+    return asyncio.ensure_future(later())
+
+
 def run(test) -> None:
     async def main():
         tasks = Tasks()
@@ -63,16 +78,10 @@ def test_a_hand_over_that_does_not_wait_makes_no_task():
 
 def test_a_waiting_hand_over_finishes_when_the_stream_makes_room():
     async def test(consumer, tasks):
-        queue = asyncio.Queue(maxsize=1)
-        queue.put_nowait("m1")
-
-        async def stream():
-            await asyncio.sleep(0.05)
-            assert await queue.get() == "m1"
-
-        reader = asyncio.ensure_future(stream())
+        queue = full_queue()
+        reader = soon(queue.get)
         got = await consumer.wait_first(queue.put("m2"), consumer.suspend_flow.wait())
-        await reader
+        assert await reader == "m1"
         assert got.stopped is False
         assert list(queue._queue) == ["m2"]
     run(test)
@@ -80,8 +89,7 @@ def test_a_waiting_hand_over_finishes_when_the_stream_makes_room():
 
 def test_a_waiting_hand_over_is_interrupted_by_a_suspended_flow():
     async def test(consumer, tasks):
-        queue = asyncio.Queue(maxsize=1)
-        queue.put_nowait("m1")
+        queue = full_queue()
         cancelled = []
 
         async def put(item):
@@ -92,10 +100,9 @@ def test_a_waiting_hand_over_is_interrupted_by_a_suspended_flow():
                 raise
 
         async def rebalance():
-            await asyncio.sleep(0.05)
             consumer.suspend_flow.set()
 
-        asyncio.ensure_future(rebalance())
+        soon(rebalance)
         await consumer.wait_first(put("m2"), consumer.suspend_flow.wait())
         await asyncio.sleep(0)
         assert cancelled == ["m2"]  # the callback saw the cancellation, as in faust
@@ -124,14 +131,12 @@ def test_a_callback_error_propagates_before_and_after_waiting():
 
 def test_a_stopping_consumer_interrupts_a_waiting_hand_over():
     async def test(consumer, tasks):
-        queue = asyncio.Queue(maxsize=1)
-        queue.put_nowait("m1")
+        queue = full_queue()
 
         async def stop():
-            await asyncio.sleep(0.05)
             consumer._stopped.set()
 
-        asyncio.ensure_future(stop())
+        soon(stop)
         got = await consumer.wait_first(queue.put("m2"), consumer.suspend_flow.wait())
         assert got.stopped is True
         assert list(queue._queue) == ["m1"]
