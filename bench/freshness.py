@@ -21,15 +21,24 @@ run) so the machine's noise falls on both:
 Both have the sink's batch rule: a batch closes ``batch-min-wait`` after its first
 message once the sink has caught up, or as soon as the load before it ends.
 
+With ``--baseline REV`` (a git revision, e.g. ``main``), route A is instead ``REV``'s
+pipeline (the sink and processors started with ``REV``'s package first on their
+``PYTHONPATH``; the producers, in this process, are this checkout's) with this
+checkout's settings: an A/B of the pipeline's own part of freshness.
+
 Each route's p50 and p95 are over the latencies of all its runs; each run's are printed
 too.
 
     python bench/freshness.py [--seconds 60] [--runs 2] [--quick] [--broker tansu|kafka]
+                              [--baseline REV]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import pathlib
 import statistics
 import tempfile
 import threading
@@ -45,13 +54,31 @@ def inc(x):
     return x + 1
 
 
-def measure(args, seconds: float, settings: dict) -> list[float]:
-    """Latencies (seconds) of one run on a fresh local pipeline with ``settings``."""
+@contextlib.contextmanager
+def pipeline_package(package: str | None):
+    """The pipeline's children import ``package`` first (None: this checkout's)."""
+    if package is None:
+        yield
+        return
+    before = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = os.pathsep.join([package, before or ""])
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = before
+
+
+def measure(args, seconds: float, settings: dict, package: str | None = None) -> list[float]:
+    """Latencies (seconds) of one run on a fresh local pipeline with ``settings``
+    (its children importing ``package`` first, if given)."""
     from dask_blackbox import producers
     from dask_blackbox.cli.supervisor import LocalPipeline
     from dask_blackbox.read import queries
 
-    with tempfile.TemporaryDirectory() as data_dir, \
+    with tempfile.TemporaryDirectory() as data_dir, pipeline_package(package), \
             dask.config.set({"blackbox.data-dir": data_dir, **settings}):
         pipeline = LocalPipeline(broker=args.broker)
         pipeline.start(progress=lambda m: None)
@@ -112,25 +139,39 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=2, help="runs of each route (alternating)")
     parser.add_argument("--quick", action="store_true", help="15 seconds, 1 run per route")
     parser.add_argument("--broker", choices=("tansu", "kafka"), default="tansu")
+    parser.add_argument("--baseline", help="route A: this git revision's pipeline")
     args = parser.parse_args()
     seconds = 15.0 if args.quick else args.seconds
     runs = 1 if args.quick else args.runs
 
     import dask_blackbox  # noqa: F401  (its defaults into dask.config)
 
-    routes = {"A": ("producers flush every 100 ms", {"blackbox.producer.flush-interval": "100ms"}),
-              "B": ("this checkout (flush-interval "
-                    f"{dask.config.get('blackbox.producer.flush-interval')})", {})}
+    with tempfile.TemporaryDirectory() as base:
+        if args.baseline:
+            from sink_ingest import baseline_package
+
+            package = str(baseline_package(args.baseline, pathlib.Path(base)))
+            routes = {"A": (f"the pipeline of {args.baseline}", {}, package),
+                      "B": ("this checkout", {}, None)}
+        else:
+            routes = {"A": ("producers flush every 100 ms",
+                            {"blackbox.producer.flush-interval": "100ms"}, None),
+                      "B": ("this checkout (flush-interval "
+                            f"{dask.config.get('blackbox.producer.flush-interval')})", {}, None)}
+        run_routes(args, seconds, runs, routes)
+
+
+def run_routes(args, seconds: float, runs: int, routes: dict) -> None:
     pooled: dict[str, list[float]] = {"A": [], "B": []}
     for n in range(runs):
-        for route, (name, settings) in routes.items():
-            latencies = measure(args, seconds, settings)
+        for route, (name, settings, package) in routes.items():
+            latencies = measure(args, seconds, settings, package)
             pooled[route] += latencies
             p50, p95 = quantiles(latencies)
             print(f"run {n + 1} {route}: {len(latencies)} transitions over {seconds:.0f}s; "
                   f"p50 {p50:.3f}s  p95 {p95:.3f}s  max {latencies[-1]:.3f}s", flush=True)
     print(f"poll period {args.poll * 1000:.0f} ms; {runs} run(s) per route")
-    for route, (name, _) in routes.items():
+    for route, (name, _, _) in routes.items():
         p50, p95 = quantiles(sorted(pooled[route]))
         label = f"{args.broker}, {route}: {name}"
         report(f"freshness p50 (transition -> queryable), {label}", round(p50, 3), "s",
