@@ -75,11 +75,11 @@ class RunLost(Exception):
     """A run lost a worker or did not finish in time: its quad is run again."""
 
 
-def _removed(dask_scheduler) -> int:
-    """Workers the scheduler removed since it started (a run that loses one is not
-    the shape measured)."""
-    return sum(1 for _, msg in dask_scheduler.get_events("all")
-               if isinstance(msg, dict) and msg.get("action") == "remove-worker")
+def _removed(dask_scheduler) -> list[str]:
+    """The stimulus of each worker removal since the scheduler started (a run that
+    loses a worker is not the shape measured)."""
+    return [str(msg.get("stimulus_id", "?")) for _, msg in dask_scheduler.get_events("all")
+            if isinstance(msg, dict) and msg.get("action") == "remove-worker"]
 
 
 def _settled(dask_scheduler) -> bool:
@@ -188,7 +188,7 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
         _wait(on_scheduler, _settled)
         lost = on_scheduler(_removed)
         if lost:
-            raise RunLost(f"{lost} worker(s) removed during the run")
+            raise RunLost(f"{len(lost)} worker(s) removed during the run: {', '.join(lost)}")
         if recorded:
             _wait(on_scheduler, _delivered, on_scheduler(_accepted))
         wall = time.perf_counter() - t0
@@ -224,11 +224,14 @@ def main() -> None:
                 quads: list[list[Run]] = []
                 while len(quads) < args.quads:
                     q = len(quads)
+                    runs = []
                     try:
-                        runs = [timed(placement, shape, recorded, broker_pid) for recorded in quad(q)]
+                        for recorded in quad(q):
+                            runs.append(timed(placement, shape, recorded, broker_pid))
                     except (RunLost, TimeoutError) as e:
-                        print(f"{shape} scheduler {placement} quad {q + 1}: a run was lost ({e}); "
-                              "the quad runs again", flush=True)
+                        print(f"{shape} scheduler {placement} quad {q + 1}: run {len(runs) + 1} "
+                              f"({'B' if quad(q)[len(runs)] else 'A'}) was lost at "
+                              f"{time.strftime('%H:%M:%S')} ({e}); the quad runs again", flush=True)
                         continue
                     quads.append(runs)
                     print(f"{shape} scheduler {placement} quad {q + 1}: " + ", ".join(
