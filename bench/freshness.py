@@ -43,6 +43,7 @@ import statistics
 import tempfile
 import threading
 import time
+from unittest import mock
 
 import dask.config
 from distributed import Client, LocalCluster
@@ -54,21 +55,13 @@ def inc(x):
     return x + 1
 
 
-@contextlib.contextmanager
 def pipeline_package(package: str | None):
-    """The pipeline's children import ``package`` first (None: this checkout's)."""
+    """The pipeline's children import ``package`` first (None: this checkout's): the
+    environment they inherit, changed for the run and restored after it."""
     if package is None:
-        yield
-        return
-    before = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join([package, before or ""])
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = before
+        return contextlib.nullcontext()
+    return mock.patch.dict(os.environ, {
+        "PYTHONPATH": os.pathsep.join([package, os.environ.get("PYTHONPATH", "")])})
 
 
 def measure(args, seconds: float, settings: dict, package: str | None = None) -> list[float]:
