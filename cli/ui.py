@@ -62,10 +62,18 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _report(args: argparse.Namespace) -> int:
-    from dask_blackbox.read import report
+    import time
+    from concurrent.futures import ThreadPoolExecutor
 
-    written = report.write_report(args.output, args.cluster, span=args.span, since=args.since,
-                                  until=args.until)
+    from dask_blackbox.read import views  # without Bokeh
+
+    started = time.perf_counter()
+    # ClickHouse answers in a thread (its queries release the GIL) while Bokeh loads.
+    with ThreadPoolExecutor(1, thread_name_prefix="report-read") as pool:
+        data = pool.submit(views.read_run, args.cluster, args.span, args.since, args.until)
+        from dask_blackbox.read import report
+
+        written = report.write_run(args.output, data.result(), started)
     print(f"dask-blackbox: wrote {written['path']} ({written['bytes'] / 1e6:.1f} MB) "
           f"in {written['seconds']:.1f}s")
     return 0

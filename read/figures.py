@@ -36,6 +36,7 @@ from bokeh.models import (AdaptiveTicker, ColumnDataSource, CustomJS, DatetimeAx
 from bokeh.plotting import figure
 
 from dask_blackbox.read import palette
+from dask_blackbox.read.templates import fmt_bytes, fmt_s
 
 #: Binary steps on a bytes axis (Dask's dashboard's TICKS_1024).
 TICKS_1024 = {"base": 1024, "mantissas": [1, 2, 4, 8, 16, 32, 64, 128, 256, 512]}
@@ -78,24 +79,6 @@ def _ms(t: float | None) -> float | None:
 def _num(values) -> np.ndarray:
     """A numeric column: Bokeh sends numpy arrays as one binary buffer, lists value by value."""
     return np.fromiter((np.nan if v is None else v for v in values), dtype=float)
-
-
-def fmt_s(value) -> str:
-    if value is None or value != value:
-        return ""
-    value = float(value)
-    return f"{value:.3f} s" if value < 100 else f"{value:,.1f} s"
-
-
-def fmt_bytes(value) -> str:
-    if value is None:
-        return ""
-    n = float(value)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return str(value)
 
 
 def bytes_axis(axis) -> None:

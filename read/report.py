@@ -33,8 +33,7 @@ from bokeh.resources import INLINE, Resources
 
 from dask_blackbox.read import palette, panels, views
 from dask_blackbox.read.backends import Backend
-from dask_blackbox.read.figures import fmt_s as _fmt_s
-from dask_blackbox.read.templates import env
+from dask_blackbox.read.templates import env, fmt_s
 
 
 def color_of(name: str) -> str:
@@ -161,7 +160,7 @@ def compare_figures(data: dict) -> dict:
     for i, (metric, color) in enumerate((("elapsed_s", "#1f77b4"), ("task_s", "#ff7f0e"))):
         values = [v or 0.0 for v in metrics.get(metric, [0.0] * len(runs))]
         source = ColumnDataSource({"run": runs, "value": values,
-                                   "text": [_fmt_s(v) for v in values]})
+                                   "text": [fmt_s(v) for v in values]})
         from bokeh.transform import dodge
         glyph = fig.hbar(y=dodge("run", -0.18 + 0.36 * i, range=fig.y_range), right="value",
                          height=0.34, color=color, source=source,
@@ -194,16 +193,13 @@ def write_report(path: str | pathlib.Path, cluster: str, span: str | None = None
     and/or a window) to ``path`` as one self-contained HTML file. Returns
     ``{"path", "bytes", "seconds", "cluster_id"}``; raises panels.NotFound for an
     unknown cluster or span."""
-    from dask_blackbox.read import backends
-
     started = time.perf_counter()
-    own = backend is None
-    backend = backends.connect() if own else backend
-    try:
-        data = views.run_data(backend, cluster, span=span, since=since, until=until)
-    finally:
-        if own:
-            backend.close()
+    return write_run(path, views.read_run(cluster, span, since, until, backend), started)
+
+
+def write_run(path: str | pathlib.Path, data: dict, started: float) -> dict:
+    """Write :func:`views.read_run`'s ``data`` as :func:`write_report` does (``started``:
+    the :func:`time.perf_counter` when reading began)."""
     html = render_run(data, web=False)
     path = pathlib.Path(path)
     path.write_text(html, encoding="utf-8")

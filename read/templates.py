@@ -11,12 +11,29 @@ import urllib.parse
 
 import jinja2
 
-from dask_blackbox.read.figures import fmt_bytes as _fmt_bytes
-from dask_blackbox.read.figures import fmt_s as _fmt_s
-
-__all__ = ["TEMPLATES", "environment", "env"]
+__all__ = ["TEMPLATES", "environment", "env", "fmt_bytes", "fmt_s"]
 
 TEMPLATES = pathlib.Path(__file__).with_name("ui")
+
+
+def fmt_s(value) -> str:
+    """Seconds as text: milliseconds below 100 s."""
+    if value is None or value != value:
+        return ""
+    value = float(value)
+    return f"{value:.3f} s" if value < 100 else f"{value:,.1f} s"
+
+
+def fmt_bytes(value) -> str:
+    """Bytes as text, in binary units."""
+    if value is None:
+        return ""
+    n = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return str(value)
 
 
 def _fmt_time(value) -> str:
@@ -39,7 +56,7 @@ def environment() -> jinja2.Environment:
                              autoescape=True, trim_blocks=True, lstrip_blocks=True,
                              undefined=jinja2.StrictUndefined,
                              bytecode_cache=jinja2.FileSystemBytecodeCache())
-    env.filters.update(time=_fmt_time, seconds=_fmt_s, bytes=_fmt_bytes,
+    env.filters.update(time=_fmt_time, seconds=fmt_s, bytes=fmt_bytes,
                        quote=lambda v: urllib.parse.quote(str(v), safe=""))
     return env
 

@@ -27,17 +27,19 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from dask_blackbox.read import aggregates, diagnosis, history, panels, rollup_panels, templates
+from dask_blackbox.read import aggregates, backends, diagnosis, history, panels, rollup_panels, templates
 from dask_blackbox.read import graph as graphs
 from dask_blackbox.read import groups as task_groups
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
-from dask_blackbox.read.figures import Figures
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.params import BadParameter, filters
 from dask_blackbox.read.queries import TimeBound
+
+if TYPE_CHECKING:  # Bokeh loads when a panel is drawn, not when data is read
+    from dask_blackbox.read.figures import Figures
 
 #: Seconds a shared result (deaths, progress, critical path, scope) is kept for the
 #: next panels of the same page.
@@ -435,6 +437,8 @@ def render_view(name: str, ctx: Context, query_string: str = "") -> dict:
     from bokeh.core.json_encoder import serialize_json
     from bokeh.embed.util import OutputDocumentFor, standalone_docs_json_and_render_items
 
+    from dask_blackbox.read.figures import Figures
+
     view = VIEWS[name]
     data = view.data(ctx)
     markers = data.get("markers") or ctx.markers()
@@ -480,6 +484,19 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
     return data
 
 
+def read_run(cluster: str, span: str | None = None, since: TimeBound = None,
+             until: TimeBound = None, backend: Backend | None = None) -> dict:
+    """:func:`run_data` of the report, over ``backend`` or a connection of its own
+    (closed after)."""
+    own = backend is None
+    backend = backends.connect() if own else backend
+    try:
+        return run_data(backend, cluster, span=span, since=since, until=until)
+    finally:
+        if own:
+            backend.close()
+
+
 def summary(ctx: Context) -> dict:
     """The page's heading: the scope and its counts (tasks, in memory, erred, workers,
     deaths, restarts)."""
@@ -509,4 +526,4 @@ def context(backend: Backend, params: Mapping, memo: Memo | None = None,
 
 
 __all__ = ["View", "Context", "Memo", "RUN_VIEWS", "WORKER_VIEWS", "VIEWS", "render_view",
-           "report_data", "run_data", "summary", "context"]
+           "report_data", "run_data", "read_run", "summary", "context"]

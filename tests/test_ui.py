@@ -26,6 +26,7 @@ from __future__ import annotations
 import logging
 import os
 import pathlib
+import re
 import shutil
 import socket
 import subprocess
@@ -695,8 +696,22 @@ def test_report_renders_offline(recorded, browser):
 
     drawn = report.run_document(views.run_data(recorded["backend"], "ui-killed"))
     assert len(drawn.doc.roots) == len(drawn.names) > 5
+    # the command draws each view as its data comes: the same page as drawn after it all came
+    after = recorded["root"] / "after.html"
+    report.write_report(after, "ui-killed", backend=recorded["backend"])
+    assert _same_page(out.read_text()) == _same_page(after.read_text())
     issues = check_integrity(list(drawn.doc.models))
     assert (issues.error, issues.warning) == ([], [])
+
+
+def _same_page(html: str) -> str:
+    """A report's HTML without what differs between two writings of one run: the time
+    it was generated, its elements' random ids, and Bokeh's model ids (numbered per
+    process), numbered here in the order they appear."""
+    html = re.sub(r"generated [0-9: -]+\.[0-9]+ UTC", "generated", html)
+    html = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "uuid", html)
+    ids: dict[str, str] = {}
+    return re.sub(r"\bp[0-9]{4,}\b", lambda m: ids.setdefault(m[0], f"model{len(ids)}"), html)
 
 
 def _rows_of(page: Page, selector: str, attrs: list[str]) -> dict[str, dict]:
@@ -866,7 +881,7 @@ def _utc(text: str) -> float | None:
 def _check_groups(page: Page, recorded: dict) -> None:
     """Each task group in the table (opened as a person opens it) and in the chart
     against Dask's scheduler's TaskGroup and TaskPrefix figures."""
-    from dask_blackbox.read.figures import fmt_bytes
+    from dask_blackbox.read.templates import fmt_bytes
 
     truth, stream = recorded["groups"], recorded["task_stream"]
     page.page.click("#groups-details summary")
