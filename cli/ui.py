@@ -68,12 +68,16 @@ def _report(args: argparse.Namespace) -> int:
     from dask_blackbox.read import views  # without Bokeh
 
     started = time.perf_counter()
-    # ClickHouse answers in a thread (its queries release the GIL) while Bokeh loads.
+    # ClickHouse answers in a thread (its queries release the GIL) while Bokeh loads
+    # and each view is drawn as its data comes.
+    arrivals = views.Arrivals()
     with ThreadPoolExecutor(1, thread_name_prefix="report-read") as pool:
-        data = pool.submit(views.read_run, args.cluster, args.span, args.since, args.until)
+        reading = pool.submit(views.read_run, args.cluster, args.span, args.since, args.until,
+                              arrivals=arrivals)
         from dask_blackbox.read import report
 
-        written = report.write_run(args.output, data.result(), started)
+        written = report.write_run(args.output, arrivals.data, started, arrivals)
+        reading.result()
     print(f"dask-blackbox: wrote {written['path']} ({written['bytes'] / 1e6:.1f} MB) "
           f"in {written['seconds']:.1f}s")
     return 0

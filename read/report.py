@@ -89,26 +89,31 @@ class RunDocument(NamedTuple):
     variables: dict
 
 
-def run_document(data: dict, web: bool = False) -> RunDocument:
-    """Every figure of the Run page of :func:`views.run_data`, in one Bokeh document."""
+def run_document(data: dict, web: bool = False, arrivals: views.Arrivals | None = None) -> RunDocument:
+    """Every figure of the Run page of :func:`views.run_data`, in one Bokeh document;
+    with ``arrivals`` (``data`` still being read), each view drawn once its data came."""
     from dask_blackbox.read.figures import Figures
 
-    figures = Figures(data["scope"], data["markers"], web)
+    wait = arrivals.wait if arrivals is not None else lambda *names: data
+    head = wait()
+    figures = Figures(head["scope"], head["markers"], web)
     extra: dict = {}
     for view in views.RUN_VIEWS:
         if view.draw is not None:
-            extra.update(view.draw(figures, data, None))
+            extra.update(view.draw(figures, wait(view.name, *view.draws_with), None))
     built = {k: v for k, v in figures.figures.items() if v is not None}
     return RunDocument(_document(built), set(built), extra)
 
 
 def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict | None = None,
-               query_string: str = "") -> str:
+               query_string: str = "", arrivals: views.Arrivals | None = None) -> str:
     """The Run page of :func:`views.run_data` as HTML, every panel drawn:
     self-contained (BokehJS inline) unless ``web``, where BokehJS comes from
-    ``root_url``static/."""
+    ``root_url``static/. With ``arrivals``, ``data`` is still being read (:func:`run_document`)."""
+    drawn = run_document(data, web, arrivals)
+    if arrivals is not None:
+        arrivals.wait("span_names")
     scope: panels.Scope = data["scope"]
-    drawn = run_document(data, web)
     title = f"{scope.cluster_name} - dask-blackbox"
     variables = {
         "web": web, "lazy": False, "data": data, "scope": scope, "query": query or {},
@@ -197,10 +202,12 @@ def write_report(path: str | pathlib.Path, cluster: str, span: str | None = None
     return write_run(path, views.read_run(cluster, span, since, until, backend), started)
 
 
-def write_run(path: str | pathlib.Path, data: dict, started: float) -> dict:
+def write_run(path: str | pathlib.Path, data: dict, started: float,
+              arrivals: views.Arrivals | None = None) -> dict:
     """Write :func:`views.read_run`'s ``data`` as :func:`write_report` does (``started``:
-    the :func:`time.perf_counter` when reading began)."""
-    html = render_run(data, web=False)
+    the :func:`time.perf_counter` when reading began; ``arrivals``: ``data`` is still
+    being read, each view is drawn as its data comes)."""
+    html = render_run(data, web=False, arrivals=arrivals)
     path = pathlib.Path(path)
     path.write_text(html, encoding="utf-8")
     return {"path": str(path), "bytes": path.stat().st_size,

@@ -174,13 +174,15 @@ class Context:
 class View:
     """A panel: its ``name`` (its JSON API and its anchor), ``title`` (the
     navigation's), ``data`` (its data for a context, a dict merged into the page's),
-    ``template`` and ``draw`` (adds its figures, returns variables for its template)."""
+    ``template`` and ``draw`` (adds its figures, returns variables for its template;
+    it reads the data of this view and of the views named in ``draws_with``)."""
 
     name: str
     title: str
     data: Callable[[Context], dict]
     template: str
     draw: Callable[[Figures, dict, Context], dict] | None = None
+    draws_with: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------- the data
@@ -331,7 +333,8 @@ def _draw_fine_metrics(f: Figures, data: dict, ctx: Context) -> dict:
 #: The Run page's panels, in the page's order.
 RUN_VIEWS: tuple[View, ...] = (
     View("diagnosis", "Diagnosis", _diagnosis, "panel_diagnosis.html"),
-    View("task_stream", "Task stream", _task_stream, "panel_task_stream.html", _draw_task_stream),
+    View("task_stream", "Task stream", _task_stream, "panel_task_stream.html", _draw_task_stream,
+         ("critical_path",)),
     View("critical_path", "Critical path", _critical_path, "critical_path.html"),
     View("cost", "Cost", _cost, "cost.html"),
     View("progress", "Progress", _progress, "panel_progress.html", _draw_progress),
@@ -457,41 +460,87 @@ def render_view(name: str, ctx: Context, query_string: str = "") -> dict:
     return {"html": html, "bokeh": bokeh}
 
 
-def report_data(ctx: Context, views=RUN_VIEWS) -> dict:
-    """Every panel's data, merged (what the report draws)."""
+class Arrivals:
+    """The report's data as it is read in one thread and drawn in another: ``data``
+    fills view by view, and :meth:`wait` returns once the named views' data (and
+    ``scope``, ``markers`` and ``summary``, the first to come) are in it."""
+
+    def __init__(self) -> None:
+        self.data: dict[str, Any] = {}
+        self._arrived: set[str] = set()
+        self._failed: BaseException | None = None
+        self._changed = threading.Condition()
+
+    def add(self, name: str, values: dict) -> None:
+        with self._changed:
+            self.data.update(values)
+            self._arrived.add(name)
+            self._changed.notify_all()
+
+    def fail(self, error: BaseException) -> None:
+        with self._changed:
+            self._failed = error
+            self._changed.notify_all()
+
+    def wait(self, *names: str) -> dict:
+        """``data``, once ``names`` arrived; raises what the reading raised."""
+        with self._changed:
+            self._changed.wait_for(lambda: self._failed is not None
+                                   or self._arrived.issuperset(("head", *names)))
+            if self._failed is not None:
+                raise self._failed
+        return self.data
+
+
+def report_data(ctx: Context, views=RUN_VIEWS, arrivals: Arrivals | None = None) -> dict:
+    """Every panel's data, merged (what the report draws), into ``arrivals`` if given."""
+    arrivals = Arrivals() if arrivals is None else arrivals
     head = summary(ctx)
-    data: dict[str, Any] = {"markers": ctx.markers(), "summary": head, "history": head["history"]}
+    arrivals.add("head", {"scope": ctx.scope, "markers": ctx.markers(), "summary": head,
+                          "history": head["history"]})
     for view in views:
-        data.update(view.data(ctx))
-    return data
+        arrivals.add(view.name, view.data(ctx))
+    return arrivals.data
 
 
 def run_data(backend: Backend, cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, level: str | None = None, worker: str | None = None,
              text: str | None = None, max_bars: int = panels.MAX_BARS,
-             slowness: bool | None = None, logger: str | None = None) -> dict:
+             slowness: bool | None = None, logger: str | None = None,
+             arrivals: Arrivals | None = None) -> dict:
     """Every panel of the Run page (what :mod:`.report` draws): the data of each of
     :data:`RUN_VIEWS`, merged, with ``scope``,
-    ``markers``, ``summary`` and ``span_names``. ``slowness``: compute the critical
+    ``markers``, ``summary`` and ``span_names`` (last). ``slowness``: compute the critical
     path and the cost (default: when the scope holds at most
     :data:`panels.SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say ``{"deferred":
-    n_tasks}``)."""
-    scope = panels.resolve(backend, cluster, span, since, until)
-    params = {"level": level, "worker": worker, "text": text, "logger": logger, "max_bars": max_bars}
-    ctx = Context(backend, scope, params, slowness=slowness)
-    data = report_data(ctx)
-    data.update(scope=scope, span_names=panels.span_names(backend, scope))
-    return data
+    n_tasks}``). ``arrivals``: filled as the views are read (any error is passed on)."""
+    arrivals = Arrivals() if arrivals is None else arrivals
+    try:
+        scope = panels.resolve(backend, cluster, span, since, until)
+        params = {"level": level, "worker": worker, "text": text, "logger": logger, "max_bars": max_bars}
+        ctx = Context(backend, scope, params, slowness=slowness)
+        report_data(ctx, arrivals=arrivals)
+        arrivals.add("span_names", {"span_names": panels.span_names(backend, scope)})
+    except BaseException as e:
+        arrivals.fail(e)
+        raise
+    return arrivals.data
 
 
 def read_run(cluster: str, span: str | None = None, since: TimeBound = None,
-             until: TimeBound = None, backend: Backend | None = None) -> dict:
+             until: TimeBound = None, backend: Backend | None = None,
+             arrivals: Arrivals | None = None) -> dict:
     """:func:`run_data` of the report, over ``backend`` or a connection of its own
     (closed after)."""
     own = backend is None
-    backend = backends.connect() if own else backend
     try:
-        return run_data(backend, cluster, span=span, since=since, until=until)
+        backend = backends.connect() if own else backend
+    except BaseException as e:
+        if arrivals is not None:
+            arrivals.fail(e)
+        raise
+    try:
+        return run_data(backend, cluster, span=span, since=since, until=until, arrivals=arrivals)
     finally:
         if own:
             backend.close()
@@ -526,4 +575,4 @@ def context(backend: Backend, params: Mapping, memo: Memo | None = None,
 
 
 __all__ = ["View", "Context", "Memo", "RUN_VIEWS", "WORKER_VIEWS", "VIEWS", "render_view",
-           "report_data", "run_data", "read_run", "summary", "context"]
+           "report_data", "run_data", "read_run", "Arrivals", "summary", "context"]
