@@ -513,17 +513,13 @@ def run_data(backend: Backend, cluster: str, span: str | None = None, since: Tim
     ``markers``, ``summary`` and ``span_names`` (last). ``slowness``: compute the critical
     path and the cost (default: when the scope holds at most
     :data:`panels.SLOWNESS_MAX_TASKS` tasks; otherwise those two panels say ``{"deferred":
-    n_tasks}``). ``arrivals``: filled as the views are read (any error is passed on)."""
+    n_tasks}``). ``arrivals``: filled as the views are read."""
     arrivals = Arrivals() if arrivals is None else arrivals
-    try:
-        scope = panels.resolve(backend, cluster, span, since, until)
-        params = {"level": level, "worker": worker, "text": text, "logger": logger, "max_bars": max_bars}
-        ctx = Context(backend, scope, params, slowness=slowness)
-        report_data(ctx, arrivals=arrivals)
-        arrivals.add("span_names", {"span_names": panels.span_names(backend, scope)})
-    except BaseException as e:
-        arrivals.fail(e)
-        raise
+    scope = panels.resolve(backend, cluster, span, since, until)
+    params = {"level": level, "worker": worker, "text": text, "logger": logger, "max_bars": max_bars}
+    ctx = Context(backend, scope, params, slowness=slowness)
+    report_data(ctx, arrivals=arrivals)
+    arrivals.add("span_names", {"span_names": panels.span_names(backend, scope)})
     return arrivals.data
 
 
@@ -531,19 +527,19 @@ def read_run(cluster: str, span: str | None = None, since: TimeBound = None,
              until: TimeBound = None, backend: Backend | None = None,
              arrivals: Arrivals | None = None) -> dict:
     """:func:`run_data` of the report, over ``backend`` or a connection of its own
-    (closed after)."""
+    (closed after); what connecting or reading raises is passed on to ``arrivals``."""
     own = backend is None
     try:
         backend = backends.connect() if own else backend
+        try:
+            return run_data(backend, cluster, span=span, since=since, until=until, arrivals=arrivals)
+        finally:
+            if own:
+                backend.close()
     except BaseException as e:
         if arrivals is not None:
             arrivals.fail(e)
         raise
-    try:
-        return run_data(backend, cluster, span=span, since=since, until=until, arrivals=arrivals)
-    finally:
-        if own:
-            backend.close()
 
 
 def summary(ctx: Context) -> dict:
