@@ -696,18 +696,25 @@ def test_report_renders_offline(recorded, browser):
 
     drawn = report.run_document(views.run_data(recorded["backend"], "ui-killed"))
     assert len(drawn.doc.roots) == len(drawn.names) > 5
-    # the command draws each view as its data comes: the same page as drawn after it all came
-    after = recorded["root"] / "after.html"
-    report.write_report(after, "ui-killed", backend=recorded["backend"])
-    assert _same_page(out.read_text()) == _same_page(after.read_text())
+    # each view drawn as its data comes (what the command does): the same page as the
+    # same data drawn after it all came
+    from concurrent.futures import ThreadPoolExecutor
+
+    arrivals = views.Arrivals()
+    with ThreadPoolExecutor(1) as pool:
+        reading = pool.submit(views.read_run, "ui-killed", backend=recorded["backend"],
+                              arrivals=arrivals)
+        streamed = report.render_run(arrivals.data, arrivals=arrivals)
+        reading.result()
+    assert _same_page(streamed) == _same_page(report.render_run(arrivals.data))
     issues = check_integrity(list(drawn.doc.models))
     assert (issues.error, issues.warning) == ([], [])
 
 
 def _same_page(html: str) -> str:
-    """A report's HTML without what differs between two writings of one run: the time
-    it was generated, its elements' random ids, and Bokeh's model ids (numbered per
-    process), numbered here in the order they appear."""
+    """A report's HTML without what differs between two drawings of the same data: the
+    time it was generated, its elements' random ids, and Bokeh's model ids (numbered
+    on in a process), numbered here in the order they appear."""
     html = re.sub(r"generated [0-9: -]+\.[0-9]+ UTC", "generated", html)
     html = re.sub(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}", "uuid", html)
     ids: dict[str, str] = {}
