@@ -100,7 +100,7 @@ def run_document(data: dict, web: bool = False, arrivals: views.Arrivals | None 
     extra: dict = {}
     for view in views.RUN_VIEWS:
         if view.draw is not None:
-            extra.update(view.draw(figures, wait(view.name, *view.draws_with), None))
+            extra.update(view.draw(figures, wait(view.name), None))
     built = {k: v for k, v in figures.figures.items() if v is not None}
     return RunDocument(_document(built), set(built), extra)
 

@@ -175,14 +175,13 @@ class View:
     """A panel: its ``name`` (its JSON API and its anchor), ``title`` (the
     navigation's), ``data`` (its data for a context, a dict merged into the page's),
     ``template`` and ``draw`` (adds its figures, returns variables for its template;
-    it reads the data of this view and of the views named in ``draws_with``)."""
+    it reads this view's data only)."""
 
     name: str
     title: str
     data: Callable[[Context], dict]
     template: str
     draw: Callable[[Figures, dict, Context], dict] | None = None
-    draws_with: tuple[str, ...] = ()
 
 
 # ----------------------------------------------------------------- the data
@@ -333,8 +332,7 @@ def _draw_fine_metrics(f: Figures, data: dict, ctx: Context) -> dict:
 #: The Run page's panels, in the page's order.
 RUN_VIEWS: tuple[View, ...] = (
     View("diagnosis", "Diagnosis", _diagnosis, "panel_diagnosis.html"),
-    View("task_stream", "Task stream", _task_stream, "panel_task_stream.html", _draw_task_stream,
-         ("critical_path",)),
+    View("task_stream", "Task stream", _task_stream, "panel_task_stream.html", _draw_task_stream),
     View("critical_path", "Critical path", _critical_path, "critical_path.html"),
     View("cost", "Cost", _cost, "cost.html"),
     View("progress", "Progress", _progress, "panel_progress.html", _draw_progress),

@@ -697,15 +697,23 @@ def test_report_renders_offline(recorded, browser):
     drawn = report.run_document(views.run_data(recorded["backend"], "ui-killed"))
     assert len(drawn.doc.roots) == len(drawn.names) > 5
     # each view drawn as its data comes (what the command does): the same page as the
-    # same data drawn after it all came
+    # same data drawn after it all came, even when the critical path's own view comes
+    # late (the task stream, read before it, outlines the reduction tree's chain of sums)
     from concurrent.futures import ThreadPoolExecutor
 
-    arrivals = views.Arrivals()
+    class LateCriticalPath(views.Arrivals):
+        def add(self, name: str, values: dict) -> None:
+            if name == "critical_path":
+                time.sleep(0.5)
+            super().add(name, values)
+
+    arrivals = LateCriticalPath()
     with ThreadPoolExecutor(1) as pool:
-        reading = pool.submit(views.read_run, "ui-killed", backend=recorded["backend"],
+        reading = pool.submit(views.read_run, "ui-killed", HTML_SPAN, backend=recorded["backend"],
                               arrivals=arrivals)
         streamed = report.render_run(arrivals.data, arrivals=arrivals)
         reading.result()
+    assert '"critical-path"' in streamed
     assert _same_page(streamed) == _same_page(report.render_run(arrivals.data))
     issues = check_integrity(list(drawn.doc.models))
     assert (issues.error, issues.warning) == ([], [])
