@@ -23,16 +23,12 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = [
-    "PLUGIN_NAME", "BlackboxSchedulerPlugin", "BlackboxWorkerPlugin", "BlackboxNannyPlugin",
-    "ProducerSettings", "attach", "detach",
-]
-
-_HOMES = {
+_HOMES = {  # each public name's module
     "PLUGIN_NAME": "scheduler", "BlackboxSchedulerPlugin": "scheduler",
     "BlackboxWorkerPlugin": "worker", "BlackboxNannyPlugin": "nanny",
     "ProducerSettings": "settings", "attach": "attaching", "detach": "attaching",
 }
+__all__ = list(_HOMES)
 
 
 def __getattr__(name: str) -> Any:

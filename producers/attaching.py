@@ -1,5 +1,4 @@
-"""Attaching the producers to a running cluster from a client: :func:`attach`,
-:func:`detach` (also exported by :mod:`dask_blackbox.producers`)."""
+"""Attaching the producers to a running cluster from a client: :func:`attach`, :func:`detach`."""
 
 from __future__ import annotations
 
@@ -14,20 +13,14 @@ from dask_blackbox.producers.worker import BlackboxWorkerPlugin
 
 
 def attach(client, cluster_name: str | None = None, **overrides: Any) -> dict:
-    """Attach the scheduler plugin, the worker plugin and the nanny plugin (on clusters
-    with nannies) to the cluster of ``client``; return ``{"cluster_id",
-    "cluster_name", "producer_id"}`` of the scheduler producer (an awaitable with an
-    asynchronous client).
+    """Attach the scheduler, worker and nanny (on clusters with nannies) plugins to the
+    cluster of ``client``; return the scheduler producer's ``{"cluster_id",
+    "cluster_name", "producer_id"}`` (an awaitable with an asynchronous client).
 
-    ``overrides`` are ``blackbox.*`` settings relative to ``blackbox.``, dotted
-    (``**{"producer.flush-interval": "50ms"}``) or nested
-    (``producer={"flush-interval": "50ms"}``). They are resolved with the client's
-    Dask config and validated here (a bad one raises
-    :class:`~dask_blackbox.config.ConfigError`), the broker included (see
-    :mod:`producers.settings`), then travel inside the plugins.
-
-    Idempotent: plugins the cluster already has (an earlier ``attach`` or a
-    ``--preload``) are left as they are, with their settings.
+    ``overrides`` (dotted, ``**{"producer.flush-interval": "50ms"}``, or nested,
+    ``producer={"flush-interval": "50ms"}``) are resolved and validated here, on the
+    client's Dask config (:meth:`ProducerSettings.resolve`). Plugins the cluster already
+    has (an earlier ``attach`` or a ``--preload``) are left as they are.
     """
     settings = ProducerSettings.resolve(overrides, cluster_name=cluster_name)
     return client.sync(_attach, client, settings)

@@ -1,8 +1,7 @@
-"""The bounded buffer between a Dask process's hooks and the thread that drains it.
-
-A :class:`Buffer` is the only place that decides whether an item fits (the *room
-rule*) and the only place that counts what did not (the drops). Hooks offer items; one
-drain takes them and releases them once they are delivered or given up.
+"""The bounded buffer between a Dask process's hooks and the thread that drains it:
+the only place that decides whether an item fits (the *room rule*) and that counts
+what did not (the drops). Hooks offer items; one drain takes them and releases them
+once they are delivered or given up.
 
 The room rule: an item of ``item.weight`` bytes is accepted when the items buffered or
 held number fewer than ``max_items`` and their weights plus its own stay within
@@ -29,8 +28,8 @@ from typing import Any, NamedTuple
 
 
 class DropCount(NamedTuple):
-    """Drops counted and not reported yet: how many, their weight, and when the first
-    and the last of them happened (``time.time()``)."""
+    """Drops not reported yet: how many, their weight, when the first and the last
+    happened (``time.time()``)."""
 
     events: int
     bytes: int
@@ -125,7 +124,7 @@ class Buffer:
             self._bytes_out += sum(item.weight for item in self._items)
             self._items.clear()
             self._taken += n
-        return n
+            return n
 
     def unreported_drops(self) -> DropCount | None:
         """The drops counted since the last call (None if none), now reported."""

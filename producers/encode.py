@@ -1,23 +1,20 @@
 """Safe JSON encoding of whatever a Dask user or Dask itself hands to a producer.
 
-:func:`sanitize` turns any Python object into something orjson can encode, with a
-bounded cost and a bounded size: JSON-able values are kept, everything else is
-*described* as ``{"__type__": <qualified type name>, "__size__": <bytes or items>}``,
-strings longer than the budget are cut (:func:`cap_text`), containers stop when the
-budget is spent and say how many items were left out. It never raises.
+:func:`sanitize` makes any Python object encodable by orjson at a bounded cost and size,
+and never raises: JSON-able values are kept, strings beyond the budget cut
+(:func:`cap_text`), containers stopped when it is spent (counting what they left out), the
+rest *described* (:func:`describe`).
 
 It runs none of the value's own code. Every decision is taken on ``type(obj)``
-(``issubclass``, never ``isinstance``, which reads ``obj.__class__``); subclasses of
-the builtin types are read through the builtin's own methods (``dict.items``,
-``str.__str__``, ...), so an overridden ``__getattr__``, ``__class__``, ``__iter__``,
-``__len__``, ``__repr__`` or ``__sizeof__`` is never called. The exceptions, on
-purpose: an exception's text (``str``, guarded), numpy scalars (``item()``) and the
-``nbytes`` of numpy/pandas objects. Other mappings and iterables are described, not
-walked. A ``datetime``/``time`` is kept only if it is naive or its ``tzinfo`` is a
-``datetime.timezone`` or ``zoneinfo.ZoneInfo`` (orjson calls ``utcoffset``, and a
-raising one can crash the encoder); any other is described with its naive ISO text
-(``"__text__"``). The producers sanitize in their sender thread, never on Dask's
-event loop.
+(``issubclass``, never ``isinstance``, which reads ``obj.__class__``); subclasses of the
+builtin types are read through the builtin's own methods (``dict.items``, ``str.__str__``,
+...), so an overridden ``__getattr__``, ``__class__``, ``__iter__``, ``__len__``,
+``__repr__`` or ``__sizeof__`` is never called. Deliberate exceptions: an exception's text
+(``str``, guarded), numpy scalars (``item()``), the ``nbytes`` of numpy/pandas objects.
+Other mappings and iterables are described, not walked, and so are datetimes and times
+unless naive or, for a datetime, with a ``datetime.timezone`` or ``zoneinfo.ZoneInfo``
+``tzinfo`` (orjson calls ``utcoffset``: a raising one can crash it). Producers sanitize in
+their sender thread, never on Dask's event loop.
 """
 
 from __future__ import annotations
@@ -40,25 +37,13 @@ logger = logging.getLogger(__name__)
 MAX_DEPTH = 32
 #: Dict keys longer than this are cut.
 MAX_KEY_CHARS = 200
-#: Approximate encoded size charged for a scalar (number, bool, null).
-_SCALAR_BYTES = 8
-_INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what orjson encodes natively
-
-#: Types orjson encodes natively and that have no size worth capping (exact types).
-_NATIVE_ATOMS = frozenset({datetime.date, uuid.UUID})
 #: Exact tzinfo types whose ``utcoffset`` is the standard library's own code.
 _SAFE_TZINFOS = frozenset({datetime.timezone, zoneinfo.ZoneInfo})
 #: Builtin containers walked (their subclasses through these types' own methods).
 _CONTAINERS = (dict, list, tuple, set, frozenset)
-#: Builtin types whose length is an object's size (their subclasses' through theirs).
-_SIZED = (bytes, bytearray, *_CONTAINERS)
-#: Top-level modules whose objects' ``nbytes``/``item()`` are trusted.
-_ARRAY_MODULES = frozenset({"numpy", "pandas", "cupy"})
 #: ``__sizeof__`` implementations that are C code (not a user's Python function).
 _BUILTIN_CALLABLES = (
-    types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType,
-)
-
+    types.BuiltinFunctionType, types.MethodDescriptorType, types.WrapperDescriptorType)
 _OPTIONS = orjson.OPT_NON_STR_KEYS
 
 
@@ -73,20 +58,18 @@ def type_name(obj: Any) -> str:
 
 
 def cap_text(text: str, max_chars: int) -> str:
-    """``text`` itself, or its first ``max_chars`` characters plus a marker saying how
-    many characters were cut."""
+    """``text``, or its first ``max_chars`` characters and how many more were cut."""
     if len(text) <= max_chars:
         return text
     return f"{text[:max_chars]}…[{len(text) - max_chars} more characters]"
 
 
 def describe(obj: Any) -> dict:
-    """``{"__type__", "__size__"}`` for an object that is not encoded: the size is the
-    byte length for binary payloads (bytes, ``Serialized``/``Pickled`` frames,
-    numpy/pandas objects), the item count for builtin containers, else
-    ``sys.getsizeof`` unless the type computes it in Python; ``None`` if it cannot
-    be told safely. Exceptions also carry their text under ``"__text__"``; a
-    datetime or time whose ``tzinfo`` is not known to be safe, its naive ISO text."""
+    """``{"__type__": <qualified type name>, "__size__": ...}`` for a value not encoded:
+    the byte length of binary payloads (bytes, ``Serialized``/``Pickled`` frames,
+    numpy/pandas objects), the item count of builtin containers, else ``sys.getsizeof``
+    unless the type computes it in Python; ``None`` if it cannot be told safely.
+    ``"__text__"`` holds an exception's text, or a datetime's or time's naive ISO text."""
     out: dict[str, Any] = {"__type__": type_name(obj), "__size__": _size_of(obj)}
     t = type(obj)
     try:
@@ -102,13 +85,12 @@ def describe(obj: Any) -> dict:
 def _size_of(obj: Any) -> int | None:
     t = type(obj)
     try:
-        for base in _SIZED:
+        for base in (bytes, bytearray, *_CONTAINERS):
             if issubclass(t, base):
                 return base.__len__(obj)
         if t is memoryview:
             return obj.nbytes
-        # distributed's frames; looked up, not imported: a relay helper process
-        # does without distributed, and none of its objects can exist unimported
+        # distributed's frames, looked up, not imported: a relay helper has no distributed
         serialize = sys.modules.get("distributed.protocol.serialize")
         if serialize is not None and (t is serialize.Serialized or t is serialize.Pickled):
             return sum(memoryview(f).nbytes for f in obj.frames)
@@ -126,7 +108,7 @@ def _size_of(obj: Any) -> int | None:
 def _trusted_array(t: type) -> bool:
     """Whether ``t`` comes from numpy, pandas or cupy (whose attributes are cheap)."""
     module = getattr(t, "__module__", None)
-    return type(module) is str and module.partition(".")[0] in _ARRAY_MODULES
+    return type(module) is str and module.partition(".")[0] in ("numpy", "pandas", "cupy")
 
 
 class _Walker:
@@ -142,12 +124,10 @@ class _Walker:
         t = type(obj)
         if t is str:
             return self._text(obj)
-        if obj is None or t is bool or t is float:
-            self.budget -= _SCALAR_BYTES
-            return obj
-        if t is int:
-            self.budget -= _SCALAR_BYTES
-            return obj if _INT_MIN <= obj <= _INT_MAX else describe(obj)
+        if obj is None or t is bool or t is float or t is int:
+            self.budget -= 8
+            # orjson encodes the ints of [-2**63, 2**64) natively
+            return obj if t is not int or -(2**63) <= obj < 2**64 else describe(obj)
         if t is dict or t is list or t is tuple or t is set or t is frozenset:
             return self._container(obj, t, depth)
         if t is datetime.datetime or t is datetime.time:
@@ -158,7 +138,7 @@ class _Walker:
                 return obj
             self.budget -= 96
             return describe(obj)
-        if t in _NATIVE_ATOMS:
+        if t is datetime.date or t is uuid.UUID:  # native, with no size worth capping
             self.budget -= 40
             return obj
         # Subclasses of the builtins, read through the builtin's own methods.
@@ -224,16 +204,16 @@ class _Walker:
     def _key(self, key: Any) -> str:
         if issubclass(type(key), str):
             return cap_text(str.__str__(key), MAX_KEY_CHARS)
+        if key is None or type(key) is bool:
+            return "null" if key is None else str(key).lower()
         if _is_plain_key(key):
-            if key is None or type(key) is bool:
-                return "null" if key is None else ("true" if key else "false")
             return cap_text(str(key), MAX_KEY_CHARS)
         return f"<{type_name(key)}>"
 
 
 def _is_plain_key(key: Any) -> bool:
-    """None, bool, int, float or (nested) tuples of those and str: the types whose
-    ``str`` is safe and meaningful (Dask keys are tuples of str and int)."""
+    """None, bool, int, float, str or (nested) tuples of those (as Dask keys are): the
+    types whose ``str`` is safe and meaningful."""
     t = type(key)
     if t is tuple:
         return all(_is_plain_key(k) for k in key)
@@ -255,23 +235,21 @@ def sanitize(value: Any, max_bytes: int) -> tuple[Any, int]:
 
 
 def encode_event(event: dict, max_bytes: int) -> bytes:
-    """The orjson encoding of one event. Values orjson cannot encode are described
-    (see :func:`describe`); if orjson still fails (huge ints, deep nesting, cycles),
-    the whole event is passed through :func:`sanitize` with ``max_bytes``, and text
-    that is not UTF-8 (lone surrogates) is written with escapes. Never raises."""
+    """The orjson encoding of one event, values it cannot encode described; should that
+    fail (huge ints, deep nesting, cycles), the encoding of the event sanitized with
+    ``max_bytes``, text that is not UTF-8 escaped (:func:`utf8`). Never raises."""
     try:
         return orjson.dumps(event, default=describe, option=_OPTIONS)
-    except (orjson.JSONEncodeError, TypeError, RecursionError):
+    except (TypeError, RecursionError):  # orjson.JSONEncodeError is a TypeError
         clean, _ = sanitize(event, max_bytes)
     try:
         return orjson.dumps(clean, option=_OPTIONS)
-    except TypeError:  # text that is not UTF-8 (lone surrogates, as os.fsdecode makes)
+    except TypeError:  # text that is not UTF-8
         return orjson.dumps(utf8(clean), option=_OPTIONS)
 
 
 def utf8(value: Any) -> Any:
-    """A sanitized value with every text made UTF-8 (a lone surrogate written as its
-    ``\\udXXX`` escape)."""
+    """A sanitized value with each lone surrogate (as os.fsdecode makes) escaped."""
     t = type(value)
     if t is str:
         return value.encode("utf-8", "backslashreplace").decode()

@@ -1,24 +1,20 @@
 """Shipping log records (contract kind ``LOG``).
 
-Which records: ``blackbox.producer.loggers`` names loggers with a level (by default
-``distributed`` at INFO and ``root`` at WARNING: every other logger, users' own
-included). A record is shipped when the most specific configured logger its name
-falls under says its level is reached (and, as always in :mod:`logging`, when its
-logger emits it at all: levels are not changed here). One :class:`LogHandler` sits
-on each configured logger (``distributed`` does not propagate to the root when Dask
-configures its logging); a record is shipped by the handler of that most specific
-logger only, so never twice.
+Which: ``blackbox.producer.loggers`` names loggers with a level (by default
+``distributed`` at INFO and ``root``, every other logger, users' own included, at
+WARNING). A record is shipped when it reaches the level of the most specific configured
+logger its name falls under (and its logger emits it: levels are not changed here). A
+:class:`LogHandler` sits on each configured logger (``distributed`` does not propagate
+to the root when Dask configures its logging); only the most specific one's ships it.
 
-Where: every producer of the process registers its transport (:func:`install`);
-each record goes to one of them, the scheduler's if the process has a scheduler, else
-the first worker's, else the nanny's, so an in-process cluster ships a record once.
-A record says which worker it concerns (``worker``): the worker whose task thread
-logged it, else the worker (or nanny's worker) of that transport; and ``key``, the
-task the thread was running.
+Where: each producer of the process registers its transport (:func:`install`); a record
+goes to one, the scheduler's if any, else the first worker's, else the nanny's, so an
+in-process cluster ships it once. Its ``worker`` is the worker whose task thread logged
+it, else that transport's worker (or nanny's worker); its ``key`` the thread's task.
 
-The handler never recurses: records of the recorder's own threads and of aiokafka
-and this package are ignored, and a record emitted while the handler handles one on
-the same thread (a logging call in a ``__str__``) is skipped.
+The handler never recurses: records of the recorder's own threads, of aiokafka and of
+this package are ignored, and so is one emitted on a thread while it handles another
+(a logging call in a ``__str__``).
 """
 
 from __future__ import annotations
@@ -37,11 +33,8 @@ from dask_blackbox.producers.rows import Ready
 from dask_blackbox.producers.sender import THREAD_PREFIX
 from dask_blackbox.producers.transport import Transport
 
-#: Records of these loggers are never shipped (they may come from the recorder).
-_IGNORED_PREFIXES = ("aiokafka", "kafka", "dask_blackbox")
-#: Who ships first: a scheduler's transport, then workers', then nannies'.
-_ORDER = {"scheduler": 0, "worker": 1, "nanny": 2}
-
+_IGNORED_PREFIXES = ("aiokafka", "kafka", "dask_blackbox")  # loggers the recorder uses
+_ORDER = {"scheduler": 0, "worker": 1, "nanny": 2}  # whose transport ships first
 _LOCK = threading.Lock()  # guards installing and removing, never taken by emit
 
 
@@ -54,8 +47,7 @@ class Target(NamedTuple):
 
 
 class LogHandler(logging.Handler):
-    """Ships the records of one configured logger (``name``) through the first
-    target (module docstring)."""
+    """Ships the records of one configured logger (``name``) through the first target."""
 
     def __init__(self, name: str, level: int, loggers: tuple[tuple[str, int], ...]):
         super().__init__(logging.NOTSET)
@@ -67,8 +59,7 @@ class LogHandler(logging.Handler):
         self._local = threading.local()
 
     def owns(self, name: str) -> bool:
-        """Whether this handler's logger is the most specific configured one for a
-        record of logger ``name``."""
+        """Whether this handler's logger is the most specific configured one for ``name``."""
         for configured, _ in self.loggers:
             if configured == "root" or name == configured or name.startswith(configured + "."):
                 return configured == self.logger_name
@@ -96,7 +87,12 @@ class LogHandler(logging.Handler):
                     exc_text = cap_text(logging.Formatter().formatException(record.exc_info), cap)
             elif record.exc_text:
                 exc_text = cap_text(record.exc_text, cap)
-            worker, key = _task_of_thread()
+            key = getattr(thread_state, "key", None)
+            worker = None
+            if key is not None:  # a task thread
+                state = getattr(thread_state, "execution_state", None) or {}
+                worker = getattr(state.get("worker"), "address", None)
+                key = encode_key(key)
             if worker is None:
                 worker = target.worker() if callable(target.worker) else target.worker
             event: Log = {
@@ -111,23 +107,12 @@ class LogHandler(logging.Handler):
             self._local.busy = False
 
 
-def _task_of_thread() -> tuple[str | None, str | None]:
-    """The worker address and task key of the task this thread runs, if any."""
-    key = getattr(thread_state, "key", None)
-    if key is None:
-        return None, None
-    state = getattr(thread_state, "execution_state", None) or {}
-    worker = state.get("worker")
-    return getattr(worker, "address", None), encode_key(key)
-
-
 _handlers: dict[str, LogHandler] = {}
 _targets: tuple[Target, ...] = ()
 
 
 def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
-    """Ship records through ``transport`` (a scheduler's, a worker's or a nanny's,
-    ``worker`` the address of the worker it speaks for)."""
+    """Ship records through ``transport`` too, for ``worker`` (see :class:`Target`)."""
     global _targets
     with _LOCK:  # a stable sort: the first installed of a kind first
         _targets = tuple(sorted((*_targets, Target(transport, worker)),
@@ -136,7 +121,7 @@ def install(transport: Transport, worker: str | Callable[[], str | None] | None 
         for name, level in loggers:
             if name not in _handlers:
                 handler = _handlers[name] = LogHandler(name, level, loggers)
-                logging.getLogger(None if name == "root" else name).addHandler(handler)
+                logging.getLogger(name).addHandler(handler)
         for handler in _handlers.values():
             handler.targets = _targets
 
@@ -149,5 +134,5 @@ def uninstall(transport: Transport) -> None:
         for name, handler in list(_handlers.items()):
             handler.targets = _targets
             if not _targets:
-                logging.getLogger(None if name == "root" else name).removeHandler(handler)
+                logging.getLogger(name).removeHandler(handler)
                 del _handlers[name]

@@ -1,12 +1,11 @@
 """The nanny producer: a NannyPlugin recording how each worker process ended.
 
-Dask has no hook for a worker process's end, and the nanny is the one process that
-sees it, so the plugin watches: every :data:`WATCH_INTERVAL` it samples the nanny's
-worker process (``Nanny.process``: its memory with psutil, as the nanny's memory
-monitor does, and the host's) and, once the process it watched has ended, publishes
-one :class:`~dask_blackbox.contract.WorkerExit`. Whether the nanny killed it for
-memory is in the ``worker-restart-memory`` event Dask logs on the scheduler (same pid):
-the read side joins them. The nanny's own log lines are shipped, ``source`` "nanny".
+Dask has no hook for a worker process's end, and only the nanny sees it, so the plugin
+watches: every :data:`WATCH_INTERVAL` it samples ``Nanny.process`` (its memory with
+psutil, as the nanny's memory monitor does, and the host's) and, once that process has
+ended, publishes one :class:`~dask_blackbox.contract.WorkerExit`. Whether the nanny killed
+it for memory is in the ``worker-restart-memory`` event Dask logs on the scheduler (same
+pid): the read side joins them. The nanny's own log lines are shipped, ``source`` "nanny".
 """
 
 from __future__ import annotations
@@ -48,14 +47,11 @@ class Watched:
     def __init__(self, process: Any):
         self.process = process
         self.pid = process.pid
+        self.started = time.time()
         #: set once Dask's WorkerProcess says this process registered: until then its
         #: ``worker_address`` is still that of the process it replaces
         self.worker: str | None = None
-        self.started = time.time()
-        self.memory: int | None = None
-        self.memory_peak: int | None = None
-        self.host_total: int | None = None
-        self.host_available: int | None = None
+        self.memory = self.memory_peak = self.host_total = self.host_available = None
         self._psutil: Any = None  # its psutil.Process, made at the first sample
 
     def sample(self) -> None:
@@ -90,14 +86,12 @@ class BlackboxNannyPlugin(NannyPlugin):
         self.nanny: Nanny | None = None
         self.transport: Transport | None = None
         self.watched: Watched | None = None
-        #: the process whose end was published: Dask's WorkerProcess still holds it for a
-        #: moment after it ended, and it must not be watched (and published) again
+        #: the process whose end was published, not to watch again (Dask holds it a moment)
         self.ended: Any = None
         self.starts = 0  # worker processes this nanny started that were watched
         self._watch: PeriodicCallback | None = None
 
-    def __reduce__(self) -> tuple:
-        """Only the settings (and the cluster's identity) travel."""
+    def __reduce__(self) -> tuple:  # only the settings and the cluster's identity travel
         return type(self), (self.settings, self.cluster_id, self.cluster_name)
 
     async def setup(self, nanny: Nanny) -> None:
@@ -124,27 +118,24 @@ class BlackboxNannyPlugin(NannyPlugin):
     def watch(self) -> None:
         """Look at the worker process: sample it, or publish its end."""
         try:
-            nanny = self.nanny
-            holder = nanny.process  # Dask's WorkerProcess, or None
+            holder = self.nanny.process  # Dask's WorkerProcess, or None
             current = getattr(holder, "process", None)  # its AsyncProcess
             watched = self.watched
-            if watched is not None and (current is not watched.process
-                                        or watched.process.exitcode is not None):
-                if watched.process.exitcode is not None:
-                    self._publish_exit(watched)
-                    self.ended = watched.process
-                    self.watched = watched = None
-                elif current is None:  # being replaced; its exit code comes later
+            if watched is not None and watched.process.exitcode is not None:
+                self._publish_exit(watched)
+                self.ended = watched.process
+                self.watched = watched = None
+            if current is None:  # none yet, or being replaced (its exit code comes later)
+                return
+            if watched is None:
+                if current.pid is None or current is self.ended:
                     return
-            if (watched is None and current is not None and current.pid is not None
-                    and current is not self.ended):
                 self.watched = watched = Watched(current)
                 self.starts += 1
-            if watched is not None:
-                if (watched.worker is None and current is watched.process
-                        and getattr(getattr(holder, "status", None), "name", None) == "running"):
-                    watched.worker = holder.worker_address
-                watched.sample()
+            if (watched.worker is None and current is watched.process
+                    and getattr(getattr(holder, "status", None), "name", None) == "running"):
+                watched.worker = holder.worker_address
+            watched.sample()
         except Exception:  # watching must never break the nanny
             logger.exception("dask-blackbox could not watch the worker process")
 

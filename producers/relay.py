@@ -1,42 +1,39 @@
 """The hand-over to a helper process, and the helper's supervision.
 
-With ``producer.sender: process`` (``auto`` for the scheduler) the Dask process keeps
-only the hand-over: a :class:`Relay` thread takes items from the buffer, makes their
-rows (a user's object is sanitized here and never sent on) and writes them to a helper
-process (:func:`main`), whose buffer is drained by the same
-:class:`~producers.sender.Sender` under the same producer id: the delivery semantics of
-:mod:`producers.sender`, without holding the GIL Dask's event loop needs.
+With ``producer.sender: process`` (``auto`` for the scheduler) the Dask process keeps only
+the hand-over: a :class:`Relay` thread takes items from the buffer, makes their rows (a
+user's object is sanitized here, never sent on) and writes them to a helper process
+(:func:`main`) whose buffer the same :class:`~producers.sender.Sender` drains under the
+same producer id: the delivery semantics of :mod:`producers.sender`, without holding the
+GIL Dask's event loop needs.
 
-The hand-over, at the sender's linger (:meth:`~producers.sender.Drain.linger`) and when
-closing: a :class:`Frame` of at most :data:`FRAME_ITEMS` rows, the buffer's drops since
-the previous frame (the helper reports them) and the identity when it changed,
-msgpack-encoded behind a 4-byte little-endian length, one ``write`` to the helper's
-stdin. A row msgpack cannot encode is sent as the JSON the thread sender would have
-sent (:func:`encodable`).
+The hand-over, at the sender's linger and when closing: a :class:`Frame` of at most
+:data:`FRAME_ITEMS` rows, the buffer's drops since the last frame (the helper reports them)
+and the identity if it changed, msgpack-encoded behind a 4-byte little-endian length, one
+``write`` to the helper's stdin. A row msgpack cannot encode goes as the JSON the thread
+sender would have sent (:func:`encodable`).
 
-The helper writes a JSON status line at most every :data:`STATUS_INTERVAL` while
-anything changes: rows done (delivered or given up), its sender's counters and its
-collections. The relay gives buffer room back for done rows only, so
-``buffer-max-events``/``buffer-max-bytes`` bound what the two processes hold together.
+The helper writes a JSON status line at most every :data:`STATUS_INTERVAL` while anything
+changes: rows done (delivered or given up), its sender's counters, its collections. The
+relay gives buffer room back for done rows only, so ``buffer-max-events`` and
+``buffer-max-bytes`` bound what the two processes hold together.
 
 Failures:
 
-- If the helper cannot start or dies, the relay logs a warning and becomes a thread
-  Sender on the same buffer (what is buffered is kept), under a new producer id if
-  the helper may have used the old one (no ``seq`` is reused). The rows a dead helper
-  held are counted dropped (and ``abandoned``), with the drops handed to it that it
-  had not reported; the thread sender reports them.
+- If the helper cannot start or dies, the relay logs a warning and becomes a thread Sender
+  on the same buffer (what is buffered is kept), under a new producer id if the helper may
+  have used the old one (no ``seq`` is reused). The rows a dead helper held (also counted
+  ``abandoned``) and the drops handed to it that it had not reported are counted dropped,
+  which the thread sender reports.
 - The helper ignores SIGINT and SIGTERM. At the end of its stdin (closed by the Dask
-  process, or by its death) it delivers what it holds within ``close-timeout`` and
-  exits. The relay's close hands over what is left, closes that stdin and waits for the
-  exit (``close-timeout`` plus :data:`CLOSE_GRACE`); ``lost_at_close`` comes from the
-  last status.
+  process, or by its death) it delivers what it holds within ``close-timeout`` and exits.
+  The relay's close hands over what is left, closes that stdin and waits for the exit
+  (``close-timeout`` plus :data:`CLOSE_GRACE`); ``lost_at_close`` comes from the last status.
 
-The helper adds ``producer.helper-niceness`` to the Dask process's niceness and, like
-the relay and status threads, runs under ``SCHED_BATCH`` (Linux). It freezes what it
-made while starting and collects rarely (:data:`HELPER_GC_THRESHOLDS`: what it
-allocates is acyclic and short-lived). It imports neither Dask's distributed nor the
-pipeline's other packages.
+The helper adds ``producer.helper-niceness`` to the Dask process's niceness and, like the
+relay and status threads, runs under ``SCHED_BATCH`` (Linux). It freezes what it made while
+starting and collects rarely (:data:`HELPER_GC_THRESHOLDS`: what it allocates is acyclic
+and short-lived). It imports neither Dask's distributed nor the pipeline's other packages.
 """
 
 from __future__ import annotations
@@ -76,20 +73,16 @@ from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
 
-#: Most rows per frame.
 FRAME_ITEMS = 20_000
-#: The helper writes a status line at most this often (seconds) while anything changes.
-STATUS_INTERVAL = 0.05
+STATUS_INTERVAL = 0.05  # seconds
 #: The helper's input pipe's size (Linux): frames it has not read yet wait there.
 PIPE_BYTES = 1 << 20
-#: The helper's collector thresholds (CPython's default is 700, 10, 10).
-HELPER_GC_THRESHOLDS = (20_000, 20, 20)
-#: A close waits this much longer than ``close-timeout`` for the helper's exit.
-CLOSE_GRACE = 2.0
+HELPER_GC_THRESHOLDS = (20_000, 20, 20)  # CPython's default: 700, 10, 10
+CLOSE_GRACE = 2.0  # seconds
 _HEADER = struct.Struct("<I")
 _HELPER_MAIN = ("import json, sys; sys.path[:] = json.loads(sys.argv[1]); "
                 "from dask_blackbox.producers.relay import main; main()")
-#: The helper's sender's counters the relay adds to its own stats.
+#: The sender counters the relay sums over the helper and the thread sender it became.
 _SUMMED = ("sent_envelopes", "sent_events", "sent_drop_reports", "reported_drops",
            "build_errors", "lost_at_close")
 
@@ -124,6 +117,7 @@ class Helper:
     def __init__(self, relay: Relay, hello: bytes):
         self.relay = relay
         self.producer_id = relay.identity.producer_id
+        self.lock = threading.Lock()  # the relay thread vs the status thread
         self.forwarded = 0  # rows written to it
         self.done = 0  # of those, finished by it
         self.batches: deque[tuple[int, int, int]] = deque()  # (forwarded after, n, weight)
@@ -172,7 +166,12 @@ class Helper:
                 except orjson.JSONDecodeError:
                     continue
                 self.started = True
-                self.relay.apply_status(self, status)
+                with self.lock:  # give back the room of the rows it did
+                    self.status = status
+                    self.done = min(status.get("done", 0), self.forwarded)
+                    while self.batches and self.batches[0][0] <= self.done:
+                        _, n, weight = self.batches.popleft()
+                        self.relay.buffer.release(n, weight)
         except Exception:
             logger.exception("dask-blackbox: reading its helper's status failed")
         finally:
@@ -189,7 +188,6 @@ class Relay(Drain):
                  rows: RowMaker):
         super().__init__(buffer, settings, identity, rows)
         self.woken = threading.Event()
-        self.lock = threading.Lock()  # the relay thread vs the status thread
         self.helper: Helper | None = None
         self.ended_status: dict[str, Any] = {}  # of the helper, once it ended
         self.fallback: Sender | None = None  # the thread sender it became
@@ -224,17 +222,15 @@ class Relay(Drain):
         try:
             self.helper = helper = Helper(self, hello)
         except OSError as e:
-            logger.warning("dask-blackbox %s: cannot use its helper process (%s); sending "
-                           "from the %s process instead", identity.producer_id, e,
-                           identity.source)
+            logger.warning("dask-blackbox %s: cannot use its helper process (%s); sending from "
+                           "the %s process instead", identity.producer_id, e, identity.source)
             return False
         linger = self.settings.flush_interval
         while True:
-            closing = self.closing
-            if not closing:
+            if not self.closing:
                 self.woken.wait(linger)
                 self.woken.clear()
-                closing = self.closing
+            closing = self.closing
             if helper.ended.is_set():  # it died: this process sends from now on
                 return False
             try:
@@ -259,11 +255,9 @@ class Relay(Drain):
         buffer, helper = self.buffer, self.helper
         taken = buffer.take(FRAME_ITEMS, 1 << 62)
         rows, failed = self.make_rows(taken.items)
-        weight = taken.weight
-        if failed:
-            failed_weight = sum(item.weight for item in failed)
-            buffer.release(len(failed), failed_weight)
-            weight -= failed_weight
+        failed_weight = sum(item.weight for item in failed)
+        buffer.release(len(failed), failed_weight)  # given up
+        weight = taken.weight - failed_weight
         drops = buffer.unreported_drops()
         identity = (self.identity.cluster_id, self.identity.cluster_name)
         if identity == self.identity_handed or identity[0] is None:
@@ -276,7 +270,7 @@ class Relay(Drain):
         except Exception:
             frame.rows = [encodable(row, self.settings.max_value_bytes) for row in rows]
             data = _encode_frame(frame)
-        with self.lock:
+        with helper.lock:
             helper.forwarded += len(rows)
             if rows:
                 helper.batches.append((helper.forwarded, len(rows), weight))
@@ -289,27 +283,13 @@ class Relay(Drain):
                 self.identity_handed = identity
         return len(rows)
 
-    def apply_status(self, helper: Helper, status: dict) -> None:
-        """A status line of ``helper`` (its status thread): give back the room of the
-        rows it finished."""
-        with self.lock:
-            helper.status = status
-            done = min(status.get("done", 0), helper.forwarded)
-            helper.done = done
-            while helper.batches and helper.batches[0][0] <= done:
-                _, n, weight = helper.batches.popleft()
-                self.buffer.release(n, weight)
-
     def _send_here(self) -> None:
-        """Become a thread sender on the same buffer; what a dead helper held is
-        counted dropped (and abandoned), with the drops handed to it that it had not
-        reported, and the sender takes a new producer id (the helper may have used
-        the old one)."""
+        """Become a thread sender (module docstring, Failures)."""
         helper = self.helper
         if helper is not None:
             helper.kill()
             helper.ended.wait(1.0)
-            with self.lock:
+            with helper.lock:
                 lost = helper.forwarded - helper.done
                 held = sum(n for _, n, _ in helper.batches)
                 weight = sum(w for _, _, w in helper.batches)
@@ -336,8 +316,6 @@ class Relay(Drain):
         sender._main()
 
     def stats(self) -> dict[str, Any]:
-        """Its own counters, with each sender counter summed over the helper (live or
-        ended) and the thread sender it became."""
         helper, fallback = self.helper, self.fallback
         status = helper.status if helper else {}
         here = fallback.stats() if fallback else {}
@@ -345,13 +323,11 @@ class Relay(Drain):
         out: dict[str, Any] = {name: sum(s.get(name, 0) for s in senders) for name in _SUMMED}
         out["build_errors"] += self.build_errors
         live = here if fallback else status
-        out["next_seq"] = live.get("next_seq", 0)
-        out["connected"] = bool(live.get("connected"))
-        out["sender"] = "thread" if fallback is not None else "process"
-        out["abandoned"] = self.abandoned
-        out["relay_pid"] = helper.process.pid if helper else None
-        out["relay_ready"] = helper is not None and helper.started
-        out["relay_gc_collections"] = (status if helper else self.ended_status).get("gc")
+        out.update(next_seq=live.get("next_seq", 0), connected=bool(live.get("connected")),
+                   sender="thread" if fallback else "process", abandoned=self.abandoned,
+                   relay_pid=helper.process.pid if helper else None,
+                   relay_ready=helper is not None and helper.started,
+                   relay_gc_collections=(status if helper else self.ended_status).get("gc"))
         return out
 
 
@@ -372,12 +348,10 @@ def _read_frame(fd: int) -> bytes | None:
 
 
 class Receiver:
-    """The helper's side: frames in, rows offered to its buffer, which its sender
-    drains."""
+    """The helper's side: frames in, rows offered to its buffer, which its sender drains."""
 
     def __init__(self, hello: dict, out: Any = None):
-        settings: ProducerSettings = hello["settings"]
-        self.settings = settings
+        self.settings = settings = hello["settings"]
         self.buffer = Buffer(1 << 62, 1 << 62)  # the Dask process bounds what it hands over
         identity = Identity(hello["source"], *hello["identity"],
                             producer_id=hello["producer_id"])

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import operator
 from collections.abc import Hashable
 from typing import Any
 
@@ -45,16 +44,23 @@ KEY_TEXT_CACHE = 100_000
 MAX_ANNOTATION_VALUES = 20
 
 
-#: A task transition as a hook offers it: the record's fields, the task's
-#: ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
-#: task), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS`, and,
-#: for an erred transition, Dask's keyword arguments as they are (``error``).
-TransitionItem = msgspec.defstruct("TransitionItem", [
-    ("key", Any), ("start", Any), ("finish", Any), ("stimulus_id", Any), ("ts", Any),
-    ("group", Any, None), ("names", Any, None),
-    *((name, Any, None) for name in TRANSITION_KWARGS),
-    ("error", Any, None), ("weight", int, TRANSITION_WEIGHT),
-], gc=False)
+class TransitionItem(msgspec.Struct, gc=False):
+    """A task transition as a hook offers it: the record's fields, the task's
+    ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
+    task), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS` in that
+    order (``carried``, None when Dask passed none) and, for an erred transition, Dask's
+    keyword arguments as they are (``error``)."""
+
+    key: Any
+    start: Any
+    finish: Any
+    stimulus_id: Any
+    ts: Any
+    group: Any = None
+    names: Any = None
+    carried: Any = None
+    error: Any = None
+    weight: int = TRANSITION_WEIGHT
 
 
 class EventItem(msgspec.Struct, gc=False):
@@ -110,7 +116,7 @@ _ROW_FIELDS = fields(Transition)[1:]
 # A row is made positionally: Dask's kwargs right after stimulus_id, then the rest.
 if _ROW_FIELDS[_ROW_FIELDS.index("stimulus_id") + 1:][:len(TRANSITION_KWARGS)] != TRANSITION_KWARGS:
     raise TypeError("contract.Transition: declare the DASK_KWARG fields right after stimulus_id")
-_kwargs_of = operator.attrgetter(*TRANSITION_KWARGS)
+_NOT_CARRIED = (None,) * len(TRANSITION_KWARGS)
 
 
 class RowMaker:
@@ -146,9 +152,12 @@ class RowMaker:
         key = item.key
         if type(key) is not str:
             key = self.key_text(key)
-        carried = _kwargs_of(item)
-        if carried[0] is None and self.worker is not None:  # a worker's own transition
-            carried = (self.worker, *carried[1:])
+        carried = item.carried
+        if carried is None:
+            if self.worker is None and item.error is None:  # most transitions carry nothing
+                return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start,
+                                     item.finish, item.stimulus_id)
+            carried = (self.worker, *_NOT_CARRIED[1:])  # a worker's own: its address
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)

@@ -156,10 +156,10 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group))
         elif finish != "erred":
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
-                                       *map(kwargs.get, TRANSITION_KWARGS)))
+                                       tuple(map(kwargs.get, TRANSITION_KWARGS))))
         else:
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
-                                       *map(kwargs.get, TRANSITION_KWARGS), kwargs,
+                                       tuple(map(kwargs.get, TRANSITION_KWARGS)), kwargs,
                                        self._erred_weight))
 
     def update_graph(self, scheduler: Scheduler, *, client: str, keys: set, tasks: list,

@@ -1,33 +1,30 @@
 """The sender: drains a :class:`~producers.buffer.Buffer` into Kafka.
 
-A :class:`Sender` runs in a thread of its own with its own asyncio loop (aiokafka's),
-in the Dask process or in a relay's helper process (:mod:`producers.relay`). Each
-round it takes items worth about half an envelope (:data:`BATCH_WEIGHT`), makes their
-rows, packs them (:func:`pack`) into envelopes
-(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
+A :class:`Sender` thread runs its own asyncio loop (aiokafka's), in the Dask process or in a
+relay's helper process (:mod:`producers.relay`). Each round it takes items worth about half
+an envelope (:data:`BATCH_WEIGHT`), makes their rows, packs them (:func:`pack`) into
+envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
 :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them (:class:`KafkaLink`;
-Kafka compresses each, ``blackbox.kafka.compression``). A full envelope leaves as soon
-as there is enough for it, a partial one at most once per *linger*: ``flush-interval``,
-or after an envelope of :data:`BUSY_ENVELOPE` rows or more, :data:`BUSY_LINGER` if
-longer. An idle sender sleeps until the buffer keeps an item, which leaves at once.
+Kafka compresses each, ``blackbox.kafka.compression``). A full envelope leaves as soon as
+there is enough for it, a partial one at most once per *linger* (:meth:`Drain.linger`); an
+idle sender sleeps until the buffer keeps an item, which leaves at once.
 
 Delivery semantics:
 
-- ``seq`` starts at 0 and is consumed only by a delivered envelope: a failed send is
-  retried, same events and same ``seq``, after reconnecting with exponential backoff
-  (up to ``reconnect-backoff-max``). A duplicate ``seq`` is possible if a broker stored
-  an envelope but its acknowledgement was lost; a gap means envelopes were lost.
-- The items of a take are released (their room given back) once all of their
-  envelopes are delivered.
-- Drops the buffer counted are reported by a ``DROPS`` event leading the next
-  envelope after a delivery (alone if nothing else waits).
-- Closing delivers what is buffered within ``close-timeout``; what is not is lost,
-  counted (``lost_at_close``) and logged.
-- An item no row can be made of (a bug) is counted in ``build_errors`` and given up;
-  an event that cannot be encoded is sanitized (:func:`~producers.encode.encode_event`);
-  one that alone exceeds an envelope is replaced by its description.
-- The producer never creates topics: it sends to ``<prefix>.raw`` and retries until
-  the broker accepts (``dask_blackbox.kafka.ensure_topics``, ``dask-blackbox up``).
+- ``seq`` starts at 0 and only a delivered envelope consumes it: a failed send is retried
+  (same events, same ``seq``) after reconnecting with exponential backoff (up to
+  ``reconnect-backoff-max``). A duplicate ``seq`` means a broker stored an envelope whose
+  acknowledgement was lost; a gap, that envelopes were lost.
+- A take's items are released (their room given back) once all its envelopes are delivered.
+- The buffer's drops are reported by a ``DROPS`` event leading the next envelope after a
+  delivery (alone if nothing else waits).
+- Closing delivers what is buffered within ``close-timeout``; the rest is lost, counted
+  (``lost_at_close``) and logged.
+- An item no row can be made of (a bug) is counted (``build_errors``) and given up; an event
+  that cannot be encoded is sanitized (:func:`~producers.encode.encode_event`), one that
+  alone exceeds an envelope replaced by its description.
+- The producer never creates topics: it sends to ``<prefix>.raw`` and retries until the
+  broker accepts (``dask_blackbox.kafka.ensure_topics``, ``dask-blackbox up``).
 """
 
 from __future__ import annotations
@@ -55,14 +52,10 @@ from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
 
-#: Bytes of an envelope besides its events (header fields, brackets), rounded up.
-ENVELOPE_OVERHEAD = 1024
-EVENTS_BUDGET = MAX_ENVELOPE_BYTES - ENVELOPE_OVERHEAD
-#: Estimated weight of the items taken for one envelope: under the budget, so that an
-#: envelope rarely has to be split after encoding.
+#: An envelope's bytes for its events: the rest (header fields, brackets) is under 1 KiB.
+EVENTS_BUDGET = MAX_ENVELOPE_BYTES - 1024
+#: The weight of one take: under the budget, so that an envelope is rarely split.
 BATCH_WEIGHT = EVENTS_BUDGET // 2
-#: An envelope of at least this many rows is busy: the next partial one waits
-#: BUSY_LINGER (or ``flush-interval`` if longer; :meth:`Drain.linger`).
 BUSY_ENVELOPE = 200
 BUSY_LINGER = 0.5
 #: Names of the recorder's threads start with this (the log handler skips them).
@@ -75,7 +68,6 @@ _FIRST_BACKOFF = 0.05
 
 
 def new_producer_id(source: str) -> str:
-    """A producer id, unique to one sender: ``<source>-<uuid4 hex>``."""
     return f"{source}-{uuid.uuid4().hex}"
 
 
@@ -93,13 +85,12 @@ class Identity:
 
 
 class Body(NamedTuple):
-    """An envelope's events, encoded (a JSON array), how many rows it holds, how many
-    of them are DROPS reports and how many drops those report."""
+    """An envelope's events (a JSON array), its rows, and the DROPS reports among them."""
 
     events: bytes
     n_rows: int
     n_drop_reports: int
-    dropped_events: int
+    dropped_events: int  # the drops those report
 
 
 def encode_rows(rows: list, max_chars: int) -> bytes:
@@ -123,25 +114,20 @@ def pack(rows: list, max_chars: int) -> list[Body]:
     """Rows as envelope bodies under the budget, in order (halved until they fit; a
     row that alone does not fit is replaced by its description)."""
     body = encode_rows(rows, max_chars)
-    if len(body) <= EVENTS_BUDGET:
-        return [Body(body, len(rows), *_drop_reports(rows))]
-    if len(rows) > 1:
+    if len(body) > EVENTS_BUDGET and len(rows) > 1:
         half = len(rows) // 2
         return pack(rows[:half], max_chars) + pack(rows[half:], max_chars)
-    row = rows[0]
-    event = row.event if type(row) is Ready else {"kind": "transition", "ts": row.ts}
-    logger.warning("dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
-                   "replaced by its description", event.get("kind"), len(body))
-    described = {"kind": event.get("kind"), "ts": event.get("ts"),
-                 "__type__": type_name(event), "__size__": len(body)}
-    return [Body(b"[" + encode_event(described, max_chars) + b"]", 1, *_drop_reports(rows))]
-
-
-def _drop_reports(rows: list) -> tuple[int, int]:
-    """How many of ``rows`` are DROPS reports, and how many drops they report."""
+    if len(body) > EVENTS_BUDGET:
+        row = rows[0]
+        event = row.event if type(row) is Ready else {"kind": "transition", "ts": row.ts}
+        logger.warning("dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
+                       "replaced by its description", event.get("kind"), len(body))
+        described = {"kind": event.get("kind"), "ts": event.get("ts"),
+                     "__type__": type_name(event), "__size__": len(body)}
+        body = b"[" + encode_event(described, max_chars) + b"]"
     reports = [row.event["dropped_events"] for row in rows
                if type(row) is Ready and row.event.get("kind") == DROPS]
-    return len(reports), sum(reports)
+    return [Body(body, len(rows), len(reports), sum(reports))]
 
 
 class KafkaLink:
@@ -155,9 +141,8 @@ class KafkaLink:
         self.failing_since: float | None = None
         self.connected = False
 
-    async def send(self, envelope: bytes, timeout: float = REQUEST_TIMEOUT) -> bool:
-        """Deliver one envelope (acks=all); False after any failure, logged once per
-        outage."""
+    async def send(self, envelope: bytes, timeout: float) -> bool:
+        """Deliver one envelope (acks=all); False after any failure, logged once per outage."""
         identity = self.identity
         try:
             if self.producer is None:
@@ -167,9 +152,8 @@ class KafkaLink:
                     max_request_size=MAX_ENVELOPE_BYTES + 100_000,
                     enable_idempotence=self.settings.kafka.idempotence)
                 await asyncio.wait_for(self.producer.start(), timeout)
-            queued = await asyncio.wait_for(
-                self.producer.send(self.settings.raw_topic, envelope,
-                                   key=identity.cluster_id.encode()), timeout)
+            queued = await asyncio.wait_for(self.producer.send(
+                self.settings.raw_topic, envelope, key=identity.cluster_id.encode()), timeout)
             await asyncio.wait_for(queued, timeout)
         except Exception as e:
             self.connected = False
@@ -209,7 +193,7 @@ class Drain:
         self.busy_linger = max(busy_linger, settings.flush_interval)
         self.build_errors = 0  # items no row could be made of, given up
         self.closing = False
-        self.close_deadline = float("inf")
+        self.close_deadline = float("inf")  # until close sets it
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name=f"{THREAD_PREFIX}{identity.source}-{self.role}")
 
@@ -234,7 +218,8 @@ class Drain:
 
     def linger(self, n_rows: int) -> float:
         """How long the next partial batch waits after one of ``n_rows`` rows:
-        ``busy_linger`` (at least ``flush-interval``) after a busy one."""
+        ``flush-interval``, or after a busy one (:data:`BUSY_ENVELOPE` rows or more)
+        ``busy_linger`` (by default :data:`BUSY_LINGER`) if longer."""
         return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
 
     def make_rows(self, items: list) -> tuple[list, list]:
@@ -269,14 +254,14 @@ class Sender(Drain):
         self.lost_at_close = 0
         self.link = KafkaLink(settings, identity)
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._waiter: asyncio.Future | None = None
+        self._woken = asyncio.Event()  # set by wake, cleared by the sleep it ends
 
     def wake(self) -> None:
-        """Cut the sender's sleep short (any thread): items came, or it closes."""
+        """End the sender's sleep, or its next one (any thread): items came, or it closes."""
         loop = self._loop
         if loop is not None:
             with contextlib.suppress(RuntimeError):  # its loop has ended
-                loop.call_soon_threadsafe(self._cut_sleep)
+                loop.call_soon_threadsafe(self._woken.set)
 
     def _main(self) -> None:
         yield_on_wakeup()
@@ -286,23 +271,12 @@ class Sender(Drain):
             logger.exception("dask-blackbox sender %s stopped on an error",
                              self.identity.producer_id)
 
-    def _cut_sleep(self) -> None:
-        if self._waiter is not None and not self._waiter.done():
-            self._waiter.set_result(None)
-
     async def _sleep(self, seconds: float) -> None:
-        if self.closing:
-            seconds = min(seconds, self.close_deadline - time.monotonic())
-        if seconds <= 0:
-            return
-        loop = self._loop
-        waiter = self._waiter = loop.create_future()
-        timer = loop.call_later(seconds, self._cut_sleep)
-        try:
-            await waiter
-        finally:
-            timer.cancel()
-            self._waiter = None
+        seconds = min(seconds, self.close_deadline - time.monotonic())
+        if seconds > 0:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._woken.wait(), seconds)
+        self._woken.clear()
 
     async def _run(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -319,13 +293,12 @@ class Sender(Drain):
                         buffer.release(*taken)
                         taken = (0, 0)
                     if identity.cluster_id is None:  # nothing is sendable yet
-                        if self.closing and time.monotonic() >= self.close_deadline:
+                        if time.monotonic() >= self.close_deadline:
                             return
                         await self._sleep(flush)
                         continue
                     wait = last_pack + linger - time.monotonic()
-                    if (wait > 0 and not self.closing
-                            and buffer.buffered_bytes < BATCH_WEIGHT):
+                    if wait > 0 and not self.closing and buffer.buffered_bytes < BATCH_WEIGHT:
                         await self._sleep(wait)
                         continue
                     rows, taken = self._take()
@@ -346,9 +319,7 @@ class Sender(Drain):
                     last_pack = time.monotonic()
                     linger = self.linger(len(rows))
                 body = pending[0]
-                timeout = REQUEST_TIMEOUT
-                if self.closing:
-                    timeout = min(timeout, max(self.close_deadline - time.monotonic(), 0.01))
+                timeout = min(REQUEST_TIMEOUT, max(self.close_deadline - time.monotonic(), 0.01))
                 if await self.link.send(self._envelope(body.events), timeout):
                     pending.popleft()
                     self.next_seq += 1
@@ -357,7 +328,7 @@ class Sender(Drain):
                     self.sent_drop_reports += body.n_drop_reports
                     self.reported_drops += body.dropped_events
                     backoff = _FIRST_BACKOFF
-                elif self.closing and time.monotonic() >= self.close_deadline:
+                elif time.monotonic() >= self.close_deadline:
                     return
                 else:
                     await self._sleep(backoff)
@@ -392,17 +363,14 @@ class Sender(Drain):
         header = orjson.dumps({
             "schema": SCHEMA_VERSION, "cluster_id": identity.cluster_id,
             "cluster_name": identity.cluster_name, "source": identity.source,
-            "producer_id": identity.producer_id, "seq": self.next_seq, "sent_at": time.time(),
-        })
+            "producer_id": identity.producer_id, "seq": self.next_seq, "sent_at": time.time()})
         return b"".join((header[:-1], b',"events":', events, b"}"))
 
     def stats(self) -> dict[str, Any]:
-        return {
-            "next_seq": self.next_seq, "sent_envelopes": self.sent_envelopes,
-            "sent_events": self.sent_events, "sent_drop_reports": self.sent_drop_reports,
-            "reported_drops": self.reported_drops, "build_errors": self.build_errors,
-            "lost_at_close": self.lost_at_close, "connected": self.link.connected,
-        }
+        return {"next_seq": self.next_seq, "sent_envelopes": self.sent_envelopes,
+                "sent_events": self.sent_events, "sent_drop_reports": self.sent_drop_reports,
+                "reported_drops": self.reported_drops, "build_errors": self.build_errors,
+                "lost_at_close": self.lost_at_close, "connected": self.link.connected}
 
 
 def yield_on_wakeup() -> None:
@@ -413,17 +381,15 @@ def yield_on_wakeup() -> None:
         os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
 
 
-class _DemoteSenderNoise(logging.Filter):
-    """aiokafka logs every failed connection attempt at ERROR; on the recorder's
-    threads those records become DEBUG (:class:`KafkaLink` reports an outage once)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if record.levelno < logging.CRITICAL and threading.current_thread().name.startswith(
-                THREAD_PREFIX):
-            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
-        return True
+def _demote_sender_noise(record: logging.LogRecord) -> bool:
+    """aiokafka logs every failed connection attempt at ERROR; on the recorder's threads
+    those records become DEBUG (:class:`KafkaLink` reports an outage once)."""
+    if record.levelno < logging.CRITICAL and threading.current_thread().name.startswith(
+            THREAD_PREFIX):
+        record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+    return True
 
 
 for _name in ("aiokafka", "aiokafka.client", "aiokafka.conn", "aiokafka.cluster",
               "aiokafka.producer.producer", "aiokafka.producer.sender"):
-    logging.getLogger(_name).addFilter(_DemoteSenderNoise())
+    logging.getLogger(_name).addFilter(_demote_sender_noise)

@@ -1,11 +1,10 @@
 """The producers' settings, resolved once and carried inside the plugin objects.
 
 Plugins are pickled from the client to the scheduler and the workers, whose own Dask
-configuration may differ from the client's. So the ``blackbox.*`` values are read and
-validated where the plugin is *built* (the client for :func:`producers.attach`, the
-Dask process itself for ``--preload``) and travel with it as plain data. That includes
-the broker (:meth:`dask_blackbox.config.KafkaSettings.from_config`, which resolves an
-unset one to a live ``dask-blackbox up``'s and keeps the SASL password out of ``repr``).
+configuration may differ from the client's. So the ``blackbox.*`` values, the broker's
+included (:meth:`dask_blackbox.config.KafkaSettings.from_config`), are read and validated
+where the plugin is *built* (the client for :func:`producers.attach`, the Dask process
+itself for ``--preload``) and travel with it as plain data.
 """
 
 from __future__ import annotations
@@ -21,8 +20,7 @@ from dask_blackbox import config
 from dask_blackbox.contract import MAX_ENVELOPE_BYTES, RAW
 from dask_blackbox.config import ConfigError, KafkaSettings
 
-#: Largest accepted ``blackbox.producer.max-value-bytes``: several capped values must
-#: fit in one envelope.
+#: Largest accepted ``blackbox.producer.max-value-bytes``: several must fit in an envelope.
 MAX_VALUE_BYTES_LIMIT = MAX_ENVELOPE_BYTES // 8
 #: Values of ``blackbox.producer.sender``.
 SENDERS = ("auto", "process", "thread")
@@ -50,8 +48,9 @@ class Recorded:
         for key, value in section.items():
             name = str(key).replace("-", "_")
             if name not in cls.__dataclass_fields__:
+                kinds = ", ".join(f.replace("_", "-") for f in cls.__dataclass_fields__)
                 raise ConfigError(f"blackbox.producer.record.{key} is not a kind of record "
-                                  f"(one of {', '.join(f.replace('_', '-') for f in cls.__dataclass_fields__)})")
+                                  f"(one of {kinds})")
             if not isinstance(value, bool):
                 raise ConfigError(f"blackbox.producer.record.{key}: {value!r} must be true "
                                   "or false")
@@ -61,9 +60,7 @@ class Recorded:
 
 @dataclass(frozen=True)
 class ProducerSettings:
-    """Validated ``blackbox.*`` values a producer needs, as plain picklable data
-    (``kafka.producer_kwargs()``, which may hold an ``ssl.SSLContext``, is built in the
-    process that connects)."""
+    """Validated ``blackbox.*`` values a producer needs, as plain picklable data."""
 
     cluster_name: str | None
     kafka: KafkaSettings
@@ -74,73 +71,57 @@ class ProducerSettings:
     metrics_interval: float
     graph_max_tasks: int
     max_value_bytes: int
-    #: what is recorded (``blackbox.producer.record``)
     record: Recorded
-    #: ``(logger name, level)`` of the loggers shipped, the most specific first
-    #: ("root" last: every other logger)
+    #: ``(logger name, level)`` of the loggers shipped, the most specific first, "root" last
     loggers: tuple[tuple[str, int], ...]
     close_timeout: float
     reconnect_backoff_max: float
-    #: where events are encoded and delivered: "process", "thread" or "auto"
-    #: (see :mod:`producers.transport`)
+    #: where events are encoded and delivered, one of :data:`SENDERS` (:mod:`.transport`)
     sender: str = "auto"
     #: niceness a relay's helper process adds to the Dask process's (0-19)
     helper_niceness: int = 19
 
     @classmethod
-    def resolve(
-        cls, overrides: Mapping[str, Any] | None = None, cluster_name: str | None = None
-    ) -> ProducerSettings:
-        """Read the current Dask config with ``overrides`` applied on top.
-
-        ``overrides`` maps ``blackbox.*`` keys relative to ``blackbox.`` (dotted,
-        e.g. ``{"producer.flush-interval": "50ms"}``) or nested mappings of them
-        (``{"producer": {"flush-interval": "50ms"}}``) to values. An unknown key or a
-        bad value raises :class:`~dask_blackbox.config.ConfigError` naming it.
-        """
+    def resolve(cls, overrides: Mapping[str, Any] | None = None,
+                cluster_name: str | None = None) -> ProducerSettings:
+        """Read the current Dask config with ``overrides`` on top: ``blackbox.*`` keys
+        relative to ``blackbox.``, dotted (``{"producer.flush-interval": "50ms"}``) or
+        nested (``{"producer": {"flush-interval": "50ms"}}``). An unknown key or a bad
+        value raises :class:`~dask_blackbox.config.ConfigError` naming it."""
         flat = {f"blackbox.{k}": v for k, v in _flatten(overrides or {}).items()}
         for key in flat:
             _check_known(key)
         if cluster_name is not None:
             flat["blackbox.cluster-name"] = cluster_name
         with dask.config.set(flat):
-            return cls._from_current_config()
-
-    @classmethod
-    def _from_current_config(cls) -> ProducerSettings:
-        kafka = KafkaSettings.from_config()  # validated here, not remotely
-        name = config.get("cluster-name")
-        max_value_bytes = config.get_bytes("producer.max-value-bytes")
-        if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
-            raise ConfigError(
-                f"blackbox.producer.max-value-bytes: {max_value_bytes} is larger than "
-                f"{MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)"
+            kafka = KafkaSettings.from_config()  # validated here, not remotely
+            name = config.get("cluster-name")
+            max_value_bytes = config.get_bytes("producer.max-value-bytes")
+            if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
+                raise ConfigError(f"blackbox.producer.max-value-bytes: {max_value_bytes} is "
+                                  f"larger than {MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)")
+            sender = config.get("producer.sender")
+            if sender not in SENDERS:
+                raise ConfigError(f"blackbox.producer.sender: {sender!r} must be one of "
+                                  f"{', '.join(SENDERS)}")
+            return cls(
+                cluster_name=str(name) if name else None,
+                kafka=kafka,
+                raw_topic=kafka.topic(RAW),
+                buffer_max_events=config.get_int("producer.buffer-max-events"),
+                buffer_max_bytes=config.get_bytes("producer.buffer-max-bytes"),
+                flush_interval=config.get_seconds("producer.flush-interval", minimum=0.001),
+                metrics_interval=config.get_seconds("producer.metrics-interval", minimum=0.001),
+                graph_max_tasks=config.get_int("producer.graph-max-tasks", minimum=0),
+                max_value_bytes=max_value_bytes,
+                record=Recorded.from_config(),
+                loggers=_loggers(config.get("producer.loggers")),
+                close_timeout=config.get_seconds("producer.close-timeout"),
+                reconnect_backoff_max=config.get_seconds("producer.reconnect-backoff-max",
+                                                         minimum=0.05),
+                sender=sender,
+                helper_niceness=config.get_int("producer.helper-niceness", minimum=0, maximum=19),
             )
-        sender = config.get("producer.sender")
-        if sender not in SENDERS:
-            raise ConfigError(
-                f"blackbox.producer.sender: {sender!r} must be one of {', '.join(SENDERS)}"
-            )
-        return cls(
-            cluster_name=str(name) if name else None,
-            kafka=kafka,
-            raw_topic=kafka.topic(RAW),
-            buffer_max_events=config.get_int("producer.buffer-max-events"),
-            buffer_max_bytes=config.get_bytes("producer.buffer-max-bytes"),
-            flush_interval=config.get_seconds("producer.flush-interval", minimum=0.001),
-            metrics_interval=config.get_seconds("producer.metrics-interval", minimum=0.001),
-            graph_max_tasks=config.get_int("producer.graph-max-tasks", minimum=0),
-            max_value_bytes=max_value_bytes,
-            record=Recorded.from_config(),
-            loggers=_loggers(config.get("producer.loggers")),
-            close_timeout=config.get_seconds("producer.close-timeout"),
-            reconnect_backoff_max=config.get_seconds(
-                "producer.reconnect-backoff-max", minimum=0.05
-            ),
-            sender=sender,
-            helper_niceness=config.get_int(
-                "producer.helper-niceness", minimum=0, maximum=19),
-        )
 
 
 def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -148,30 +129,24 @@ def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     for key, value in overrides.items():
         if not isinstance(key, str) or not key:
             raise ConfigError(f"blackbox override key {key!r} is not a setting name")
-        full = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            out.update(_flatten(value, full + "."))
+            out.update(_flatten(value, f"{prefix}{key}."))
         else:
-            out[full] = value
+            out[f"{prefix}{key}"] = value
     return out
 
 
-#: Settings whose value is a mapping of names of the user's choosing.
-_OPEN_MAPPINGS = frozenset({"blackbox.producer.loggers"})
-
-
 def _check_known(key: str) -> None:
-    """A ConfigError unless ``key`` (``blackbox.x.y``) is a shipped setting."""
+    """A ConfigError unless ``key`` (``blackbox.x.y``) is a shipped setting, or under one
+    whose value maps names of the user's choosing (``blackbox.producer.loggers``)."""
+    canonical = key.replace("_", "-")
+    if canonical.startswith("blackbox.producer.loggers."):
+        return
     node: Any = config.DEFAULTS
-    path = []
-    for part in key.split("."):
-        if ".".join(path) in _OPEN_MAPPINGS:
-            return
-        canonical = part.replace("_", "-")
-        if not isinstance(node, dict) or canonical not in node:
+    for part in canonical.split("."):
+        if not isinstance(node, dict) or part not in node:
             raise ConfigError(f"{key} is not a dask-blackbox setting")
-        node = node[canonical]
-        path.append(canonical)
+        node = node[part]
 
 
 def _loggers(section: Any) -> tuple[tuple[str, int], ...]:
@@ -189,5 +164,4 @@ def _loggers(section: Any) -> tuple[tuple[str, int], ...]:
                               "level (DEBUG, INFO, WARNING, ERROR, CRITICAL or a number)")
         out.append((str(name), level))
     # longest name first, "root" last: the first that matches a record's logger wins
-    out.sort(key=lambda e: (e[0] == "root", -e[0].count("."), -len(e[0])))
-    return tuple(out)
+    return tuple(sorted(out, key=lambda e: (e[0] == "root", -e[0].count("."), -len(e[0]))))

@@ -1,16 +1,14 @@
 """One producer of a Dask process: the buffer its hooks offer to, and its drain.
 
-A :class:`Transport` is composed of a :class:`~producers.buffer.Buffer` (the hooks'
-``offer``) and the drain that empties it, chosen here and only here by
-``blackbox.producer.sender``: a :class:`~producers.sender.Sender` thread (``thread``),
-or a :class:`~producers.relay.Relay` thread handing rows to a helper process that runs
-the same Sender (``process``; ``auto`` picks it for the scheduler, a thread for
-workers and nannies, which are many and rarely busy). Both drains have one interface:
-``start``, ``close(deadline)``, ``delivered(accepted)``, ``stats()`` and ``thread``.
+A :class:`Transport` composes a :class:`~producers.buffer.Buffer` (the hooks' ``offer``) and
+the drain that empties it, chosen here only, by ``blackbox.producer.sender``: a
+:class:`~producers.sender.Sender` thread (``thread``), or a :class:`~producers.relay.Relay`
+thread handing rows to a helper process that runs the same Sender (``process``; ``auto``
+picks it for the scheduler, a thread for the many, rarely busy workers and nannies). Both
+drains offer ``start``, ``close(deadline)``, ``delivered(accepted)``, ``stats()``, ``thread``.
 
-Nothing is sent before the cluster's id is known; a preloaded worker or nanny learns
-it from the scheduler. Transports not closed yet are flushed (bounded by
-``close-timeout``) when the interpreter exits.
+Nothing is sent before the cluster's id is known; a preloaded worker or nanny learns it from
+the scheduler. Transports not closed yet are flushed (within ``close-timeout``) at exit.
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ class Transport:
         self.settings = settings
         self.source = source
         self.buffer = buffer = Buffer(settings.buffer_max_events, settings.buffer_max_bytes)
-        #: The hot path: buffer an item, or drop and count it (see producers.buffer).
-        self.offer = buffer.offer
+        self.offer = buffer.offer  # the hot path (producers.buffer)
         self.identity = Identity(source, cluster_id, cluster_name)
         rows = RowMaker(settings.max_value_bytes, worker)
         helper = settings.sender == "process" or (settings.sender == "auto"
@@ -72,26 +69,21 @@ class Transport:
 
     @property
     def accepted_events(self) -> int:
-        """Items accepted so far (exact)."""
         return self.buffer.accepted
 
     def delivered(self, accepted_events: int) -> bool:
-        """Whether the first ``accepted_events`` accepted items were delivered, or
-        will never be (no row could be made, given up): compare with an earlier
-        :attr:`accepted_events`."""
+        """Whether the first ``accepted_events`` accepted items were delivered, or will
+        never be (given up): compare with an earlier :attr:`accepted_events`."""
         return self.drain.delivered(accepted_events)
 
     def stats(self) -> dict[str, Any]:
         """Counters, for tests, benchmarks and diagnostics."""
         buffer = self.buffer
-        return {
-            "producer_id": self.producer_id,
-            "accepted_events": buffer.accepted, "buffered_events": buffer.buffered,
-            "buffered_bytes": buffer.buffered_bytes, "max_events": buffer.max_items,
-            "max_bytes": buffer.max_bytes, "dropped_events": buffer.dropped_events,
-            "dropped_bytes": buffer.dropped_bytes, "sender": "thread",
-            **self.drain.stats(),
-        }
+        return {"producer_id": self.producer_id,
+                "accepted_events": buffer.accepted, "buffered_events": buffer.buffered,
+                "buffered_bytes": buffer.buffered_bytes, "max_events": buffer.max_items,
+                "max_bytes": buffer.max_bytes, "dropped_events": buffer.dropped_events,
+                "dropped_bytes": buffer.dropped_bytes, "sender": "thread", **self.drain.stats()}
 
     def close_deadline(self) -> float:
         """The ``time.monotonic()`` by which a close begun now has ended."""
@@ -104,8 +96,7 @@ class Transport:
         self.drain.close(time.monotonic() + self.settings.close_timeout)
 
     async def close(self) -> None:
-        """:meth:`begin_close`, then wait for the drain, without blocking the event
-        loop."""
+        """:meth:`begin_close`, then wait for the drain without blocking the event loop."""
         if self._learning is not None:
             self._learning.cancel()
         self.begin_close()

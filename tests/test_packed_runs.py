@@ -145,11 +145,11 @@ def test_the_producers_runs_unpack_to_the_events_they_stand_for():
     # error is read from Dask's kwargs as they are.
     startstops = [{"action": "compute", "start": NOW, "stop": NOW + 1}]
     carried = TransitionItem(("x-1", 0, 2), "processing", "memory", "s9", NOW + 3, groups[0],
-                             None, "tcp://w:1", 8, "int", startstops, 1234)
+                             None, ("tcp://w:1", 8, "int", startstops, 1234))
     error = {"exception_text": "ValueError: x", "traceback_text": "tb", "cause": ("x-1", 0, 2),
              "worker": "tcp://w:1", "thread": 99}
-    erred = TransitionItem("e", "processing", "erred", "s9", NOW + 4, None, None, "tcp://w:1",
-                           None, None, None, 99, error)
+    erred = TransitionItem("e", "processing", "erred", "s9", NOW + 4, None, None,
+                           ("tcp://w:1", None, None, None, 99), error)
     rows, _ = maker.rows([items[0], carried, items[1], erred])
     run = orjson.loads(orjson.dumps(run_event(rows)))
     assert set(run) >= {"worker", "nbytes", "typename", "startstops", "thread", "exception",
