@@ -91,6 +91,11 @@ class ProducerSettings:
         flat = {f"blackbox.{k}": v for k, v in _flatten(overrides or {}).items()}
         for key in flat:
             _check_known(key)
+        # A logger's name may hold dots: one entry of the mapping, not nested keys.
+        named = {key[len(_LOGGERS):]: flat.pop(key) for key in list(flat)
+                 if key[:len(_LOGGERS)].replace("_", "-") == _LOGGERS}
+        if named:
+            flat["blackbox.producer.loggers"] = {**config.get("producer.loggers"), **named}
         if cluster_name is not None:
             flat["blackbox.cluster-name"] = cluster_name
         with dask.config.set(flat):
@@ -136,11 +141,14 @@ def _flatten(overrides: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return out
 
 
+_LOGGERS = "blackbox.producer.loggers."
+
+
 def _check_known(key: str) -> None:
     """A ConfigError unless ``key`` (``blackbox.x.y``) is a shipped setting, or under one
     whose value maps names of the user's choosing (``blackbox.producer.loggers``)."""
     canonical = key.replace("_", "-")
-    if canonical.startswith("blackbox.producer.loggers."):
+    if canonical.startswith(_LOGGERS):
         return
     node: Any = config.DEFAULTS
     for part in canonical.split("."):

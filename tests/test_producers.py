@@ -548,6 +548,17 @@ def test_close_is_bounded_when_kafka_is_unreachable():
     assert stats["buffered_events"] == 0 and stats["dropped_events"] == 1
 
 
+def test_a_dotted_logger_name_in_an_override_is_one_logger():
+    """Logger names hold dots: ``distributed.worker`` is one logger of the shipped
+    mapping (added to the configured ones), dotted or nested, not a nested key."""
+    for overrides in ({"producer.loggers.distributed.worker": "DEBUG"},
+                      {"producer": {"loggers": {"distributed.worker": "DEBUG"}}}):
+        loggers = ProducerSettings.resolve(overrides).loggers
+        assert loggers[0] == ("distributed.worker", logging.DEBUG)
+        assert dict(loggers) == {"distributed.worker": logging.DEBUG,
+                                 "distributed": logging.INFO, "root": logging.WARNING}
+
+
 def test_bad_overrides_raise_config_error_naming_the_key():
     with pytest.raises(ConfigError, match="producer.flush-intervall"):
         ProducerSettings.resolve({"producer.flush-intervall": "1s"})
