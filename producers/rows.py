@@ -127,6 +127,8 @@ class RowMaker:
     def __init__(self, max_chars: int, worker: str | None = None):
         self.max_chars = max_chars
         self.worker = worker
+        #: what a worker's own transition carries: its address (Dask passes it nothing)
+        self._worker_carried = (worker, *_NOT_CARRIED[1:])
         #: ``(prefix, group, span_id)`` of a scheduler ``TaskGroup``.
         self.names = functools.lru_cache(NAMES_CACHE)(_group_names)
         #: :func:`~dask_blackbox.contract.encode_key` of a key.
@@ -157,7 +159,7 @@ class RowMaker:
             if self.worker is None and item.error is None:  # most transitions carry nothing
                 return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start,
                                      item.finish, item.stimulus_id)
-            carried = (self.worker, *_NOT_CARRIED[1:])  # a worker's own: its address
+            carried = self._worker_carried
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)

@@ -154,13 +154,14 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         group = None if ts is None else ts.group
         if not kwargs:
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group))
-        elif finish != "erred":
+            return
+        carried = tuple(map(kwargs.get, TRANSITION_KWARGS))
+        if finish != "erred":
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
-                                       tuple(map(kwargs.get, TRANSITION_KWARGS))))
+                                       carried))
         else:
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
-                                       tuple(map(kwargs.get, TRANSITION_KWARGS)), kwargs,
-                                       self._erred_weight))
+                                       carried, kwargs, self._erred_weight))
 
     def update_graph(self, scheduler: Scheduler, *, client: str, keys: set, tasks: list,
                      annotations: dict[str, dict], priority: dict, stimulus_id: str,
