@@ -1,17 +1,19 @@
 """The hand-over to a helper process, and the helper's supervision.
 
 With ``producer.sender: process`` (``auto`` for the scheduler) the Dask process keeps only
-the hand-over: a :class:`Relay` thread takes items from the buffer, makes their rows (a
-user's object is sanitized here, never sent on) and writes them to a helper process
+the hand-over: a :class:`Relay` thread takes items from the buffer, makes them portable
+(:meth:`~producers.rows.RowMaker.rows`: a transition or graph item goes with its groups'
+names, every other item as its row, so a user's object is sanitized here, never sent on)
+and writes them to a helper process
 (:func:`main`) whose buffer the same :class:`~producers.sender.Sender` drains under the
 same producer id: the delivery semantics of :mod:`producers.sender`, without holding the
 GIL Dask's event loop needs.
 
 The hand-over, at the sender's linger and when closing: a :class:`Frame` of at most
-:data:`FRAME_ITEMS` rows, the buffer's drops since the last frame (the helper reports them)
-and the identity if it changed, msgpack-encoded behind a 4-byte little-endian length, one
-``write`` to the helper's stdin. A row msgpack cannot encode goes as the JSON the thread
-sender would have sent (:func:`encodable`).
+:data:`FRAME_ITEMS` items and rows, the buffer's drops since the last frame (the helper
+reports them) and the identity if it changed, msgpack-encoded behind a 4-byte little-endian
+length, one ``write`` to the helper's stdin. What msgpack cannot encode goes as the JSON the
+thread sender would have sent (:func:`encodable`).
 
 The helper writes a JSON status line at most every :data:`STATUS_INTERVAL` while anything
 changes: rows done (delivered or given up), its sender's counters, its collections. The
@@ -65,7 +67,9 @@ except ImportError:  # not POSIX: the pipe keeps its size
 from dask_blackbox.contract import TRANSITION
 from dask_blackbox.producers.buffer import Buffer, DropCount
 from dask_blackbox.producers.encode import encode_event
-from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
+from dask_blackbox.producers.rows import (
+    GraphItem, Ready, RowMaker, TransitionItem, TransitionRow,
+)
 from dask_blackbox.producers.sender import (
     THREAD_PREFIX, Drain, Identity, Sender, new_producer_id, yield_on_wakeup,
 )
@@ -90,7 +94,7 @@ _SUMMED = ("sent_envelopes", "sent_events", "sent_drop_reports", "reported_drops
 class Frame(msgspec.Struct, array_like=True, gc=False):
     """What the relay writes to the helper at once (module docstring)."""
 
-    rows: list[TransitionRow | Ready]  # type: ignore[valid-type]
+    rows: list[TransitionItem | GraphItem | TransitionRow | Ready]  # type: ignore[valid-type]
     drops: DropCount | None = None
     identity: tuple[str, str | None] | None = None
 
@@ -99,15 +103,18 @@ _encode_frame = msgspec.msgpack.Encoder().encode
 _decode_frame = msgspec.msgpack.Decoder(Frame).decode
 
 
-def encodable(row: Any, max_chars: int) -> Any:
-    """A row msgpack can encode: ``row`` itself, or its event as the JSON the thread
-    sender would have sent (:func:`~producers.encode.encode_event`)."""
+def encodable(row: Any, rows: RowMaker) -> Any:
+    """What msgpack can encode of a portable item or a row: itself, else the row of an
+    item, else its event as the JSON the thread sender would have sent
+    (:func:`~producers.encode.encode_event`)."""
     with contextlib.suppress(Exception):
         _encode_frame(row)
         return row
+    if type(row) is TransitionItem or type(row) is GraphItem:  # its row holds text only
+        return encodable(rows.make(row), rows)
     event = row.event if type(row) is Ready else {"kind": TRANSITION,
                                                   **msgspec.structs.asdict(row)}
-    return Ready(orjson.loads(encode_event(event, max_chars)), row.weight)
+    return Ready(orjson.loads(encode_event(event, rows.max_chars)), row.weight)
 
 
 class Helper:
@@ -254,7 +261,7 @@ class Relay(Drain):
         changed); how many rows it held."""
         buffer, helper = self.buffer, self.helper
         taken = buffer.take(FRAME_ITEMS, 1 << 62)
-        rows, failed = self.make_rows(taken.items)
+        rows, failed = self.make_rows(taken.items, portable=True)
         failed_weight = sum(item.weight for item in failed)
         buffer.release(len(failed), failed_weight)  # given up
         weight = taken.weight - failed_weight
@@ -268,7 +275,7 @@ class Relay(Drain):
         try:
             data = _encode_frame(frame)
         except Exception:
-            frame.rows = [encodable(row, self.settings.max_value_bytes) for row in rows]
+            frame.rows = [encodable(row, self.rows) for row in rows]
             data = _encode_frame(frame)
         with helper.lock:
             helper.forwarded += len(rows)
@@ -348,7 +355,8 @@ def _read_frame(fd: int) -> bytes | None:
 
 
 class Receiver:
-    """The helper's side: frames in, rows offered to its buffer, which its sender drains."""
+    """The helper's side: frames in, their items and rows offered to its buffer, which its
+    sender drains (making the items' rows)."""
 
     def __init__(self, hello: dict, out: Any = None):
         self.settings = settings = hello["settings"]

@@ -9,7 +9,10 @@
 - A **row** is plain, named data the drain makes of an item: a :data:`TransitionRow`
   (the fields of :class:`~dask_blackbox.contract.Transition`, in its order) or a
   :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
-  holds builtins only: it crosses a pipe to a helper process (msgpack) as it is.
+  holds builtins only: it crosses a pipe to a helper process (msgpack) as it is, and so
+  do a scheduler's transition and graph items once made *portable* (their groups'
+  names resolved, a graph's annotations counted: :meth:`RowMaker.rows`); the helper
+  makes their rows.
 - A **run** is consecutive transition rows in columns, one ``TRANSITION_RUN`` event
   on the wire (:func:`run_event`, :data:`dask_blackbox.contract.PACKED`).
 
@@ -23,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from collections.abc import Hashable
 from typing import Any
 
 import msgspec
@@ -44,12 +46,12 @@ KEY_TEXT_CACHE = 100_000
 MAX_ANNOTATION_VALUES = 20
 
 
-class TransitionItem(msgspec.Struct, gc=False):
+class TransitionItem(msgspec.Struct, array_like=True, gc=False, tag=2):
     """A task transition as a hook offers it: the record's fields, the task's
-    ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, None, span_id)``, a worker's
-    task), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS` in that
-    order (``carried``, None when Dask passed none) and, for an erred transition, Dask's
-    keyword arguments as they are (``error``)."""
+    ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, group, span_id)``; a worker's
+    task has no group), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS`
+    in that order (``carried``, None when Dask passed none) and, for an erred
+    transition, Dask's keyword arguments as they are (``error``)."""
 
     key: Any
     start: Any
@@ -72,17 +74,19 @@ class EventItem(msgspec.Struct, gc=False):
     weight: int
 
 
-class GraphEntry(msgspec.Struct, gc=False):
-    """A submitted task captured on the event loop: its key, ``TaskGroup``, its first
-    dependencies' keys and how many it has (none of it kept in the collector's sight)."""
+class GraphEntry(msgspec.Struct, array_like=True, gc=False):
+    """A submitted task captured on the event loop: its key, ``TaskGroup`` (or, once
+    portable, its ``names``), its first dependencies' keys and how many it has (none of
+    it kept in the collector's sight)."""
 
-    key: Hashable
+    key: Any
     group: Any
     dependencies: tuple
     n_dependencies: int
+    names: Any = None
 
 
-class GraphItem(msgspec.Struct, gc=False):
+class GraphItem(msgspec.Struct, array_like=True, gc=False, tag=3):
     """Part ``part`` of ``parts`` of a graph submission (see contract ``Graph``)."""
 
     ts: float
@@ -97,6 +101,7 @@ class GraphItem(msgspec.Struct, gc=False):
     part: int
     parts: int
     weight: int
+    counted: Any = None  # once portable: the annotations' values counted, or None
 
 
 class Ready(msgspec.Struct, array_like=True, gc=False, tag=1):
@@ -136,11 +141,17 @@ class RowMaker:
         self._makers = {TransitionItem: self.transition, EventItem: self.event,
                         GraphItem: self.graph, Ready: _as_is, TransitionRow: _as_is}
 
-    def rows(self, items: list) -> tuple[list, list]:
+    def rows(self, items: list, portable: bool = False) -> tuple[list, list]:
         """The rows of ``items`` in order, and the items no row could be made of
-        (a bug must not stop the drain: the caller counts them)."""
+        (a bug must not stop the drain: the caller counts them). ``portable``: what a
+        helper process is handed instead: transition (not erred) and graph items as
+        they are, their groups resolved to names and a graph's annotations counted
+        (the helper makes their rows), the row of every other item."""
         rows, failed = [], []
         makers = self._makers
+        if portable:
+            makers = {**makers, TransitionItem: self._portable_transition,
+                      GraphItem: self._portable_graph}
         for item in items:
             try:
                 rows.append(makers[type(item)](item))
@@ -148,12 +159,16 @@ class RowMaker:
                 failed.append(item)
         return rows, failed
 
+    def make(self, item: Any) -> Any:
+        """The row of one item."""
+        return self._makers[type(item)](item)
+
     def transition(self, item: Any) -> Any:
         group = item.group
         prefix, group_name, span_id = (item.names if group is None else self.names(group)) or _NO_NAMES
         key = item.key
         if type(key) is not str:
-            key = self.key_text(key)
+            key = self.text(key)
         carried = item.carried
         if carried is None:
             if self.worker is None and item.error is None:  # most transitions carry nothing
@@ -163,6 +178,29 @@ class RowMaker:
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)
+
+    def text(self, key: Any) -> str:
+        """:func:`~dask_blackbox.contract.encode_key` of a key (a tuple key that came
+        through a pipe is a list)."""
+        return key if type(key) is str else self.key_text(
+            _tupled(key) if type(key) is list else key)
+
+    def _portable_transition(self, item: TransitionItem) -> Any:
+        if item.error is not None:  # Dask's objects: read here
+            return self.transition(item)
+        if item.group is not None:
+            item.names = self.names(item.group)
+            item.group = None
+        return item
+
+    def _portable_graph(self, item: GraphItem) -> GraphItem:
+        names = self.names
+        for entry in item.entries:
+            entry.names = names(entry.group)
+            entry.group = None
+        item.counted = self._annotations(item.annotations) if item.annotations else {}
+        item.annotations = None  # a user's values: counted here, never sent on
+        return item
 
     def _error(self, kwargs: dict) -> tuple:
         cap = self.max_chars
@@ -184,20 +222,23 @@ class RowMaker:
         return Ready(event, item.weight)
 
     def graph(self, item: GraphItem) -> Ready:
-        key_text = self.key_text
+        text = self.text
         tasks: list[GraphTask] = []
         for entry in item.entries:
-            prefix, group_name, span_id = self.names(entry.group)
+            prefix, group_name, span_id = entry.names or self.names(entry.group)
             shown = entry.dependencies
-            task: GraphTask = {"key": key_text(entry.key), "prefix": prefix, "group": group_name,
-                               "span_id": span_id, "dependencies": list(map(key_text, shown))}
+            task: GraphTask = {"key": text(entry.key), "prefix": prefix, "group": group_name,
+                               "span_id": span_id, "dependencies": list(map(text, shown))}
             if entry.n_dependencies > len(shown):
                 task["n_dependencies"] = entry.n_dependencies
             tasks.append(task)
+        counted = item.counted
+        if counted is None:
+            counted = self._annotations(item.annotations) if item.annotations else {}
         event: Graph = {
             "kind": GRAPH, "ts": item.ts, "client": item.client, "stimulus_id": item.stimulus_id,
-            "n_tasks": item.n_tasks, "keys": [key_text(k) for k in item.keys], "tasks": tasks,
-            "annotations": self._annotations(item.annotations) if item.annotations else {},
+            "n_tasks": item.n_tasks, "keys": list(map(text, item.keys)), "tasks": tasks,
+            "annotations": counted,
             "n_keys": item.n_keys, "part": item.part, "parts": item.parts,
             "n_recorded": item.n_recorded,
         }
@@ -230,6 +271,10 @@ def _group_names(group: Any) -> tuple:
 
 def _as_is(row: Any) -> Any:
     return row
+
+
+def _tupled(key: list) -> tuple:
+    return tuple(_tupled(part) if type(part) is list else part for part in key)
 
 
 def _hashable(value: Any) -> Any:

@@ -222,9 +222,9 @@ class Drain:
         ``busy_linger`` (by default :data:`BUSY_LINGER`) if longer."""
         return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
 
-    def make_rows(self, items: list) -> tuple[list, list]:
+    def make_rows(self, items: list, portable: bool = False) -> tuple[list, list]:
         """:meth:`RowMaker.rows`, counting the items no row could be made of."""
-        rows, failed = self.rows.rows(items)
+        rows, failed = self.rows.rows(items, portable)
         if failed:
             self.build_failed(len(failed), failed[0])
         return rows, failed

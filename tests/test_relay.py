@@ -29,7 +29,9 @@ from dask_blackbox.producers.relay import (
     HELPER_GC_THRESHOLDS, PIPE_BYTES, Frame, Receiver, _decode_frame,
     _encode_frame, encodable,
 )
-from dask_blackbox.producers.rows import EventItem, Ready, RowMaker, TransitionItem
+from dask_blackbox.producers.rows import (
+    EventItem, GraphEntry, GraphItem, Ready, RowMaker, TransitionItem,
+)
 from dask_blackbox.producers.sender import THREAD_PREFIX, encode_rows
 from dask_blackbox.producers.settings import ProducerSettings
 from dask_blackbox.producers.transport import Transport
@@ -252,41 +254,87 @@ class Unpicklable:
         raise TypeError("not this one")
 
 
+class Prefix:
+    name = "inc"
+
+
+class Group:
+    """What a row maker reads of a scheduler's TaskGroup."""
+
+    prefix, name, span_id = Prefix(), "inc-abc", "s1"
+
+
 def test_a_frame_keeps_dasks_order_and_makes_what_msgpack_cannot_hold_encodable():
-    """Rows through a frame and the helper's receiver come out in the order the Dask
-    process buffered them, as the events the thread sender would send; a row msgpack
-    cannot encode (a user's object) goes as the JSON the thread sender makes of it."""
+    """Items through a frame and the helper's receiver come out in the order the Dask
+    process buffered them, as the events the thread sender would send: a transition
+    item goes as it is with its group's names (tuple, nested and bytes keys keep their
+    text), any other item as its row; what msgpack cannot encode (a user's object, an
+    integer past 64 bits in a key) goes as the JSON the thread sender makes of it."""
     settings = ProducerSettings.resolve({
         "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
         "producer.flush-interval": "1h"})
+
+    def items():
+        carried = ("tcp://w:1", 8, "numpy.ndarray",
+                   [{"action": "compute", "start": 2.0, "stop": 2.5}], 140)
+        return [
+            TransitionItem("inc-1", "released", "waiting", "stim-1", 1.0, Group()),
+            EventItem(1.5, "t", {"at": datetime.datetime(2026, 1, 1)}, 64),
+            TransitionItem(("inc", 2), "waiting", "processing", "stim-2", 2.0, Group()),
+            TransitionItem(("inc", (3, b"x"), 4.5), "processing", "memory", "stim-3", 2.5,
+                           Group(), None, carried),
+            TransitionItem(b"inc-5", "processing", "erred", "stim-4", 2.6, None, None,
+                           carried[:1] + (None,) * 4, {"exception_text": "ValueError: 5"}),
+            GraphItem(2.7, "client-1", "stim-5", 3, 2, 1, [("inc", 2)],
+                      {"retries": {("inc", 2): 2, "inc-1": 2}, "at": {"inc-1": Unpicklable()}},
+                      [GraphEntry("inc-1", Group(), (), 0),
+                       GraphEntry(("inc", 2), Group(), ("inc-1", ("inc", (3, b"x"), 4.5)), 3)],
+                      0, 1, 500),
+            Ready({"kind": "event", "ts": 3.0, "topic": "t", "msg": "last"}, 64),
+        ]
+
     maker = RowMaker(1000)
-    items = [
-        TransitionItem("inc-1", "released", "waiting", "stim-1", 1.0, None, ("inc", "inc-abc", "s1")),
-        EventItem(1.5, "t", {"at": datetime.datetime(2026, 1, 1)}, 64),
-        TransitionItem(("inc", 2), "waiting", "processing", "stim-2", 2.0, None,
-                       ("inc", "inc-abc", "s1")),
-        Ready({"kind": "event", "ts": 3.0, "topic": "t", "msg": "last"}, 64),
-    ]
-    rows, failed = maker.rows(items)
+    rows, failed = maker.rows(items())
     assert not failed
     expected = json.loads(encode_rows(rows, 1000))
+    portable, failed = maker.rows(items(), portable=True)
+    assert not failed
+    assert [type(p).__name__ for p in portable] == [
+        "TransitionItem", "Ready", "TransitionItem", "TransitionItem", "TransitionRow",
+        "GraphItem", "Ready"]
     receiver = Receiver({"settings": settings, "source": "scheduler",
                          "producer_id": "scheduler-test", "identity": (None, None)})
-    receiver.apply(_encode_frame(Frame(rows)))
+    receiver.apply(_encode_frame(Frame(portable)))
     handed = receiver.buffer.take(100, 1 << 30).items
-    assert json.loads(encode_rows(handed, 1000)) == expected
+    handed_rows, failed = receiver.sender.rows.rows(handed)
+    assert not failed
+    assert json.loads(encode_rows(handed_rows, 1000)) == expected
     events = expand_events(expected)
-    assert [e["ts"] for e in events] == [1.0, 1.5, 2.0, 3.0]
+    assert [e["ts"] for e in events] == [1.0, 1.5, 2.0, 2.5, 2.6, 2.7, 3.0]
+    graph = events[5]
+    assert graph["keys"] == [str(("inc", 2))] and graph["annotations"]["retries"] == [
+        {"value": 2, "n_tasks": 2}]
+    assert graph["annotations"]["at"][0]["value"]["__type__"].endswith("Unpicklable")
+    assert graph["tasks"][1]["dependencies"] == ["inc-1", str(("inc", (3, b"x"), 4.5))]
+    assert graph["tasks"][1]["n_dependencies"] == 3 and graph["tasks"][0]["group"] == "inc-abc"
     assert events[2]["key"] == str(("inc", 2)) and events[0]["group"] == "inc-abc"
+    assert events[3]["key"] == str(("inc", (3, b"x"), 4.5)) and events[3]["thread"] == 140
+    assert events[4]["key"] == str(b"inc-5") and events[4]["exception"] == "ValueError: 5"
     assert events[1]["msg"] == {"at": "2026-01-01T00:00:00"}
 
     odd = Ready({"kind": "event", "ts": 4.0, "topic": "t", "msg": Unpicklable()}, 64)
     with pytest.raises(TypeError):
         _encode_frame(Frame([odd]))
-    fixed = encodable(odd, 1000)
+    fixed = encodable(odd, maker)
     (event,) = _decode_frame(_encode_frame(Frame([fixed]))).rows
     assert event.event["msg"]["__type__"].endswith("Unpicklable")
-    assert encodable(rows[0], 1000) is rows[0]
+    huge, = maker.rows([TransitionItem(("inc", 1 << 70), "released", "waiting", "s", 5.0,
+                                       Group())], portable=True)[0]
+    with pytest.raises(OverflowError):
+        _encode_frame(Frame([huge]))
+    (row,) = _decode_frame(_encode_frame(Frame([encodable(huge, maker)]))).rows
+    assert row.key == str(("inc", 1 << 70)) and row.group == "inc-abc"
+    assert encodable(portable[0], maker) is portable[0]
     receiver.sender.close(time.monotonic())
 
 
