@@ -34,9 +34,10 @@ one of whose runs lost a worker or did not finish within ``WAIT_DEADLINE`` runs 
 
 With ``in``, each B run also prints the CPU of the recorder's own threads in the
 scheduler process (from ``/proc/self/task``: the relay, its status reader, the
-nannies' senders), and a figure gives their sum over A's scheduler-process CPU: the
-machine's load does not blur it as it blurs the difference of A and B. What the
-recorder adds on Dask's event loop (the hooks, the nannies' watch) is not in it.
+nannies' senders) and of the producers' helper process, and a figure gives the
+threads' sum over A's scheduler-process CPU: the machine's load does not blur it as
+it blurs the difference of A and B. What the recorder adds on Dask's event loop (the
+hooks, the nannies' watch) is not in it.
 """
 
 from __future__ import annotations
@@ -112,6 +113,18 @@ def _tree(exclude: set[int]) -> list[int]:
     return [me.pid] + [p.pid for p in me.children(recursive=True) if p.pid not in exclude]
 
 
+def _helpers(pids: list[int]) -> list[int]:
+    """The producers' helper processes among ``pids``."""
+    import psutil
+
+    found = []
+    for pid in pids:
+        with contextlib.suppress(psutil.Error):
+            if "producers.relay" in " ".join(psutil.Process(pid).cmdline()):
+                found.append(pid)
+    return found
+
+
 def _cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -150,6 +163,7 @@ class Run:
     tree_cpu: float
     tasks: int
     recorder_threads: dict[str, float]
+    helper_cpu: float
 
 
 @contextlib.contextmanager
@@ -182,8 +196,10 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
         timed_graph = graph(side, chunks, kind)
         n_tasks = len(timed_graph.__dask_graph__())
         pids = _tree({broker_pid})
+        helpers = _helpers(pids)
         threads0 = _thread_cpu()
-        cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
+        cpu0, tree0, helper0, t0 = (_cpu([scheduler]), _cpu(pids), _cpu(helpers),
+                                    time.perf_counter())
         assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
         lost = on_scheduler(_removed)
@@ -193,9 +209,10 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
             _wait(on_scheduler, _delivered, on_scheduler(_accepted))
         wall = time.perf_counter() - t0
         threads = _recorder_threads(threads0, _thread_cpu()) if placement == "in" else {}
+        helper_cpu = _cpu(helpers) - helper0
         pids = sorted(set(pids) | set(_tree({broker_pid})))
         return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks,
-                   threads)
+                   threads, helper_cpu)
 
 
 def ratio(runs: list[Run], figure: str) -> float:
@@ -240,10 +257,11 @@ def main() -> None:
                         f"{ratio(runs, 'wall'):.3f} sched {ratio(runs, 'scheduler_cpu'):.3f} "
                         f"tree {ratio(runs, 'tree_cpu'):.3f}", flush=True)
                     for r in runs:
-                        if r.recorder_threads:
+                        if r.recorded:
                             print("  recorder threads in the scheduler process: " + ", ".join(
                                 f"{name} {seconds:.2f}s" for name, seconds
-                                in sorted(r.recorder_threads.items())), flush=True)
+                                in sorted(r.recorder_threads.items()))
+                                + f"; the helper process {r.helper_cpu:.2f}s", flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
                 for figure, label, target in (("wall", "wall", 1.03),
                                               ("scheduler_cpu", "scheduler-process CPU", 1.05),

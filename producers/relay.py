@@ -103,7 +103,7 @@ _encode_frame = msgspec.msgpack.Encoder().encode
 _decode_frame = msgspec.msgpack.Decoder(Frame).decode
 
 
-def encodable(row: Any, rows: RowMaker) -> Any:
+def encodable(row: Any, maker: RowMaker) -> Any:
     """What msgpack can encode of a portable item or a row: itself, else the row of an
     item, else its event as the JSON the thread sender would have sent
     (:func:`~producers.encode.encode_event`)."""
@@ -111,10 +111,10 @@ def encodable(row: Any, rows: RowMaker) -> Any:
         _encode_frame(row)
         return row
     if type(row) is TransitionItem or type(row) is GraphItem:  # its row holds text only
-        return encodable(rows.make(row), rows)
+        return encodable(maker.make(row), maker)
     event = row.event if type(row) is Ready else {"kind": TRANSITION,
                                                   **msgspec.structs.asdict(row)}
-    return Ready(orjson.loads(encode_event(event, rows.max_chars)), row.weight)
+    return Ready(orjson.loads(encode_event(event, maker.max_chars)), row.weight)
 
 
 class Helper:
