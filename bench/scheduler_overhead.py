@@ -258,10 +258,11 @@ def main() -> None:
                         f"tree {ratio(runs, 'tree_cpu'):.3f}", flush=True)
                     for r in runs:
                         if r.recorded:
-                            print("  recorder threads in the scheduler process: " + ", ".join(
-                                f"{name} {seconds:.2f}s" for name, seconds
-                                in sorted(r.recorder_threads.items()))
-                                + f"; the helper process {r.helper_cpu:.2f}s", flush=True)
+                            threads = ", ".join(f"{name} {seconds:.2f}s" for name, seconds
+                                                in sorted(r.recorder_threads.items()))
+                            print(f"  recorder threads in the scheduler process: {threads}; "
+                                  if threads else "  ", end="")
+                            print(f"the helper process {r.helper_cpu:.2f}s", flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
                 for figure, label, target in (("wall", "wall", 1.03),
                                               ("scheduler_cpu", "scheduler-process CPU", 1.05),

@@ -198,7 +198,7 @@ class RowMaker:
         for entry in item.entries:
             entry.names = names(entry.group)
             entry.group = None
-        item.counted = self._annotations(item.annotations) if item.annotations else {}
+        item.counted = self._annotations(item.annotations)
         item.annotations = None  # a user's values: counted here, never sent on
         return item
 
@@ -234,7 +234,7 @@ class RowMaker:
             tasks.append(task)
         counted = item.counted
         if counted is None:
-            counted = self._annotations(item.annotations) if item.annotations else {}
+            counted = self._annotations(item.annotations)
         event: Graph = {
             "kind": GRAPH, "ts": item.ts, "client": item.client, "stimulus_id": item.stimulus_id,
             "n_tasks": item.n_tasks, "keys": list(map(text, item.keys)), "tasks": tasks,
@@ -244,11 +244,11 @@ class RowMaker:
         }
         return Ready(event, item.weight)
 
-    def _annotations(self, annotations: dict) -> dict[str, list]:
+    def _annotations(self, annotations: dict | None) -> dict[str, list]:
         """``{annotation: [{"value", "n_tasks"}, ...]}``: each annotation's distinct
-        values with how many tasks carry them, most frequent first."""
+        values with how many tasks carry them, most frequent first (``{}`` for None)."""
         out = {}
-        for name, per_key in annotations.items():
+        for name, per_key in (annotations or {}).items():
             counts: dict[Any, list] = {}
             for value in per_key.values():
                 marker = _hashable(value)

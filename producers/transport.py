@@ -3,7 +3,7 @@
 A :class:`Transport` composes a :class:`~producers.buffer.Buffer` (the hooks' ``offer``) and
 the drain that empties it, chosen here only, by ``blackbox.producer.sender``: a
 :class:`~producers.sender.Sender` thread (``thread``), or a :class:`~producers.relay.Relay`
-thread handing rows to a helper process that runs the same Sender (``process``; ``auto``
+thread handing items to a helper process that runs the same Sender (``process``; ``auto``
 picks it for the scheduler, a thread for the many, rarely busy workers and nannies). Both
 drains offer ``start``, ``close(deadline)``, ``delivered(accepted)``, ``stats()``, ``thread``.
 
