@@ -50,8 +50,10 @@ class TransitionItem(msgspec.Struct, array_like=True, gc=False, tag=2):
     """A task transition as a hook offers it: the record's fields, the task's
     ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, group, span_id)``; a worker's
     task has no group), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS`
-    in that order (``carried``, None when Dask passed none) and, for an erred
-    transition, Dask's keyword arguments as they are (``error``)."""
+    in that order (``carried``: None when Dask passed none; the JSON of that tuple, so
+    that Dask's containers, its ``startstops``, are not held across a hand-over where
+    the collector would promote them to its oldest generation; the tuple if not JSON)
+    and, for an erred transition, Dask's keyword arguments as they are (``error``)."""
 
     key: Any
     start: Any
@@ -175,6 +177,8 @@ class RowMaker:
                 return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start,
                                      item.finish, item.stimulus_id)
             carried = self._worker_carried
+        elif type(carried) is bytes:
+            carried = orjson.loads(carried)
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)

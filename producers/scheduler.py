@@ -16,8 +16,9 @@ It publishes (the kinds of :mod:`dask_blackbox.contract`, which specifies each;
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, the time of the record Dask just
-appended, one :class:`~producers.rows.TransitionItem` and ``Buffer.offer``; nothing a
-user passes is looked at on the event loop.
+appended, one :class:`~producers.rows.TransitionItem` (what Dask passed as kwargs as JSON
+when it passed any) and ``Buffer.offer``; nothing a user passes is looked at on the event
+loop.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections.abc import Hashable
 from itertools import islice
 from typing import TYPE_CHECKING, Any
 
+import orjson
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -63,6 +65,7 @@ GRAPH_MAX_KEYS = 1_000
 _NTHREADS_ACTIONS = frozenset({"scheduler_start", "worker_added", "worker_removed"})
 _TRAILING_TIME = re.compile(r"-[0-9.e+]+$")
 _NO_TASKS: dict = {}
+_dumps = orjson.dumps
 
 
 def _discard(*args: Any, **kwargs: Any) -> None:
@@ -156,6 +159,10 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group))
             return
         carried = tuple(map(kwargs.get, TRANSITION_KWARGS))
+        try:  # held as bytes: the collector never sees Dask's objects (TransitionItem)
+            carried = _dumps(carried)
+        except TypeError:  # not JSON (never Dask's own values): the objects, as they are
+            pass
         if finish != "erred":
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
                                        carried))
