@@ -19,6 +19,7 @@ import uuid
 
 import dask
 import dask.array as da
+import msgspec
 import orjson
 import pytest
 from distributed import Client, LocalCluster
@@ -268,8 +269,9 @@ def test_a_frame_keeps_dasks_order_and_makes_what_msgpack_cannot_hold_encodable(
     """Items through a frame and the helper's receiver come out in the order the Dask
     process buffered them, as the events the thread sender would send: a transition
     item goes as it is with its group's names (tuple, nested and bytes keys keep their
-    text), any other item as its row; what msgpack cannot encode (a user's object, an
-    integer past 64 bits in a key) goes as the JSON the thread sender makes of it."""
+    text; Dask's kwargs as the JSON the scheduler's hook holds), any other item as its
+    row; what msgpack cannot encode (a user's object, an integer past 64 bits in a key)
+    goes as the JSON the thread sender makes of it."""
     settings = ProducerSettings.resolve({
         "kafka.bootstrap-servers": "127.0.0.1:1", "producer.close-timeout": "0s",
         "producer.flush-interval": "1h"})
@@ -282,7 +284,7 @@ def test_a_frame_keeps_dasks_order_and_makes_what_msgpack_cannot_hold_encodable(
             EventItem(1.5, "t", {"at": datetime.datetime(2026, 1, 1)}, 64),
             TransitionItem(("inc", 2), "waiting", "processing", "stim-2", 2.0, Group()),
             TransitionItem(("inc", (3, b"x"), 4.5), "processing", "memory", "stim-3", 2.5,
-                           Group(), None, carried),
+                           Group(), None, orjson.dumps(carried)),  # as the hook holds it
             TransitionItem(b"inc-5", "processing", "erred", "stim-4", 2.6, None, None,
                            carried[:1] + (None,) * 4, {"exception_text": "ValueError: 5"}),
             GraphItem(2.7, "client-1", "stim-5", 3, 2, 1, [("inc", 2)],
@@ -296,6 +298,10 @@ def test_a_frame_keeps_dasks_order_and_makes_what_msgpack_cannot_hold_encodable(
     maker = RowMaker(1000)
     rows, failed = maker.rows(items())
     assert not failed
+    as_json = items()[3]
+    as_objects = TransitionItem(*msgspec.structs.astuple(as_json))
+    as_objects.carried = tuple(orjson.loads(as_json.carried))
+    assert maker.make(as_json) == maker.make(as_objects)
     expected = json.loads(encode_rows(rows, 1000))
     portable, failed = maker.rows(items(), portable=True)
     assert not failed
