@@ -3,6 +3,7 @@ the whole process tree's CPU, with and without the producers, A/B in ABBA/BAAB q
 
     nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes fresh40k,32k]
                                                  [--scheduler in,own] [--quick]
+                                                 [--recorder producers|least]
 
 Each run is a fresh cluster of two single-thread worker processes (with nannies) on
 a bare local Tansu broker that nothing consumes, warmed up with a small graph, then
@@ -13,7 +14,9 @@ timed on one graph:
 - ``32k``: ``(ones((3100, 3100), chunks=20) + 1).sum()``, worker-saturation inf.
 
 B attaches the producers (``producers.attach``: scheduler, worker and nanny plugins,
-log shipping) to the fresh cluster before the timed graph. The timed window runs
+log shipping) to the fresh cluster before the timed graph; with ``--recorder least``,
+:class:`LeastRecorder` instead: about the least a recorder of every transition can do
+in Dask's process, a bound for what the producers can cost. The timed window runs
 from the compute call until the scheduler has forgotten the graph's tasks and, in B,
 until the producers have delivered everything they accepted (their work counts).
 
@@ -48,13 +51,17 @@ import os
 import statistics
 import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import dask
 import dask.array as da
+import orjson
 from distributed import Client, LocalCluster
+from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_blackbox import producers
+from dask_blackbox.contract import TRANSITION_KWARGS
 from dask_blackbox.producers.sender import THREAD_PREFIX
 from local_broker import local_broker
 from process_cluster import process_cluster, process_cpu
@@ -70,6 +77,43 @@ WAIT_DEADLINE = 600.0
 def graph(side: int, chunks: int, kind: str):
     x = da.ones((side, side), chunks=chunks)
     return ((x * 2 + 1) if kind == "affine" else (x + 1)).sum()
+
+
+class LeastRecorder(SchedulerPlugin):
+    """Per call of Dask's transition hook, a tuple of the record's fields (the task's
+    group, Dask's kwargs as JSON) appended to a deque that a thread empties every half
+    second, discarding what it takes: no buffer rule, no rows, nothing sent."""
+
+    name = "dask-blackbox"  # found where the producers' plugin is
+    accepted_events = 0
+
+    def __init__(self):
+        self.transport = self  # what the bench asks the producers' transport
+
+    def delivered(self, accepted: int) -> bool:
+        return True
+
+    async def start(self, scheduler) -> None:
+        self._records: deque = deque()
+        self._get, self._log = scheduler.tasks.get, scheduler.transition_log
+        self.stopped = threading.Event()
+        threading.Thread(target=self._empty, daemon=True).start()
+
+    async def close(self) -> None:
+        self.stopped.set()
+
+    def _empty(self) -> None:
+        take = self._records.popleft
+        while not self.stopped.wait(0.5):
+            for _ in range(len(self._records)):
+                take()
+
+    def transition(self, key, start, finish, *args, stimulus_id=None, **kwargs) -> None:
+        ts = self._get(key)
+        self._records.append((key, start, finish, stimulus_id, self._log[-1][5],
+                              None if ts is None else ts.group,
+                              orjson.dumps(tuple(map(kwargs.get, TRANSITION_KWARGS)))
+                              if kwargs else None))
 
 
 class RunLost(Exception):
@@ -185,13 +229,16 @@ def cluster(placement: str, config: dict):
             *args, dask_scheduler=local.scheduler)
 
 
-def timed(placement: str, shape: str, recorded: bool, broker_pid: int) -> Run:
+def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
+          recorder: str = "producers") -> Run:
     (side, chunks, kind), config = SHAPES[shape]
     with dask.config.set({"optimization.fuse.active": False}), cluster(placement, config) as (
             client, scheduler, on_scheduler):
         client.compute(graph(400, chunks, kind), optimize_graph=False).result(WAIT_DEADLINE)  # warm-up
         _wait(on_scheduler, _settled)
-        if recorded:
+        if recorded and recorder == "least":
+            client.register_plugin(LeastRecorder())
+        elif recorded:
             producers.attach(client)
         timed_graph = graph(side, chunks, kind)
         n_tasks = len(timed_graph.__dask_graph__())
@@ -231,6 +278,8 @@ def main() -> None:
     parser.add_argument("--shapes", default="fresh40k,32k")
     parser.add_argument("--scheduler", default="in,own", help="in, own, or both")
     parser.add_argument("--quick", action="store_true", help="1 quad of fresh40k, in process")
+    parser.add_argument("--recorder", choices=("producers", "least"), default="producers",
+                        help="what B attaches (module docstring)")
     args = parser.parse_args()
     if args.quick:
         args.quads, args.shapes, args.scheduler = 1, "fresh40k", "in"
@@ -244,7 +293,8 @@ def main() -> None:
                     runs = []
                     try:
                         for recorded in quad(q):
-                            runs.append(timed(placement, shape, recorded, broker_pid))
+                            runs.append(timed(placement, shape, recorded, broker_pid,
+                                              args.recorder))
                     except (RunLost, TimeoutError) as e:
                         print(f"{shape} scheduler {placement} quad {q + 1}: run {len(runs) + 1} "
                               f"({'B' if quad(q)[len(runs)] else 'A'}) was lost at "
@@ -257,13 +307,15 @@ def main() -> None:
                         f"{ratio(runs, 'wall'):.3f} sched {ratio(runs, 'scheduler_cpu'):.3f} "
                         f"tree {ratio(runs, 'tree_cpu'):.3f}", flush=True)
                     for r in runs:
-                        if r.recorded:
+                        if r.recorded and args.recorder == "producers":
                             threads = ", ".join(f"{name} {seconds:.2f}s" for name, seconds
                                                 in sorted(r.recorder_threads.items()))
                             print(f"  recorder threads in the scheduler process: {threads}; "
                                   if threads else "  ", end="")
                             print(f"the helper process {r.helper_cpu:.2f}s", flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
+                if args.recorder == "least":
+                    name += ", B the least recorder"
                 for figure, label, target in (("wall", "wall", 1.03),
                                               ("scheduler_cpu", "scheduler-process CPU", 1.05),
                                               ("tree_cpu", "process-tree CPU", 1.05)):
@@ -271,7 +323,7 @@ def main() -> None:
                     report(f"{name}: {label} with/without, median of {len(quads)} quads "
                            f"({', '.join(f'{r:.3f}' for r in per_quad)})",
                            round(statistics.median(per_quad), 3), "x", target)
-                if placement == "in":
+                if placement == "in" and args.recorder == "producers":
                     shares = [sum(sum(r.recorder_threads.values()) for r in runs if r.recorded)
                               / sum(r.scheduler_cpu for r in runs if not r.recorded)
                               for runs in quads]
