@@ -36,10 +36,9 @@ import signal
 import sys
 import time
 
-import orjson
 from aiokafka import AIOKafkaConsumer, ConsumerRebalanceListener, TopicPartition
 
-from dask_blackbox import contract
+from dask_blackbox import contract, nesting
 from dask_blackbox.alerts import delivery
 from dask_blackbox.alerts.checkpoint import REMEMBERED, Checkpoint
 from dask_blackbox.alerts.settings import AlertSettings
@@ -192,8 +191,9 @@ class Alerter(ConsumerRebalanceListener):
 
     def _read(self, value: bytes | None, now: float) -> None:
         try:
-            envelope = contract.validate_envelope(orjson.loads(value or b""))
-        except (orjson.JSONDecodeError, contract.InvalidEnvelope, TypeError):
+            envelope = contract.validate_envelope(
+                contract.decode_envelope(value or b"", nesting.MAX_DEPTH))
+        except (contract.InvalidEnvelope, TypeError, RecursionError):
             self.skipped += 1
             return
         self.watcher.feed(envelope, now)
@@ -215,7 +215,16 @@ class Alerter(ConsumerRebalanceListener):
     async def _deliver(self, incident: Incident, rule) -> None:
         s = self.settings
         try:
-            outcome = await delivery.deliver(incident, rule, s.timeout, s.attempts, s.retry_backoff_max)
+            try:
+                outcome = await delivery.deliver(incident, rule, s.timeout, s.attempts,
+                                                 s.retry_backoff_max)
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # never a traceback, never an incident failing at every start
+                reason = delivery.printable(f"{type(e).__name__}: {e}")[:500]
+                logger.error("rule %s: gave up on incident %s: %s: %s", rule.name, incident.id,
+                             rule.target, reason)
+                outcome = delivery.Outcome(False, 0, reason)
             if outcome.delivered:
                 await self._pause("after-delivery")
             self._settle(incident, outcome.delivered, outcome.reason)

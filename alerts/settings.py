@@ -51,9 +51,10 @@ class Rule:
 
     @property
     def target(self) -> str:
-        """The target as a person reads it (a webhook's credentials redacted)."""
+        """The target as a person reads it: a webhook as ``scheme://host:port/…``
+        (tokens live in webhook paths and query strings, credentials before the host)."""
         if self.webhook:
-            return f"webhook {config.redact(self.webhook)}"
+            return f"webhook {config.display_url(self.webhook)}"
         return f"command {shlex.join(self.command or ())}"
 
     def matches_cluster(self, cluster_id: str, cluster_name: str | None) -> bool:
@@ -109,17 +110,20 @@ class Rule:
         if (webhook is None) == (command is None):
             raise ConfigError(f"{where}: give exactly one of webhook (a URL) or command")
         if webhook is not None:
-            parsed = urlparse(webhook) if isinstance(webhook, str) else None
-            if parsed is None or parsed.scheme not in ("http", "https") or not parsed.hostname:
-                raise ConfigError(f"{where}.webhook: {config.redact(webhook)!r} must be an "
-                                  "http:// or https:// URL")
+            webhook = _check_webhook(webhook, f"{where}.webhook")
         if command is not None:
             if isinstance(command, str):
-                command = shlex.split(command)
+                try:
+                    command = shlex.split(command)
+                except ValueError as e:
+                    raise ConfigError(f"{where}.command: {command!r} is not a command line: "
+                                      f"{e} (quote it as a shell would, or give a list)") from None
             if (not isinstance(command, (list, tuple)) or not command
                     or not all(isinstance(a, str) for a in command)):
                 raise ConfigError(f"{where}.command: {raw.get('command')!r} must be a command line "
                                   "or a list of arguments")
+            if any("\x00" in a for a in command):
+                raise ConfigError(f"{where}.command: an argument holds a NUL byte")
             command = tuple(command)
         return cls(name, when, tuple(causes), tuple(prefixes or ()), span, cluster, webhook, command)
 
@@ -170,6 +174,26 @@ class AlertSettings:
             session_timeout=config.get_seconds("alerts.session-timeout", minimum=0.1),
             pause_at=parse_pause_at(config.get("alerts.debug-pause-at", None)),
         )
+
+
+def _check_webhook(webhook: Any, where: str) -> str:
+    """``webhook`` if it is an http(s) URL with a host and a valid port, without
+    spaces or control characters; else a one-line ConfigError naming ``where``."""
+    shown = config.display_url(webhook) if isinstance(webhook, str) else repr(webhook)
+    if not isinstance(webhook, str):
+        raise ConfigError(f"{where}: {shown} must be an http:// or https:// URL")
+    if re.search(r"[\x00-\x20\x7f]", webhook):
+        raise ConfigError(f"{where}: {shown!r} holds a space or a control character")
+    try:
+        parsed = urlparse(webhook)
+        port = parsed.port
+    except ValueError as e:
+        raise ConfigError(f"{where}: {shown!r} is not a URL: {e} (a port is 1-65535)") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{where}: {shown!r} must be an http:// or https:// URL")
+    if port == 0:
+        raise ConfigError(f"{where}: {shown!r}: port 0 is not a port (1-65535)")
+    return webhook
 
 
 def rules_configured() -> bool:

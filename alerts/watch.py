@@ -189,8 +189,8 @@ class Watcher:
         ts = ev["ts"]
         if isinstance(ts, (int, float)) and ts > c.newest:
             c.newest = float(ts)
-        if kind == contract.TRANSITION_RUN:
-            columns = contract.run_columns(ev)
+        if kind == contract.TRANSITION_RUN or kind == contract.CAPTURE:
+            columns = contract.packed_columns(ev)
             for i, (start, finish) in enumerate(zip(columns["start"], columns["finish"])):
                 if finish == "erred" or (start == "processing" and finish == "released"):
                     self._transition(c, {name: columns[name][i] for name in _TRANSITION_FIELDS}, now)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import pathlib
 import statistics
 import subprocess
 import sys
@@ -33,12 +32,10 @@ import tempfile
 import time
 import uuid
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "tests"))  # alerts_support: the envelopes and the webhook
 
-import orjson  # noqa: E402
+import orjson
 
-from report import report  # noqa: E402
+from report import report
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -54,7 +51,7 @@ async def publish(producer, topic: str, envelope: dict) -> float:
 
 async def background(producer, topic: str, per_second: int, stop: asyncio.Event) -> int:
     """Transition runs of a busy cluster, ``per_second`` transitions a second."""
-    from alerts_support import Cluster
+    from dask_blackbox.testing.alerts import Cluster
 
     from dask_blackbox import contract
 
@@ -75,7 +72,7 @@ async def drive(args, topic: str, bootstrap: str) -> dict[str, list[float]]:
     """Publish the incidents; return per kind the ack time of each incident's last
     message, by the incident's subject (worker or task key)."""
     from aiokafka import AIOKafkaProducer
-    from alerts_support import Cluster
+    from dask_blackbox.testing.alerts import Cluster
 
     producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=0)
     await producer.start()
@@ -136,11 +133,11 @@ def main() -> None:
         args.incidents = 60
 
     import dask.config
-    from alerts_support import Webhook
+    from dask_blackbox.testing.alerts import Webhook
 
     from dask_blackbox import kafka
     from dask_blackbox.alerts.service import READY_LINE
-    from dask_blackbox.cli.brokers import TansuBroker
+    from dask_blackbox.deploy.brokers import TansuBroker
 
     hook = Webhook()
     with TansuBroker().start() as tansu, tempfile.TemporaryDirectory() as data:

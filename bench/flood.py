@@ -38,18 +38,15 @@ import urllib.request
 import uuid
 
 import dask
-import orjson
 import psutil
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
 
-from dask_blackbox import contract, kafka  # noqa: E402
-from dask_blackbox.cli import brokers  # noqa: E402
-from dask_blackbox.cli.brokers import free_port  # noqa: E402
-from report import report  # noqa: E402
-from tests import replay  # noqa: E402  (test/bench-only, not shipped)
-from tests.processors_support import processor_settings  # noqa: E402
+from dask_blackbox import contract, kafka
+from dask_blackbox.deploy import brokers
+from dask_blackbox.deploy.brokers import free_port
+from dask_blackbox.testing import replay
+from dask_blackbox.testing.processors import processor_settings
+from report import report
 
 TARGET, AIM = 5_000, 10_000
 
@@ -122,7 +119,7 @@ def env_of(conf: dict) -> dict:
 
 def sink_and_status(conf: dict, workdir: str, messages: int) -> dict:
     """Load everything with the sink; time `dask-blackbox status` meanwhile and after."""
-    from dask_blackbox.cli.supervisor import pipeline_lag
+    from dask_blackbox.deploy.supervisor import pipeline_lag
 
     conf = {**conf, "blackbox.data-dir": os.path.join(workdir, "sink-data"),
             "blackbox.sink.group-id": "sink-" + conf["blackbox.kafka.topic-prefix"]}

@@ -27,7 +27,14 @@ pipeline (the sink and processors started with ``REV``'s package first on their
 checkout's settings: an A/B of the pipeline's own part of freshness.
 
 Each route's p50 and p95 are over the latencies of all its runs; each run's are printed
-too.
+too, and where each run's latency went: from the transition to the Kafka record's
+timestamp (the producer's send), on to the sink's batch beginning to load (its
+``begin`` journal row: the broker, the fetch and the batch rule; and of that, the
+time the batch before was still loading after the record was sent, and the rest; and,
+when it was held, from that load's end to this batch's begin: the commit, this batch's
+conversion and the event loop), on to the poller
+seeing the row (the load of its table and the poll); and the whole batch's load (from
+``begin`` to its ``loaded`` row, every table).
 
     python bench/freshness.py [--seconds 60] [--runs 2] [--quick] [--broker tansu|kafka]
                               [--baseline REV]
@@ -64,11 +71,90 @@ def pipeline_package(package: str | None):
         "PYTHONPATH": os.pathsep.join([package, os.environ.get("PYTHONPATH", "")])})
 
 
-def measure(args, seconds: float, settings: dict, package: str | None = None) -> list[float]:
+def record_times(cluster_id: str) -> dict[str, tuple[int, int, float]]:
+    """Each 'fresh-' task's 'memory' transition: (partition, offset, Kafka timestamp in
+    seconds) of the raw message that carried it, read back from the broker."""
+    import asyncio
+
+    from aiokafka import AIOKafkaConsumer, TopicPartition
+
+    from dask_blackbox import contract
+    from dask_blackbox.config import KafkaSettings
+    from dask_blackbox.stream_processors.envelopes import decode
+
+    kafka = KafkaSettings.from_config()
+
+    async def read() -> dict[str, tuple[int, int, float]]:
+        reader = AIOKafkaConsumer(**kafka.client_kwargs(), group_id=None,
+                                  enable_auto_commit=False)
+        await reader.start()
+        try:
+            topic = kafka.topic(contract.RAW)
+            tps = [TopicPartition(topic, p) for p in range(kafka.partitions)]
+            reader.assign(tps)
+            await reader.seek_to_beginning(*tps)
+            ends = await reader.end_offsets(tps)
+            found: dict[str, tuple[int, int, float]] = {}
+            while any([await reader.position(tp) < ends[tp] for tp in tps]):
+                for tp, records in (await reader.getmany(timeout_ms=1000)).items():
+                    for r in records:
+                        envelope = decode(r.value, r.key)
+                        if envelope["cluster_id"] != cluster_id:
+                            continue
+                        for ev in envelope["events"]:
+                            if (ev.get("kind") == contract.TRANSITION and ev["finish"] == "memory"
+                                    and str(ev["key"]).startswith("fresh-")):
+                                found.setdefault(ev["key"], (tp.partition, r.offset,
+                                                             r.timestamp / 1000))
+            return found
+        finally:
+            await reader.stop()
+
+    return asyncio.run(read())
+
+
+def stages(backend, cluster_id: str, trans: dict[str, float], seen: dict[str, float]
+           ) -> dict[str, list[float]]:
+    """Per stage, each transition's seconds in it (see the module docstring)."""
+    from dask_blackbox import contract
+    from dask_blackbox.config import KafkaSettings
+
+    records = record_times(cluster_id)
+    _, rows = backend.query(
+        "SELECT batch_id, state, partition, from_offset, next_offset, toFloat64(at) "
+        "FROM sink_batches WHERE topic IN ({t:String}, '')",
+        {"t": KafkaSettings.from_config().topic(contract.RAW)})
+    loaded = {b: at for b, state, _, _, _, at in rows if state == "loaded"}
+    order = sorted(loaded)
+    before = {b: loaded[a] for a, b in zip(order, order[1:])}  # the batch before's end
+    begun = [(p, lo, hi, at, loaded[b], before.get(b, 0.0)) for b, state, p, lo, hi, at in rows
+             if state == "begin" and b in loaded]
+    out: dict[str, list[float]] = {"send": [], "to batch": [], "held by the load before": [],
+                                   "not held": [], "after the load before": [], "to seen": [],
+                                   "batch load": []}
+    for key, (partition, offset, created) in records.items():
+        batch = next(((b, l, prev) for p, lo, hi, b, l, prev in begun
+                      if p == partition and lo <= offset < hi), None)
+        if batch is None or key not in seen or key not in trans:
+            continue
+        out["send"].append(created - trans[key])
+        out["to batch"].append(batch[0] - created)
+        held = max(0.0, min(batch[2], batch[0]) - created)
+        out["held by the load before"].append(held)
+        out["not held"].append(batch[0] - created - held)
+        if held:  # commit of the batch before, this batch's Arrow tables, the loop
+            out["after the load before"].append(batch[0] - batch[2])
+        out["to seen"].append(seen[key] - batch[0])
+        out["batch load"].append(batch[1] - batch[0])
+    return {name: sorted(values) for name, values in out.items()}
+
+
+def measure(args, seconds: float, settings: dict, package: str | None = None
+            ) -> tuple[list[float], dict[str, list[float]]]:
     """Latencies (seconds) of one run on a fresh local pipeline with ``settings``
-    (its children importing ``package`` first, if given)."""
+    (its children importing ``package`` first, if given), and their stages."""
     from dask_blackbox import producers
-    from dask_blackbox.cli.supervisor import LocalPipeline
+    from dask_blackbox.deploy.supervisor import LocalPipeline
     from dask_blackbox.read import queries
 
     with tempfile.TemporaryDirectory() as data_dir, pipeline_package(package), \
@@ -81,6 +167,7 @@ def measure(args, seconds: float, settings: dict, package: str | None = None) ->
                 cluster_id = producers.attach(client, cluster_name="freshness")["cluster_id"]
                 backend = queries.connect()
                 seen: dict[str, float] = {}
+                trans: dict[str, float] = {}
                 latencies: list[float] = []
                 stop = threading.Event()
 
@@ -96,6 +183,7 @@ def measure(args, seconds: float, settings: dict, package: str | None = None) ->
                         for key, ts in rows:
                             if key not in seen:
                                 seen[key] = now
+                                trans[key] = ts
                                 latencies.append(now - ts)
                         stop.wait(args.poll)
 
@@ -112,11 +200,12 @@ def measure(args, seconds: float, settings: dict, package: str | None = None) ->
                     time.sleep(0.1)
                 stop.set()
                 poller.join()
+                parts = stages(backend, cluster_id, trans, seen)
         finally:
             pipeline.stop(drain_timeout=0)
     if len(latencies) < i:
         raise SystemExit(f"only {len(latencies)} of {i} transitions became queryable in time")
-    return sorted(latencies)
+    return sorted(latencies), parts
 
 
 def quantiles(latencies: list[float]) -> tuple[float, float]:
@@ -158,11 +247,15 @@ def run_routes(args, seconds: float, runs: int, routes: dict) -> None:
     pooled: dict[str, list[float]] = {"A": [], "B": []}
     for n in range(runs):
         for route, (name, settings, package) in routes.items():
-            latencies = measure(args, seconds, settings, package)
+            latencies, parts = measure(args, seconds, settings, package)
             pooled[route] += latencies
             p50, p95 = quantiles(latencies)
             print(f"run {n + 1} {route}: {len(latencies)} transitions over {seconds:.0f}s; "
-                  f"p50 {p50:.3f}s  p95 {p95:.3f}s  max {latencies[-1]:.3f}s", flush=True)
+                  f"p50 {p50:.3f}s  p95 {p95:.3f}s  max {latencies[-1]:.3f}s; load average "
+                  f"{os.getloadavg()[0]:.1f}", flush=True)
+            print("  stages p50/p95/max (s): " + ", ".join(
+                f"{name} " + ("/".join(f"{v:.3f}" for v in (*quantiles(values), values[-1]))
+                              if values else "-") for name, values in parts.items()), flush=True)
     print(f"poll period {args.poll * 1000:.0f} ms; {runs} run(s) per route")
     for route, (name, _, _) in routes.items():
         p50, p95 = quantiles(sorted(pooled[route]))

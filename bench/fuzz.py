@@ -8,7 +8,7 @@ spliced -- and drives each through a target:
 
 - ``--target sink``: ``sinks.batch.Batch.add``. A *crash* is any exception out of it;
   a message is *unaccounted* when it left neither a row nor a dead letter.
-- ``--target processors``: tests/test_fuzz_processors.py's ``ProcessorFeed``, which
+- ``--target processors``: ``dask_blackbox.testing.processor_feed.ProcessorFeed``, which
   applies, publishes and checkpoints each message as ``stream_processors.processor``
   does (decode or dead letter, ``ClusterState.apply``, refused events as dead
   letters, gap and partial records, a checkpoint per message; every 25 messages
@@ -221,12 +221,11 @@ class SinkTarget:
 
 
 class ProcessorsTarget:
-    """tests/test_fuzz_processors.py's ProcessorFeed (see the module docstring)."""
+    """:class:`dask_blackbox.testing.processor_feed.ProcessorFeed` (see the module docstring)."""
 
     def __init__(self) -> None:
-        sys.path.insert(0, str(ROOT / "tests"))
         from dask_blackbox import contract
-        from test_fuzz_processors import ProcessorFeed, key_of, renumbered
+        from dask_blackbox.testing.processor_feed import ProcessorFeed, key_of, renumbered
 
         self.key_of, self.renumbered = key_of, renumbered
         self.raw = contract.RAW

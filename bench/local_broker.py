@@ -11,7 +11,7 @@ import uuid
 import dask.config
 
 from dask_blackbox import kafka
-from dask_blackbox.cli import brokers
+from dask_blackbox.deploy import brokers
 
 
 @contextlib.contextmanager

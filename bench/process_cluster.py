@@ -17,7 +17,7 @@ import time
 
 from distributed import Client
 
-from dask_blackbox.cli.brokers import free_port, port_open
+from dask_blackbox.deploy.brokers import free_port, port_open
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 

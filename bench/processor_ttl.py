@@ -23,25 +23,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import pathlib
-import sys
 import tempfile
 import time
 import uuid
 
 import dask
 import dask.array as da
-import orjson
 from distributed import Client, LocalCluster, span, wait
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # processors_support imports its neighbours
-
-from dask_blackbox import contract, kafka, producers  # noqa: E402
-from dask_blackbox.cli.brokers import TansuBroker  # noqa: E402
-from report import report  # noqa: E402
-from tests import replay  # noqa: E402  (test/bench-only, not shipped)
-from tests.processors_support import FaustWorker, env_for, processor_settings  # noqa: E402
+from dask_blackbox import contract, kafka, producers
+from dask_blackbox.deploy.brokers import TansuBroker
+from dask_blackbox.testing import replay
+from dask_blackbox.testing.processors import FaustWorker, env_for, processor_settings
+from report import report
 
 
 def settings(broker: str, prefix: str, ttl: float) -> dict:
@@ -64,7 +58,7 @@ def record(broker: str) -> list[dict]:
                 (x + 1).sum().compute()
             time.sleep(2)
         raw = asyncio.run(replay.read_raw(idle=1.0))
-    envelopes = [orjson.loads(v) for _, v in raw]
+    envelopes = [contract.decode_envelope(v) for _, v in raw]
     cut = envelopes[: int(len(envelopes) * 0.8)]
     for e in cut:
         e["events"] = [ev for ev in e["events"]

@@ -447,7 +447,7 @@ def end_to_end(args, root: pathlib.Path) -> dict:
     """N transitions through Tansu and the sink subprocess, twice: produced while the
     sink runs (the bench's producer shares the two cores with broker and sink), and as
     a backlog the sink drains on its own."""
-    from dask_blackbox.cli.brokers import TansuBroker
+    from dask_blackbox.deploy.brokers import TansuBroker
     from aiokafka import AIOKafkaProducer
 
     broker = TansuBroker().start()

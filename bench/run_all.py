@@ -32,6 +32,7 @@ BENCHMARKS = [
     "sink_ingest.py",
     "history.py",
     "critical_path.py",
+    "regressions.py",
     "trace_file.py",
     "freshness.py",
     "alerts.py",

@@ -4,6 +4,7 @@ the whole process tree's CPU, with and without the producers, A/B in ABBA/BAAB q
     nice -n 5 python bench/scheduler_overhead.py [--quads 4] [--shapes fresh40k,32k]
                                                  [--scheduler in,own] [--quick]
                                                  [--recorder producers|least]
+                                                 [--no-hook-sample]
 
 Each run is a fresh cluster of two single-thread worker processes (with nannies) on
 a bare local Tansu broker that nothing consumes, warmed up with a small graph, then
@@ -29,24 +30,42 @@ Two placements of the scheduler (``--scheduler``):
   scheduler process's CPU is that process's alone.
 
 The process tree is this process and every process under it (workers, nannies, the
-producers' helper process, the scheduler of ``own``) but the broker. Figures: per
+scheduler of ``own``) but the broker. Figures: per
 quad, B's sum over A's sum for wall, scheduler-process CPU and tree CPU; their medians
 over quads (targets: wall <= 1.03, scheduler CPU <= 1.05, tree CPU <= 1.05). A quad
 one of whose runs lost a worker or did not finish within ``WAIT_DEADLINE`` runs again
 (and says so).
 
-With ``in``, each B run also prints the CPU of the recorder's own threads in the
-scheduler process (from ``/proc/self/task``: the relay, its status reader, the
-nannies' senders) and of the producers' helper process, and a figure gives the
-threads' sum over A's scheduler-process CPU: the machine's load does not blur it as
-it blurs the difference of A and B. What the recorder adds on Dask's event loop (the
-hooks, the nannies' watch) is not in it.
+With ``in``, each B run also prints the recorder's CPU per recorded transition, per
+part, from thread CPU clocks (the machine's load does not blur them as it blurs the
+difference of A and B):
+
+- ``hook``: the scheduler plugin's ``transition``, one call in :data:`HOOK_EVERY`
+  timed with the thread CPU clock (``time.thread_time``, the clock's own cost
+  subtracted), times the calls; a timed call during which the collector ran is left
+  out (the collection is the whole process's allocations' doing, and one of them would
+  count :data:`HOOK_EVERY` times over); ``gc``: the collector's time in this process
+  (``gc.callbacks``), B's less A's in the quad, per transition;
+- ``take``, ``encode``, ``send``: the scheduler's sender thread as it counts itself
+  (``Sender.stats``: taking items and making the rows of all but transitions; captures
+  and MessagePack; aiokafka), and ``sender`` that thread's whole CPU
+  (``/proc/self/task``: its sleeps and wake-ups too);
+- ``nanny``: the nannies' sender threads (in this process);
+- ``workers``: the workers' sender threads (in theirs, through ``client.run``).
+
+and their sum over A's scheduler-process CPU. The per-transition figures divide by the
+transitions the scheduler's hook saw (at least 200k over a run of fresh40k and 32k's
+quads). What the recorder adds on Dask's event loop besides the hook (the nannies'
+watch, the collector's work on what the hook allocates) is not in them.
+``--no-hook-sample`` leaves the hook untimed (its wrapper adds a Python call to each
+of Dask's calls of the hook).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import os
 import statistics
 import threading
@@ -56,13 +75,14 @@ from dataclasses import dataclass
 
 import dask
 import dask.array as da
-import orjson
+import msgspec
 from distributed import Client, LocalCluster
 from distributed.diagnostics.plugin import SchedulerPlugin
 
 from dask_blackbox import producers
 from dask_blackbox.contract import TRANSITION_KWARGS
 from dask_blackbox.producers.sender import THREAD_PREFIX
+from dask_blackbox.producers.scheduler import PLUGIN_NAME
 from local_broker import local_broker
 from process_cluster import process_cluster, process_cpu
 from report import report
@@ -72,6 +92,9 @@ SHAPES = {
     "32k": ((3100, 20, "inc"), {"distributed.scheduler.worker-saturation": "inf"}),
 }
 WAIT_DEADLINE = 600.0
+_encode = msgspec.msgpack.Encoder().encode
+#: One call of the transition hook in this many is timed.
+HOOK_EVERY = 32
 
 
 def graph(side: int, chunks: int, kind: str):
@@ -81,7 +104,7 @@ def graph(side: int, chunks: int, kind: str):
 
 class LeastRecorder(SchedulerPlugin):
     """Per call of Dask's transition hook, a tuple of the record's fields (the task's
-    group, Dask's kwargs as JSON) appended to a deque that a thread empties every half
+    group, Dask's kwargs as MessagePack) appended to a deque that a thread empties every half
     second, discarding what it takes: no buffer rule, no rows, nothing sent."""
 
     name = "dask-blackbox"  # found where the producers' plugin is
@@ -112,8 +135,93 @@ class LeastRecorder(SchedulerPlugin):
         ts = self._get(key)
         self._records.append((key, start, finish, stimulus_id, self._log[-1][5],
                               None if ts is None else ts.group,
-                              orjson.dumps(tuple(map(kwargs.get, TRANSITION_KWARGS)))
+                              _encode(tuple(map(kwargs.get, TRANSITION_KWARGS)))
                               if kwargs else None))
+
+
+class GcClock:
+    """The collector's collections and seconds in this process (``gc.callbacks``)."""
+
+    def __init__(self):
+        self.collections = 0
+        self.seconds = 0.0
+        self._began = 0.0
+        gc.callbacks.append(self)
+
+    def __call__(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self.collections += 1
+            self.seconds += time.perf_counter() - self._began
+
+
+GC = GcClock()
+
+
+class HookSampler:
+    """Stands for a plugin's ``transition``: calls it, and times one call in
+    :data:`HOOK_EVERY` with the thread CPU clock (less the clock's own cost)."""
+
+    def __init__(self, hook):
+        self.hook = hook
+        self.calls = self.sampled = 0
+        self.seconds = 0.0
+        clock = time.thread_time
+        self.clock_cost = statistics.median(-clock() + clock() for _ in range(2001))
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        if self.calls % HOOK_EVERY:
+            return self.hook(*args, **kwargs)
+        collections = GC.collections
+        t0 = time.thread_time()
+        self.hook(*args, **kwargs)
+        t1 = time.thread_time()
+        if GC.collections == collections:
+            self.seconds += t1 - t0 - self.clock_cost
+            self.sampled += 1
+
+    @property
+    def total(self) -> float:
+        """The hook's CPU seconds over all calls (estimated from the timed ones)."""
+        return self.seconds / self.sampled * self.calls if self.sampled else 0.0
+
+
+def _sample_hook(dask_scheduler) -> None:
+    plugin = dask_scheduler.plugins[PLUGIN_NAME]
+    plugin.transition = HookSampler(plugin.transition)
+
+
+def _scheduler_parts(dask_scheduler) -> dict:
+    plugin = dask_scheduler.plugins[PLUGIN_NAME]
+    stats = plugin.transport.drain.stats()
+    hook = plugin.transition
+    out = {part: stats[f"cpu_{part}"] for part in ("take", "encode", "send")}
+    out["envelopes"] = stats["sent_envelopes"]
+    if isinstance(hook, HookSampler):
+        out.update(hook=hook.total, transitions=hook.calls)
+    return out
+
+
+def _worker_sender_cpu(dask_worker) -> float:
+    """CPU seconds of this worker process's recorder threads."""
+    return sum(_thread_cpu_here(THREAD_PREFIX).values())
+
+
+def _thread_cpu_here(prefix: str = "") -> dict[str, float]:
+    names = {t.native_id: t.name for t in threading.enumerate()}
+    out: dict[str, float] = {}
+    for tid in os.listdir("/proc/self/task"):
+        name = names.get(int(tid), "other")
+        if not name.startswith(prefix):
+            continue
+        try:
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                out[name] = out.get(name, 0.0) + int(f.read().split()[0]) / 1e9
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return out
 
 
 class RunLost(Exception):
@@ -157,18 +265,6 @@ def _tree(exclude: set[int]) -> list[int]:
     return [me.pid] + [p.pid for p in me.children(recursive=True) if p.pid not in exclude]
 
 
-def _helpers(pids: list[int]) -> list[int]:
-    """The producers' helper processes among ``pids``."""
-    import psutil
-
-    found = []
-    for pid in pids:
-        with contextlib.suppress(psutil.Error):
-            if "producers.relay" in " ".join(psutil.Process(pid).cmdline()):
-                found.append(pid)
-    return found
-
-
 def _cpu(pids: list[int]) -> float:
     total = 0.0
     for pid in pids:
@@ -181,17 +277,7 @@ def _cpu(pids: list[int]) -> float:
 
 def _thread_cpu() -> dict[str, float]:
     """CPU seconds of this process's live threads by name (one name may be many)."""
-    names = {t.native_id: t.name for t in threading.enumerate()}
-    out: dict[str, float] = {}
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                seconds = int(f.read().split()[0]) / 1e9
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        name = names.get(int(tid), "other")
-        out[name] = out.get(name, 0.0) + seconds
-    return out
+    return _thread_cpu_here()
 
 
 def _recorder_threads(before: dict[str, float], after: dict[str, float]) -> dict[str, float]:
@@ -207,7 +293,10 @@ class Run:
     tree_cpu: float
     tasks: int
     recorder_threads: dict[str, float]
-    helper_cpu: float
+    #: the recorder's CPU seconds per part (module docstring), and ``transitions``
+    parts: dict[str, float]
+    #: the collector's seconds in this process during the run
+    gc_seconds: float = 0.0
 
 
 @contextlib.contextmanager
@@ -230,7 +319,7 @@ def cluster(placement: str, config: dict):
 
 
 def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
-          recorder: str = "producers") -> Run:
+          recorder: str = "producers", sample_hook: bool = True) -> Run:
     (side, chunks, kind), config = SHAPES[shape]
     with dask.config.set({"optimization.fuse.active": False}), cluster(placement, config) as (
             client, scheduler, on_scheduler):
@@ -240,13 +329,18 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             client.register_plugin(LeastRecorder())
         elif recorded:
             producers.attach(client)
+        parts_here = recorded and recorder == "producers" and placement == "in"
+        if parts_here and sample_hook:
+            on_scheduler(_sample_hook)
         timed_graph = graph(side, chunks, kind)
         n_tasks = len(timed_graph.__dask_graph__())
         pids = _tree({broker_pid})
-        helpers = _helpers(pids)
         threads0 = _thread_cpu()
-        cpu0, tree0, helper0, t0 = (_cpu([scheduler]), _cpu(pids), _cpu(helpers),
-                                    time.perf_counter())
+        if parts_here:
+            parts0 = on_scheduler(_scheduler_parts)
+            workers0 = client.run(_worker_sender_cpu)
+        cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
+        gc0 = GC.seconds
         assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
         lost = on_scheduler(_removed)
@@ -256,10 +350,18 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             _wait(on_scheduler, _delivered, on_scheduler(_accepted))
         wall = time.perf_counter() - t0
         threads = _recorder_threads(threads0, _thread_cpu()) if placement == "in" else {}
-        helper_cpu = _cpu(helpers) - helper0
+        parts: dict[str, float] = {}
+        if parts_here:
+            now = on_scheduler(_scheduler_parts)
+            parts = {part: now[part] - parts0.get(part, 0) for part in now}
+            parts["sender"] = sum(v for k, v in threads.items() if k.startswith("scheduler-"))
+            parts["nanny"] = sum(v for k, v in threads.items() if k.startswith("nanny-"))
+            workers = client.run(_worker_sender_cpu)
+            parts["workers"] = sum(workers[w] - workers0.get(w, 0.0) for w in workers)
+        gc_seconds = GC.seconds - gc0
         pids = sorted(set(pids) | set(_tree({broker_pid})))
         return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks,
-                   threads, helper_cpu)
+                   threads, parts, gc_seconds)
 
 
 def ratio(runs: list[Run], figure: str) -> float:
@@ -280,6 +382,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 quad of fresh40k, in process")
     parser.add_argument("--recorder", choices=("producers", "least"), default="producers",
                         help="what B attaches (module docstring)")
+    parser.add_argument("--no-hook-sample", action="store_true",
+                        help="leave the transition hook untimed (module docstring)")
     args = parser.parse_args()
     if args.quick:
         args.quads, args.shapes, args.scheduler = 1, "fresh40k", "in"
@@ -294,7 +398,7 @@ def main() -> None:
                     try:
                         for recorded in quad(q):
                             runs.append(timed(placement, shape, recorded, broker_pid,
-                                              args.recorder))
+                                              args.recorder, not args.no_hook_sample))
                     except (RunLost, TimeoutError) as e:
                         print(f"{shape} scheduler {placement} quad {q + 1}: run {len(runs) + 1} "
                               f"({'B' if quad(q)[len(runs)] else 'A'}) was lost at "
@@ -307,12 +411,12 @@ def main() -> None:
                         f"{ratio(runs, 'wall'):.3f} sched {ratio(runs, 'scheduler_cpu'):.3f} "
                         f"tree {ratio(runs, 'tree_cpu'):.3f}", flush=True)
                     for r in runs:
-                        if r.recorded and args.recorder == "producers":
-                            threads = ", ".join(f"{name} {seconds:.2f}s" for name, seconds
-                                                in sorted(r.recorder_threads.items()))
-                            print(f"  recorder threads in the scheduler process: {threads}; "
-                                  if threads else "  ", end="")
-                            print(f"the helper process {r.helper_cpu:.2f}s", flush=True)
+                        if r.recorded and r.parts:
+                            print("  " + _parts_text(r.parts), flush=True)
+                    if placement == "in":
+                        print("  the collector in this process: " + ", ".join(
+                            f"{'B' if r.recorded else 'A'} {r.gc_seconds:.2f}s" for r in runs),
+                            flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
                 if args.recorder == "least":
                     name += ", B the least recorder"
@@ -324,12 +428,46 @@ def main() -> None:
                            f"({', '.join(f'{r:.3f}' for r in per_quad)})",
                            round(statistics.median(per_quad), 3), "x", target)
                 if placement == "in" and args.recorder == "producers":
-                    shares = [sum(sum(r.recorder_threads.values()) for r in runs if r.recorded)
+                    recorded = [r for runs in quads for r in runs if r.recorded]
+                    n = sum(r.parts.get("transitions", 0) for r in recorded)
+                    for part in _PARTS:
+                        seconds = sum(r.parts.get(part, 0.0) for r in recorded)
+                        report(f"{name}: recorder CPU per transition, {part} ({n:,} "
+                               f"transitions, {len(recorded)} runs)",
+                               round(seconds / n * 1e6, 3) if n else None, "us", None)
+                    extra_gc = sum(r.gc_seconds if r.recorded else -r.gc_seconds
+                                   for runs in quads for r in runs)
+                    report(f"{name}: the collector's extra time per transition, B less A "
+                           f"({n:,} transitions)", round(extra_gc / n * 1e6, 3) if n else None,
+                           "us", None)
+                    total = sum(_recorder_total(r.parts) for r in recorded)
+                    report(f"{name}: recorder CPU per transition, all parts ({n:,} transitions)",
+                           round(total / n * 1e6, 3) if n else None, "us", 5.0)
+                    shares = [sum(_recorder_total(r.parts) for r in runs if r.recorded)
                               / sum(r.scheduler_cpu for r in runs if not r.recorded)
                               for runs in quads]
-                    report(f"{name}: the recorder's threads' CPU over A's scheduler-process "
+                    report(f"{name}: the recorder's CPU (all parts) over A's scheduler-process "
                            f"CPU, median of {len(quads)} quads", round(statistics.median(shares), 4),
                            "x", None)
+
+
+#: The parts of the recorder's CPU printed per transition (module docstring).
+_PARTS = ("hook", "take", "encode", "send", "sender", "nanny", "workers")
+
+
+def _recorder_total(parts: dict[str, float]) -> float:
+    """The recorder's CPU seconds: the hook, the scheduler's sender thread (take,
+    encode and send are in it), the nannies' and the workers' senders."""
+    return sum(parts.get(p, 0.0) for p in ("hook", "sender", "nanny", "workers"))
+
+
+def _parts_text(parts: dict[str, float]) -> str:
+    n = parts.get("transitions", 0)
+    per = ", ".join(f"{p} {parts[p] / n * 1e6:.2f}" for p in _PARTS if p in parts) if n else ""
+    return (f"recorder CPU: {', '.join(f'{p} {parts[p]:.3f}s' for p in _PARTS if p in parts)}; "
+            f"per transition ({n:,}), us: {per}; all {_recorder_total(parts) / max(n, 1) * 1e6:.2f}; "
+            f"{parts.get('envelopes', 0):,} envelopes, {n / max(parts.get('envelopes', 0), 1):,.0f} "
+            "transitions each")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,22 @@
-"""Sink ingest per core: this checkout's sink against a baseline's, on the same messages.
+"""Sink ingest per core: envelope version 2 (JSON) against version 3 (MessagePack), the
+same events.
 
 Generates ``--transitions`` task transitions (default 10 million) in ``--clusters``
 clusters (query_latency.py's realistic clusters: task stories, graphs in spans,
 scheduler and worker metrics, logs, span snapshots, prefix partials) and encodes them
-the way the producers send them: the producers' own ``pack`` (each run of transitions
-one ``TRANSITION_RUN`` event), envelopes of at most ``contract.MAX_ENVELOPE_BYTES``.
-The messages are written to a file once; then each route loads all of them into a
-fresh chDB directory through the sink's own code (``Batch`` + ``Loader``, a batch
-loading in a thread while the next one is converted, as the consumer does), in a
-process of its own:
+twice, the same events in the same envelopes:
 
-- **A**: the sink of ``--baseline`` (a git revision; default: the main branch as it was
-  before this benchmark), its ``dask_blackbox`` package rebuilt from ``git archive``;
-- **B**: this checkout.
+- **A**: as version 2 producers sent them: the producers' own ``pack`` (each run of
+  transitions one ``TRANSITION_RUN`` event), JSON envelopes of at most
+  ``contract.MAX_ENVELOPE_BYTES``;
+- **B**: as the producers send them: their own ``pack_captured`` (each run of
+  transition items, as a hook offers them, one ``CAPTURE``), MessagePack envelopes.
+
+The messages of each are written to a file once; then each route loads all of its own
+into a fresh chDB directory through the sink's own code (``Batch`` + ``Loader``, a
+batch loading in a thread while the next one is converted, as the consumer does), in a
+process of its own: this checkout's sink, or for A the sink of ``--baseline`` (a git
+revision, its ``dask_blackbox`` package rebuilt from ``git archive``) if given.
 
 Runs alternate A, B, A, B, ... (``--runs`` each), so the machine's noise falls on
 both. Per run: rows per CPU-second of the sink's own work (decoding, checking,
@@ -21,7 +25,7 @@ ClickHouse server, *per core*), rows per CPU-second of the whole process with ch
 it (ClickHouse's parsing, writing and background merging included, every thread),
 and rows per second of wall clock.
 Both routes must leave the same rows in every table (compared by a hash of each
-table's rows, ``_batch`` aside).
+table's rows, ``_batch`` aside, and the envelopes' ``n_bytes``: each encoding's size).
 
 - **C**, for the record: what ClickHouse itself spends to parse the same raw envelopes
   and explode their transition runs into rows (a ``SELECT`` over the raw messages;
@@ -30,6 +34,8 @@ table's rows, ``_batch`` aside).
 
     python bench/sink_ingest.py                 # 10M transitions, 2 runs per route
     python bench/sink_ingest.py --quick         # 500k transitions, 1 run per route
+    python bench/sink_ingest.py --baseline REV  # A loaded by REV's sink
+    python bench/sink_ingest.py --baseline REV --a-version 3  # both version 3: two sinks
 """
 
 from __future__ import annotations
@@ -54,8 +60,6 @@ sys.path.insert(0, str(HERE))
 
 from report import report  # noqa: E402
 
-#: The main branch before the sink's column chunks: the baseline route.
-DEFAULT_BASELINE = "0b5890d"
 TARGET, AIM = 300_000, 500_000
 TOPICS = ("raw", "span-state", "prefix-stats")
 _HEAD = struct.Struct("<BIqqII")  # topic, partition, offset, timestamp, key and value lengths
@@ -64,15 +68,38 @@ _HEAD = struct.Struct("<BIqqII")  # topic, partition, offset, timestamp, key and
 # ------------------------------------------------------------------ generation
 
 
-def encode_cluster(run, put) -> int:
-    """Call ``put(topic, partition, key, value, ts)`` for every message of ``run`` (a
-    query_latency.py ClusterRun) as producers and processors publish them: raw
-    envelopes packed by the producers' own ``pack``, then its span snapshots and
-    prefix partials. Returns how many events the envelopes carry."""
+def _item(event: dict, encode) -> object:
+    """The TransitionItem a hook offers for a TRANSITION event: Dask's kwargs as the
+    MessagePack the hook makes of them, an erred one's error as the drain reads it."""
     from dask_blackbox import contract
-    from dask_blackbox.producers.rows import Ready, TransitionRow
-    from dask_blackbox.producers.sender import BATCH_WEIGHT, pack
+    from dask_blackbox.producers.rows import TransitionItem
 
+    carried = tuple(map(event.get, contract.TRANSITION_KWARGS))
+    error = tuple(map(event.get, contract.CAPTURE_ERROR))
+    return TransitionItem(
+        event["key"], event["start"], event["finish"], event.get("stimulus_id"), event["ts"],
+        None, (event.get("prefix"), event.get("group"), event.get("span_id")),
+        None if carried.count(None) == len(carried) else encode(carried),
+        None if error.count(None) == len(error) else error)
+
+
+def encode_cluster(run, put, put_v3) -> int:
+    """Call ``put(topic, partition, key, value, ts)`` for every message of ``run`` (a
+    query_latency.py ClusterRun) as version 2 producers and the processors published
+    them (raw envelopes packed by the producers' own ``pack``, then its span snapshots
+    and prefix partials), and ``put_v3`` for each the same as the producers send it
+    (the same events of each raw envelope, ``pack_captured``). Returns how many events
+    the envelopes carry."""
+    import msgspec
+
+    from dask_blackbox import contract
+    from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow
+    from dask_blackbox.producers.sender import (
+        BATCH_WEIGHT, Identity, envelope, pack, pack_captured,
+    )
+
+    encode = msgspec.msgpack.Encoder().encode
+    maker = RowMaker(100_000)
     fields = contract.fields(contract.Transition)[1:]
     key = run.cluster_id.encode()
     partition = int(run.cluster_id, 16) % 4
@@ -81,30 +108,44 @@ def encode_cluster(run, put) -> int:
         for i, events in enumerate(run.worker_events.values())]
     n_events = 0
     for source, producer_id, events in streams:
-        seq, rows, weight = 0, [], 0
+        identity = Identity(source, run.cluster_id, run.cluster_name, producer_id)
+        seq, rows, items, weight = 0, [], [], 0
         for i, event in enumerate(events):
             if event["kind"] == contract.TRANSITION:
                 rows.append(TransitionRow(*(event.get(f) for f in fields)))
+                items.append(_item(event, encode))
                 weight += 200
             else:
                 rows.append(Ready(event, 0))
+                items.append(rows[-1])
                 weight += 300
             if weight >= BATCH_WEIGHT or i == len(events) - 1:
+                done = 0
                 for body in pack(rows, 100_000):  # like a sender's take
                     head = json.dumps({
-                        "schema": contract.SCHEMA_VERSION, "cluster_id": run.cluster_id,
+                        "schema": 2, "cluster_id": run.cluster_id,
                         "cluster_name": run.cluster_name, "source": source,
                         "producer_id": producer_id, "seq": seq, "sent_at": event["ts"],
                     }, separators=(",", ":")).encode()
                     put("raw", partition, key, head[:-1] + b',"events":' + body.events + b"}",
                         event["ts"])
+                    # the same events in the same envelope, as the producers send them
+                    entries, _ = maker.rows(items[done:done + body.n_rows], captured=True)
+                    (captured,) = pack_captured(entries, maker)
+                    put_v3("raw", partition, key,
+                           envelope(identity, seq, captured.events, event["ts"]), event["ts"])
+                    done += body.n_rows
                     seq += 1
                 n_events += len(rows)
-                rows, weight = [], 0
+                rows, items, weight = [], [], 0
     for record in run.span_state:
-        put("span-state", partition, key, json.dumps(record).encode(), record["updated_at"])
+        value = json.dumps(record).encode()
+        put("span-state", partition, key, value, record["updated_at"])
+        put_v3("span-state", partition, key, value, record["updated_at"])
     for record in run.prefix_partials.values():
-        put("prefix-stats", partition, key, json.dumps(record).encode(), record["window_start"])
+        value = json.dumps(record).encode()
+        put("prefix-stats", partition, key, value, record["window_start"])
+        put_v3("prefix-stats", partition, key, value, record["window_start"])
     return n_events
 
 
@@ -132,18 +173,21 @@ class MessageFile:
         return self.counts
 
 
-def generate(args, path: pathlib.Path) -> dict:
-    """Write every message of the run to ``path``; return counts."""
+def generate(args, path: pathlib.Path, path_v3: pathlib.Path) -> tuple[dict, dict]:
+    """Write every message of the run to ``path`` (version 2) and ``path_v3``; return
+    the counts of each."""
     from query_latency import generate as cluster_run
 
     per_cluster = args.transitions // args.clusters
     now = time.time()
-    out = MessageFile(path)
+    out, out_v3 = MessageFile(path), MessageFile(path_v3)
     for index in range(args.clusters):
         run = cluster_run(args.seed, index, args.clusters, per_cluster, now)
-        out.counts["events"] += encode_cluster(run, out.put)
+        n = encode_cluster(run, out.put, out_v3.put)
+        out.counts["events"] += n
+        out_v3.counts["events"] += n
         del run
-    return out.close()
+    return out.close(), out_v3.close()
 
 
 def read_messages(path: pathlib.Path):
@@ -213,7 +257,8 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int)
     pool.shutdown()
     hashes = {}
     for table in COLUMNS:
-        columns = ", ".join(f"`{c}`" for c in COLUMNS[table])
+        columns = ", ".join(f"`{c}`" for c in COLUMNS[table]
+                            if (table, c) != ("envelopes", "n_bytes"))  # the encoding's size
         n, digest = client.query(
             f"SELECT count(), groupBitXor(cityHash64({columns})) FROM blackbox.{table}").result_rows[0]
         hashes[table] = [int(n), int(digest or 0)]
@@ -333,8 +378,11 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int,
                         help="rows per sink batch (default: each route's own "
                              "blackbox.sink.batch-max-rows)")
-    parser.add_argument("--baseline", default=DEFAULT_BASELINE,
-                        help="git revision of route A (default: %(default)s)")
+    parser.add_argument("--baseline", default=None,
+                        help="git revision whose sink loads route A (default: this checkout)")
+    parser.add_argument("--a-version", type=int, choices=(2, 3), default=2,
+                        help="the envelope version route A reads (3: the same recording as "
+                             "B, the sink of --baseline against this checkout's)")
     parser.add_argument("--quick", action="store_true", help="500k transitions, 1 run per route")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
@@ -349,17 +397,21 @@ def main() -> None:
     random.seed(args.seed)
     work = pathlib.Path(tempfile.mkdtemp(prefix="bb-sink-ingest-"))
     try:
-        package = baseline_package(args.baseline, work)
-        messages = work / "messages.bin"
+        package = baseline_package(args.baseline, work) if args.baseline else None
+        files = {"A": work / "messages-v2.bin", "B": work / "messages-v3.bin"}
         t = time.perf_counter()
-        counts = generate(args, messages)
-        print(f"{counts['events']:,} events in {counts['messages']:,} messages "
-              f"({counts['bytes'] / 1e6:,.0f} MB) generated in {time.perf_counter() - t:.0f}s",
-              flush=True)
+        counts = dict(zip(files, generate(args, files["A"], files["B"])))
+        for route, c in counts.items():
+            print(f"{route}: {c['events']:,} events in {c['messages']:,} messages "
+                  f"({c['bytes'] / 1e6:,.0f} MB, version {2 if route == 'A' else 3})", flush=True)
+        if args.a_version == 3:
+            print("A reads B's messages (version 3)", flush=True)
+            files["A"] = files["B"]
+        print(f"generated in {time.perf_counter() - t:.0f}s", flush=True)
         results: dict[str, list[dict]] = {"A": [], "B": []}
         for n in range(args.runs):
             for route in ("A", "B"):
-                r = run_child(route, args, work, messages, package if route == "A" else None, n)
+                r = run_child(route, args, work, files[route], package if route == "A" else None, n)
                 results[route].append(r)
                 print(f"  {route} run {n + 1}: batches of {r['batch_rows']:,} rows: "
                       f"{r['rows']:,} rows in {r['wall']:.1f}s wall, "
@@ -372,13 +424,15 @@ def main() -> None:
             sys.exit(f"the routes loaded different rows in {', '.join(differ)}: "
                      f"{ {t: (a[t], b.get(t)) for t in differ} }")
         print("both routes loaded the same rows in every table", flush=True)
-        c = run_child("C", args, work, messages, None, 0)
+        c = run_child("C", args, work, work / "messages-v2.bin", None, 0)
 
         def med(route: str, f) -> float:
             return statistics.median(f(r) for r in results[route])
 
         rows = results["B"][0]["rows"]
-        for route, name in (("A", f"baseline {args.baseline}"), ("B", "this checkout")):
+        a_name = ("version 2 (JSON)" if args.a_version == 2 else "version 3 (MessagePack captures)") \
+            + (f", the sink of {args.baseline}" if args.baseline else "")
+        for route, name in (("A", a_name), ("B", "version 3 (MessagePack captures)")):
             # The sink's own work per row (decode, check, columns, Arrow: the consumer's
             # thread), what a sink process spends against a ClickHouse server.
             report(f"sink ingest per core, the sink's own work, {name}",
@@ -392,11 +446,14 @@ def main() -> None:
             report(f"sink ingest wall clock, {name} (2 cores)",
                    round(med(route, lambda r: r["rows"] / r["wall"])), "rows/s", None,
                    better="higher")
-        report("sink conversion CPU per row, this checkout (decode, check, columns, Arrow)",
-               round(med("B", lambda r: r["convert_cpu"] / r["rows"] * 1e6), 2), "us", None)
-        report("sink loading CPU per row, this checkout (chDB parses Arrow, writes parts)",
-               round(med("B", lambda r: (r["cpu"] - r["convert_cpu"]) / r["rows"] * 1e6), 2),
-               "us", None)
+        for route, name in (("A", f"version {args.a_version}"
+                                    + (f", the sink of {args.baseline}" if args.baseline else "")),
+                            ("B", "version 3")):
+            report(f"sink conversion CPU per row, {name} (decode, check, columns, Arrow)",
+                   round(med(route, lambda r: r["convert_cpu"] / r["rows"] * 1e6), 2), "us", None)
+            report(f"sink loading CPU per row, {name} (chDB parses Arrow, writes parts)",
+                   round(med(route, lambda r: (r["cpu"] - r["convert_cpu"]) / r["rows"] * 1e6), 2),
+                   "us", None)
         report("ClickHouse parsing the envelopes instead (explode transition runs, no checks)",
                round(c["cpu"] / c["transitions"] * 1e6, 2), "us per transition", None)
         print(f"(route C exploded {c['transitions']:,} transitions; {rows:,} rows loaded "

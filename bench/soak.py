@@ -25,7 +25,6 @@ import argparse
 import asyncio
 import collections
 import pathlib
-import sys
 import tempfile
 import threading
 import time
@@ -88,11 +87,11 @@ def record(seconds: float) -> list[tuple[float, dict]]:
 
 
 def _read_raw() -> list[tuple[float, dict]]:
-    root = pathlib.Path(__file__).resolve().parents[1]
-    sys.path[:0] = [str(root), str(root / "tests")]  # support modules import their neighbours
-    from tests.replay import read_raw
+    from dask_blackbox.testing.replay import read_raw
 
-    envelopes = sorted((orjson.loads(value) for _, value in asyncio.run(read_raw(idle=3))),
+    from dask_blackbox import contract
+
+    envelopes = sorted((contract.decode_envelope(value) for _, value in asyncio.run(read_raw(idle=3))),
                        key=lambda e: e["sent_at"])
     t0 = envelopes[0]["sent_at"]
     return [(e["sent_at"] - t0, e) for e in envelopes]
@@ -173,7 +172,7 @@ def main() -> None:
     seconds, rec_seconds = (60.0, 10.0) if args.quick else (args.seconds, args.record)
 
     from dask_blackbox.cli.demo import quiet_dask_console
-    from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
+    from dask_blackbox.deploy.supervisor import LocalPipeline, wait_drained
     from dask_blackbox import contract
     from dask_blackbox.read import queries
 

@@ -20,7 +20,7 @@ from distributed import Client, LocalCluster, span
 
 from dask_blackbox import config
 from dask_blackbox.cli.formatting import working
-from dask_blackbox.cli.supervisor import LocalPipeline, wait_drained
+from dask_blackbox.deploy.supervisor import LocalPipeline, wait_drained
 
 
 class DemoFailure(Exception):

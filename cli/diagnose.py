@@ -54,8 +54,11 @@ def add_commands(subparsers, parents: list[argparse.ArgumentParser], fmt, filter
 def why(args: argparse.Namespace) -> int:
     from dask_blackbox.read import diagnosis, queries
 
+    from dask_blackbox.cli.runs import latest_run
+
     with working("dask-blackbox why: reading ClickHouse"):
         backend = queries.connect()
+        latest_run(backend, args)
         result = diagnosis.diagnose(backend, args.cluster, args.key, args.since, args.until)
         names = queries.cluster_names(backend)
     if args.format == "json":
@@ -119,6 +122,7 @@ def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:
             n += 1
             say(f"[{n}] {_t(d['ts'])}  {d['worker']}  {d['label']} [{d['confidence']}]: "
                 f"{d['explanation']}", 0, 6)
+            _say_last_stack(say, d)
         if fine:
             out.append("left as expected:")
             for d in fine:
@@ -150,10 +154,24 @@ def render_why(result: dict, names: dict[str, str], width: int = 120) -> str:
                 f"[{d['confidence']}]")
             if d["tasks"]:
                 say("running: " + ", ".join(f"{t['key']} (then {t['finish']})" for t in d["tasks"]), 4, 4)
+            _say_held_memory(say, d)
             for e in d["timeline"]:
                 say(f"{_t(e['ts'])}  {e['source']:<12} {e['text']}", 4, 26)
             out.append("")
     return "\n".join(line.rstrip() for line in out).rstrip() + "\n"
+
+
+def _say_held_memory(say, death: dict) -> None:
+    """What the dying worker held (one or two lines, :mod:`dask_blackbox.read.held_memory`)."""
+    for line in (death.get("held_memory") or {}).get("lines", []):
+        say(line, 4, 4)
+
+
+def _say_last_stack(say, death: dict) -> None:
+    """Below a death's verdict: what it was doing (read/last_stacks.py)."""
+    last = death.get("last_stack")
+    if last:
+        say(last["line"], 6, 4)
 
 
 # ---------------------------------------------------------------------- logs
@@ -182,6 +200,9 @@ def logs(args: argparse.Namespace) -> int:
         print("dask-blackbox: error: --limit must be a positive number of records", file=sys.stderr)
         return 2
     backend = queries.connect()
+    from dask_blackbox.cli.runs import latest_run
+
+    latest_run(backend, args)
     filters = {"cluster": args.cluster, "worker": args.worker, "level": args.level,
                "logger": args.logger, "text": args.text}
     with working("dask-blackbox logs: reading ClickHouse"):

@@ -58,14 +58,15 @@ def run_trace(backend: Backend, run: Run, max_task_spans: int) -> list[SpanData]
     removals = [Classified(d.removal, d.verdict)
                 for d in diagnosis.deaths(backend, [run.cluster_id])]
     return traces.build_run(run.cluster_id, run.cluster_name, run.spans, run.transitions,
-                            run.lifecycle, max_task_spans, removals=removals)
+                            run.lifecycle, max_task_spans, removals=removals,
+                            left=[traces.LeftProcessing(**t) for t in run.left_processing])
 
 
 def export_otlp(args: argparse.Namespace) -> int:
     from dask_blackbox.cli.formatting import working
     from dask_blackbox.exporters import traces
     from dask_blackbox.exporters.model import Item
-    from dask_blackbox.exporters.otlp import OtlpSender
+    from dask_blackbox.exporters.otlp import ExportFailed, OtlpSender
     from dask_blackbox.exporters.settings import OtlpSettings
     from dask_blackbox.read import queries
     from dask_blackbox.read.runs import read_run
@@ -81,16 +82,25 @@ def export_otlp(args: argparse.Namespace) -> int:
               for log in run.logs]
     root = spans[-1]
     sender = OtlpSender(settings)
+    n_logs = len(run.logs)
     try:
         with working(f"dask-blackbox export otlp: sending to {sender.where}"):
-            sender.send(items)
+            try:
+                sender.send(items)
+            except ExportFailed as e:
+                if not e.no_logs:
+                    raise
+                # the spans went first and were taken: a receiver of traces only
+                print(f"dask-blackbox export otlp: {e}: this receiver takes no logs; "
+                      "the log records were not exported (--no-logs says so)", file=sys.stderr)
+                n_logs = 0
     finally:
         sender.close()
     capped = root.attributes["dask.task_spans.summarised"]
     print(f"exported {len(spans)} spans ({root.attributes['dask.task_spans.exported']} task spans"
           + (f", {capped} more task actions summarised per prefix: "
              f"blackbox.exporter.max-task-spans={settings.max_task_spans}" if capped else "")
-          + f") and {len(run.logs)} log records of {run.cluster_name} ({run.cluster_id}) "
+          + f") and {n_logs} log records of {run.cluster_name} ({run.cluster_id}) "
           f"to {sender.where}: trace {root.trace_id}")
     return 0
 

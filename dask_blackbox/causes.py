@@ -49,13 +49,19 @@ the cause:
    cleanly): **expected**.
 7. The process outlived its removal by :data:`OUTLIVED_S` or more, or closed itself
    because its connection to the scheduler broke: **connection lost**.
-8. Any other signal, with no Dask decision behind it (SIGKILL: the kernel's OOM
-   killer is the usual suspect; SIGTERM: a batch system): **killed by the OS**.
+8. Any other signal, with no Dask decision behind it: **killed by the OS**. A SIGKILL
+   names the kernel's OOM killer only when the evidence points at it (the process
+   near its memory limit, or the host short of memory: :data:`OOM_NEAR`,
+   :data:`HOST_SHORT`); far from both it says "not memory" and that something
+   outside Dask sent it; SIGTERM: a batch system, a person.
 9. An exit status (user code calling ``sys.exit``/``os._exit``, a fatal interpreter
    error): **exited on its own with status N**.
 10. No exit recorded: without a nanny, or without a record from its nanny, the end
-    of the process was not observed (**unknown**, saying which); with a nanny that
-    records, a connection that broke while the process lived: **connection lost**.
+    of the process was not observed: **unknown (no nanny record)**, with what Dask
+    saw. A removal Dask did not expect is never called expected on the strength of
+    a time alone: the scheduler closing or a restart soon after explains it only
+    with its nanny's record (the process ended cleanly, or its nanny was closing)
+    or the worker's own close reason.
 
 "unknown" is an honest answer: it says what is missing.
 """
@@ -121,9 +127,12 @@ SHUTDOWN_REASONS = frozenset({"nanny-close", "nanny-close-gracefully", "schedule
 CONNECTION_BROKEN_REASONS = frozenset({"worker-handle-scheduler-connection-broken"})
 #: The close reason of a worker stopped by a signal (``dask worker``'s handler: "signal-15").
 _SIGNAL_REASON = re.compile(r"signal-(\d+)")
-#: Removal stimuli of a closed connection (Dask's stimulus names without the time).
-CONNECTION_STIMULI = frozenset({"handle-worker-cleanup", "worker-send-comm-fail",
-                                "send-all-comm-fail"})
+#: A SIGKILL names the OOM killer when the process's peak RSS (its nanny's samples)
+#: reached this fraction of its limit, or the host had less than HOST_SHORT of its
+#: memory available; it rules memory out below FAR of the limit with at least
+#: HOST_AMPLE of the host's memory available.
+OOM_NEAR, HOST_SHORT = 0.8, 0.1
+FAR, HOST_AMPLE = 0.5, 0.25
 #: Nanny statuses of an expected end.
 CLOSING_STATUSES = frozenset({"closing", "closed", "closing_gracefully"})
 
@@ -353,7 +362,8 @@ def classify(facts: Facts) -> Verdict:
                           f"the process died of {x.signal} "
                           f"(exit code {x.exitcode})")
     closing_reason = facts.closing.reason if facts.closing else ""
-    clean = x is None or x.exitcode in (0, None) or x.signal == "SIGKILL"
+    # without its nanny's record, nothing says the process ended cleanly
+    clean = x is not None and (x.exitcode in (0, None) or x.signal == "SIGKILL")
     asked = closing_reason.startswith("client-restart") or r.reason.startswith("client-restart")
     if asked or (facts.restart is not None and clean):
         ev.closing()
@@ -371,7 +381,7 @@ def classify(facts: Facts) -> Verdict:
                           f"{name} from outside Dask (a deployment scaling down, "
                           "a batch system's preemption, a person); the worker closed cleanly on it")
     closing_status = x is not None and x.nanny_status in CLOSING_STATUSES
-    closing_at_close = facts.close is not None and (x is None or x.exitcode == 0)
+    closing_at_close = facts.close is not None and x is not None and x.exitcode == 0
     if closing_reason in SHUTDOWN_REASONS or closing_status or closing_at_close:
         ev.closing()
         ev.exit()
@@ -395,10 +405,7 @@ def classify(facts: Facts) -> Verdict:
     if x is not None and x.signal:
         ev.exit()
         if x.signal == "SIGKILL":
-            return ev.verdict(Cause.KILLED, MEDIUM,
-                              "SIGKILL, and neither Dask nor its nanny "
-                              "decided it (the kernel's OOM killer is the usual suspect)"
-                              + _memory_note(x))
+            return ev.verdict(Cause.KILLED, MEDIUM, _sigkill(x))
         return ev.verdict(Cause.KILLED, MEDIUM,
                           f"{x.signal} from outside Dask (a batch system, "
                           "a person, a supervisor)" + _memory_note(x))
@@ -410,21 +417,20 @@ def classify(facts: Facts) -> Verdict:
         return ev.verdict(Cause.EXITED, HIGH,
                           f"the process exited with status {x.exitcode} (user code called exit, "
                           "or the interpreter failed)")
+    saw = f"the scheduler saw {r.reason or r.stimulus_id}" + (
+        ", and Dask did not expect it" if r.expected is False else "")
     if r.nanny_known and r.nanny is None:
         return ev.verdict(Cause.UNKNOWN, LOW,
                           f"the worker had no nanny, so how its process ended was not "
-                          f"observed (the scheduler saw {r.reason or r.stimulus_id})")
+                          f"observed ({saw})")
     if not facts.nanny_records:
         return ev.verdict(Cause.UNKNOWN, LOW,
-                          "no record from its nanny (no nanny, or the nanny plugin was "
-                          f"not attached); the scheduler saw {r.reason or r.stimulus_id}")
-    if r.reason in CONNECTION_STIMULI:
-        return ev.verdict(Cause.CONNECTION_LOST, MEDIUM,
-                          f"the scheduler removed it ({r.reason}) and its nanny "
-                          "saw no end of the process")
+                          "no nanny record (no nanny, or the nanny plugin was not "
+                          f"attached); {saw}")
     return ev.verdict(Cause.UNKNOWN, LOW,
-                      f"the scheduler removed it ({r.reason or r.stimulus_id}) and no "
-                      "recorded fact explains why")
+                      "no nanny record of how its process ended (it ended before its "
+                      "nanny's plugin watched it, or it lives on behind a broken "
+                      f"connection); {saw}")
 
 
 def _signal_name(number: int) -> str:
@@ -432,6 +438,32 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+def _sigkill(x: Exit) -> str:
+    """A SIGKILL neither Dask nor the nanny sent, in the words its memory allows: the
+    OOM killer is named only when the process was near its limit or the host short."""
+    peak = x.memory_peak or x.memory
+    near_limit = bool(peak and x.memory_limit and peak >= OOM_NEAR * x.memory_limit)
+    host_short = bool(x.host_memory and x.host_memory_available is not None
+                      and x.host_memory_available < HOST_SHORT * x.host_memory)
+    note = _memory_note(x)[2:]
+    if near_limit or host_short:
+        where = " and ".join(w for w, yes in (("near its memory limit", near_limit),
+                                               ("with the host short of memory", host_short)) if yes)
+        return (f"SIGKILL {where} ({note}), and neither Dask nor its nanny decided it: "
+                "the kernel's OOM killer (or a cgroup's) is the likely sender")
+    far_limit = bool(peak and x.memory_limit and peak < FAR * x.memory_limit)
+    host_ample = bool(x.host_memory and x.host_memory_available is not None
+                      and x.host_memory_available >= HOST_AMPLE * x.host_memory)
+    if far_limit and host_ample:
+        return (f"not memory: {note}; something outside Dask sent SIGKILL (a person, a "
+                "supervisor, a batch system, or the task itself)")
+    if not note:
+        return ("SIGKILL, and neither Dask nor its nanny decided it; its memory was not "
+                "sampled, so neither the OOM killer nor a sender outside Dask is ruled out")
+    return (f"SIGKILL, and neither Dask nor its nanny decided it ({note}): memory neither "
+            "near a limit nor far from it, so the OOM killer is not ruled out")
 
 
 def _memory_note(x: Exit) -> str:
@@ -469,7 +501,8 @@ class _EvidenceList:
         x = self.facts.exit
         if x is None or any(e.source == "worker_exits" for e in self.items):
             return
-        how = f"killed by {x.signal}" if x.signal else f"exited with status {x.exitcode}"
+        how = (f"killed by {x.signal}" if x.signal else f"exited with status {x.exitcode}"
+               if x.exitcode is not None else "still running as its nanny closed")
         mem = ""
         if x.memory_peak:
             limit = f" (limit {format_bytes(x.memory_limit)})" if x.memory_limit else ""
@@ -482,6 +515,8 @@ class _EvidenceList:
 
     def memory_kill(self) -> None:
         k = self.facts.memory_kill
+        if k is None:
+            return
         rss = f" at RSS {format_bytes(k.rss)}" if k.rss else ""
         self.items.append(Evidence(k.ts, "events", f"worker-restart-memory: the nanny terminated "
                                    f"process {k.pid}{rss}"))

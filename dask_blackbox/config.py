@@ -139,6 +139,29 @@ def redact(text: Any) -> str:
     return out
 
 
+def display_url(url: Any) -> str:
+    """``url`` as it may be printed: ``scheme://host[:port]`` and ``/…`` when it has a
+    path, query or fragment. Webhook tokens live in paths (Slack, Discord) and query
+    strings (``?code=``, ``?sig=``, ``?key=``), credentials before the host: none of
+    them is printed. Something that is not a URL with a host prints as ``<not a URL>``."""
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(str(url).strip())
+        host = parts.hostname
+    except ValueError:
+        return "<not a URL>"
+    if not parts.scheme or not host:
+        return "<not a URL>"
+    try:
+        port = "" if parts.port is None else f":{parts.port}"
+    except ValueError:
+        port = ":<bad port>"
+    host = f"[{host}]" if ":" in host else host
+    rest = "/…" if parts.path.strip("/") or parts.query or parts.fragment else ""
+    return f"{parts.scheme}://{host}{port}{rest}"
+
+
 # ----------------------------------------------------------------------- Kafka
 
 _PROTOCOLS = ("PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL")

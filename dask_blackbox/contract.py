@@ -5,10 +5,24 @@ the batch envelope every raw message carries, the event kinds and their fields, 
 the derived records the processors publish. Nothing here does I/O, and nothing here
 imports a layer.
 
-Every raw Kafka message is one *envelope*, an orjson-encoded mapping::
+Every raw Kafka message is one *envelope*, a mapping::
 
-    {"schema": 2, "cluster_id": "...", "cluster_name": "...", "source": "scheduler",
+    {"schema": 3, "cluster_id": "...", "cluster_name": "...", "source": "scheduler",
      "producer_id": "...", "seq": 17, "sent_at": 1700000000.123, "events": [...]}
+
+encoded as MessagePack (version 3, what producers send) or as JSON (versions 1 and 2,
+still read). The first byte tells them apart (:func:`is_msgpack`: a MessagePack map
+header, which no JSON text begins with); readers decode either with
+:func:`decode_envelope`. MessagePack, through msgspec, because the producers' cost is
+what matters: a sender writes a capture (:data:`CAPTURE`: the items' fields a column at
+a time, Dask's kwargs embedded as the bytes the hook already encoded, ``msgspec.Raw``)
+and its envelope for about 0.7 µs a transition, msgspec's encoding 0.1-0.5 of it, where
+version 2's rows and the JSON of their run cost 5.1-5.7 µs (a microbenchmark of
+200,000 of the producers' own items, 4,000 a take, on a loaded machine); msgspec
+decodes it in C, typed on the sink's and the processors' fast paths (each leaving
+what it refuses to the untyped decoding), untyped for the other readers, with no
+extension of our own. Arrow IPC would need pyarrow on every scheduler and its columns
+built in Python first, which is what the capture already is.
 
 ``seq`` starts at 0 and increases by exactly one per envelope a producer sends, so a
 gap seen downstream means envelopes were lost, never reordered (messages are keyed by
@@ -24,10 +38,13 @@ one does.
 
 Packed events (:data:`PACKED`): a run of consecutive events of one kind may travel as
 one event holding them in columns (:data:`TRANSITION_RUN`: a producer's transitions,
-about a quarter of their size as separate events). A packed event stands for its events, in their order, at its
-place in ``events``: readers call :func:`expand_events` before they read the events,
-and an event's index in its envelope is its index in the expanded list. Version 2 of
-the envelope may hold packed events; version 1 never does, and is still read.
+about a quarter of their size as separate events; :data:`CAPTURE`: the same, written
+straight from what the hook captured, keys as Dask made them and Dask's kwargs as they
+came). A packed event stands for its events, in their order, at its place in
+``events``: readers call :func:`expand_events` before they read the events (or
+:func:`packed_columns` to read them as columns), and an event's index in its envelope
+is its index in the expanded list. Version 2 of the envelope may hold TRANSITION_RUNs,
+version 3 CAPTUREs too; version 1 holds no packed events, and is still read.
 
 Adding a field: declare it in its TypedDict here (producers build events through
 these declarations, the sink's column layouts are checked against them at import),
@@ -38,24 +55,35 @@ add its column in a new ``sinks/sql/NNN_*.sql`` migration, and read it in a quer
 from __future__ import annotations
 
 from collections.abc import Hashable, Mapping
-from itertools import repeat
+from functools import lru_cache
+from itertools import chain, repeat
 from typing import Annotated, Any, Final, NamedTuple, TypedDict, get_type_hints
 
-SCHEMA_VERSION: Final = 2
-#: Envelope versions this build reads: 1 (no packed events) and 2.
-READABLE_SCHEMAS: Final = (1, 2)
+import msgspec
+import orjson
+
+SCHEMA_VERSION: Final = 3
+#: Envelope versions this build reads: 1 (no packed events), 2 (TRANSITION_RUNs, JSON)
+#: and 3 (CAPTUREs too, MessagePack).
+READABLE_SCHEMAS: Final = (1, 2, 3)
+
+class Envelope(TypedDict):
+    """What every raw message carries (:func:`validate_envelope` checks it): who sent
+    it, its ``seq``, when it was sent and its events (each a mapping with at least
+    ``kind`` and ``ts``, of a kind of :data:`EVENTS` or :data:`PACKED`)."""
+
+    schema: int
+    cluster_id: str
+    cluster_name: str | None
+    source: str
+    producer_id: str
+    seq: int
+    sent_at: float
+    events: list[dict[str, Any]]
+
 
 #: The envelope's fields, all required.
-ENVELOPE_FIELDS: Final = (
-    "schema",
-    "cluster_id",
-    "cluster_name",
-    "source",
-    "producer_id",
-    "seq",
-    "sent_at",
-    "events",
-)
+ENVELOPE_FIELDS: Final = tuple(Envelope.__annotations__)
 
 #: Who sent an envelope.
 SOURCES: Final = frozenset({"scheduler", "worker", "nanny", "client"})
@@ -120,6 +148,13 @@ WORKER_EXIT: Final = "worker_exit"
 #: Envelopes a producer dropped because its buffer was full, published once the broker
 #: is reachable again: ``{"dropped_events", "dropped_bytes", "since", "until"}``.
 DROPS: Final = "drops"
+#: One profile cycle of Dask's statistical profiler on one worker, for one task prefix
+#: (or the whole worker), as folded stacks with their sample counts.
+PROFILE: Final = "profile"
+#: The stacks of every thread of a worker process, read from outside by its nanny
+#: (py-spy) when the process neared the memory its nanny kills it at, or its event
+#: loop stopped answering (where Dask's own profiler is stopped too).
+STACKS: Final = "stacks"
 
 class StartStop(TypedDict, total=False):
     """One entry of a transition's ``startstops``, as Dask passes it."""
@@ -338,6 +373,49 @@ class Drops(Event):
     until: float
 
 
+class Profile(Event):
+    """PROFILE: one cycle of a worker's profile (``Worker.profile_keys_history`` for a
+    task prefix, ``Worker.profile_history`` for ``prefix`` ""), ``ts`` being the time
+    Dask gave the cycle. ``stacks[i]`` is a folded stack, its frames
+    ``file:line:function`` (the line where the function begins, as Dask's profile
+    tells frames apart) from the outermost to the innermost, joined by ``;``;
+    ``counts[i]`` the samples (every ``distributed.worker.profile.interval``) whose
+    stack it was. A cycle's stacks may travel in several events of the same ``ts``."""
+
+    worker: str
+    prefix: str
+    stacks: list[str]
+    counts: list[int]
+
+
+class Stacks(Event):
+    """STACKS: the threads of the worker process ``pid`` (serving ``worker``, once it
+    registered) as py-spy read them from outside, by its nanny, at ``ts``. ``reason``
+    says why: ``"memory"`` (its RSS, ``memory``, had passed a high fraction of what the
+    nanny terminates it at: ``memory_limit`` times
+    ``distributed.worker.memory.terminate``) or ``"unresponsive"`` (its event loop had
+    left the nanny's request unanswered for ``silent`` seconds, as when a task holds
+    the GIL). Per thread ``i``: ``threads[i]`` its name, ``thread_ids[i]`` its OS id,
+    ``stacks[i]`` its Python frames ``file:line:function`` (the line executing), from
+    the outermost to the innermost, joined by ``;`` (as PROFILE's), ``active[i]``
+    whether it was running rather than waiting (py-spy's reading), ``gil[i]``
+    whether it held the GIL. ``error`` says why no stack was read (py-spy missing or
+    not allowed to trace, the process gone), the lists then empty."""
+
+    worker: str | None
+    pid: int
+    reason: str
+    memory: int | None
+    memory_limit: int | None
+    silent: float | None
+    threads: list[str]
+    thread_ids: list[int]
+    stacks: list[str]
+    active: list[bool]
+    gil: list[bool]
+    error: str | None
+
+
 #: Event kind -> its declaration.
 EVENTS: Final[Mapping[str, type]] = {
     TRANSITION: Transition,
@@ -351,6 +429,8 @@ EVENTS: Final[Mapping[str, type]] = {
     LOG: Log,
     WORKER_EXIT: WorkerExit,
     DROPS: Drops,
+    PROFILE: Profile,
+    STACKS: Stacks,
 }
 
 
@@ -412,10 +492,6 @@ class TransitionRun(_TransitionRunBase, total=False):
     cause: list[str | None]
 
 
-#: Packed kind -> (its declaration, the kind of the events it stands for).
-PACKED: Final[Mapping[str, tuple[type, str]]] = {
-    TRANSITION_RUN: (TransitionRun, TRANSITION),
-}
 
 #: A run's columns that it always has, each as long as the run.
 RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
@@ -424,6 +500,49 @@ RUN_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
 RUN_OPTIONAL_COLUMNS: Final = fields(Transition)[fields(Transition).index("stimulus_id") + 1:]
 #: The fields of an event a run stands for, in :class:`Transition`'s order.
 _RUN_EVENT_FIELDS: Final = ("kind", *fields(Transition)[1:])
+
+
+#: Consecutive TRANSITION events of one producer as its hook captured them, in columns.
+CAPTURE: Final = "capture"
+
+
+class _CaptureBase(Event):
+    time: list[float]
+    key: list[Any]
+    start: list[str]
+    finish: list[str]
+    stimulus_id: list[str | None]
+    names: list[list[str | None] | None]
+    name: list[int]
+
+
+class Capture(_CaptureBase, total=False):
+    """CAPTURE: ``n`` TRANSITION events in columns of ``n`` values, in order, as the
+    hook captured them (envelope version 3).
+
+    ``time``, ``start``, ``finish``, ``stimulus_id``, ``names`` and ``name`` are those
+    of :class:`TransitionRun`. ``key`` holds each key as Dask made it: a string, a
+    number, bytes, or an array for a tuple key (:func:`key_text` gives the text every
+    other shape holds). ``kwargs`` holds, per event, the values of
+    :data:`TRANSITION_KWARGS` in that order (an array at least that long: later
+    entries are a newer contract's) or null where Dask passed none; ``error`` holds
+    ``[exception, traceback, cause]`` (:data:`CAPTURE_ERROR`) of an erred transition,
+    null elsewhere. Either may be left out where every event has null."""
+
+    kwargs: list[list[Any] | None]
+    error: list[list[str | None] | None]
+
+
+#: The fields of an erred transition a capture's ``error`` column holds, in order.
+CAPTURE_ERROR: Final = tuple(f for f in RUN_OPTIONAL_COLUMNS if f not in TRANSITION_KWARGS)
+#: A capture's columns that it always has, each as long as the capture.
+CAPTURE_COLUMNS: Final = ("key", "time", "start", "finish", "stimulus_id", "name")
+
+#: Packed kind -> (its declaration, the kind of the events it stands for).
+PACKED: Final[Mapping[str, tuple[type, str]]] = {
+    TRANSITION_RUN: (TransitionRun, TRANSITION),
+    CAPTURE: (Capture, TRANSITION),
+}
 
 
 class InvalidEvent(ValueError):
@@ -449,12 +568,11 @@ class RunShape(NamedTuple):
     optional: dict[str, list | None]
 
 
-def run_shape(run: Mapping[str, Any]) -> RunShape:
-    """Check the shape of a :data:`TRANSITION_RUN` (lists of one length, ``names``
-    entries of three, ``name`` in range), not its values: a reader checks them as it
-    checks any TRANSITION event's. Raises :class:`InvalidEvent` naming the column."""
+def _common_shape(run: Mapping[str, Any], required: tuple[str, ...]) -> tuple[int, list]:
+    """The length of a packed event's ``required`` columns (lists of one length, at
+    least one value) and its ``names`` table, ``name`` checked against it."""
     n = None
-    for column in RUN_COLUMNS:
+    for column in required:
         values = run.get(column)
         if type(values) is not list:
             raise InvalidEvent(column, f"expected a list, got {type(values).__name__}")
@@ -463,7 +581,7 @@ def run_shape(run: Mapping[str, Any]) -> RunShape:
             if not n:
                 raise InvalidEvent(column, "a run of no events")
         elif len(values) != n:
-            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
+            raise InvalidEvent(column, f"{len(values)} values, {required[0]} has {n}")
     names = run.get("names")
     if type(names) is not list:
         raise InvalidEvent("names", f"expected a list, got {type(names).__name__}")
@@ -478,14 +596,25 @@ def run_shape(run: Mapping[str, Any]) -> RunShape:
     index = run["name"]
     if not set(map(type, index)) <= {int} or min(index) < 0 or max(index) >= len(table):
         raise InvalidEvent("name", f"expected indexes into names (0..{len(table) - 1})")
-    optional = {}
-    for column in RUN_OPTIONAL_COLUMNS:
-        values = run.get(column)
-        if values is not None and type(values) is not list:
-            raise InvalidEvent(column, f"expected a list or null, got {type(values).__name__}")
-        if values is not None and len(values) != n:
-            raise InvalidEvent(column, f"{len(values)} values, {RUN_COLUMNS[0]} has {n}")
-        optional[column] = values
+    assert n is not None  # required is not empty
+    return n, table
+
+
+def _optional(run: Mapping[str, Any], column: str, n: int) -> list | None:
+    values = run.get(column)
+    if values is not None and type(values) is not list:
+        raise InvalidEvent(column, f"expected a list or null, got {type(values).__name__}")
+    if values is not None and len(values) != n:
+        raise InvalidEvent(column, f"{len(values)} values, key has {n}")
+    return values
+
+
+def run_shape(run: Mapping[str, Any]) -> RunShape:
+    """Check the shape of a :data:`TRANSITION_RUN` (lists of one length, ``names``
+    entries of three, ``name`` in range), not its values: a reader checks them as it
+    checks any TRANSITION event's. Raises :class:`InvalidEvent` naming the column."""
+    n, table = _common_shape(run, RUN_COLUMNS)
+    optional = {column: _optional(run, column, n) for column in RUN_OPTIONAL_COLUMNS}
     return RunShape(n, table, optional)
 
 
@@ -514,24 +643,152 @@ def unpack_run(run: Mapping[str, Any]) -> list[dict]:
     return list(map(dict, map(zip, repeat(names), zip(*values))))
 
 
+_KEY_TYPES: Final = frozenset({str, int, float, bytes, list})
+_flat_key_text = lru_cache(1 << 16)(str)
+
+
+def key_text(key: Any) -> str:
+    """:func:`encode_key` of a key as a :data:`CAPTURE` holds it (a tuple key arrives
+    as an array); raises :class:`InvalidEvent` for what is no Dask key."""
+    t = type(key)
+    if t is str:
+        return key
+    if t is list:
+        try:  # a flat tuple key: its text remembered (a task's transitions share its key)
+            return _flat_key_text(tuple(key))
+        except TypeError:  # a part that is a list (a nested tuple), or no key's part
+            return str(_tupled(key))
+    if t in _KEY_TYPES and t is not bool:
+        return str(key)
+    raise InvalidEvent("key", f"{key!r:.80} is not a Dask key")
+
+
+def _tupled(key: list) -> tuple:
+    parts = []
+    for part in key:
+        t = type(part)
+        if t is list:
+            part = _tupled(part)
+        elif t not in _KEY_TYPES:
+            raise InvalidEvent("key", f"{part!r:.80} is not part of a Dask key")
+        parts.append(part)
+    return tuple(parts)
+
+
+def key_texts(keys: list) -> list:
+    """:func:`key_text` of each key (the list itself when all are strings)."""
+    if set(map(type, keys)) <= {str}:
+        return keys
+    return list(map(key_text, keys))
+
+
+def _entries(values: list | None, width: int, column: str, n: int, exact: bool) -> list:
+    """A capture's ``kwargs`` or ``error`` column as ``width`` columns of ``n`` values
+    (None where the event has null)."""
+    if values is None:
+        return [[None] * n] * width
+    types = set(map(type, values))
+    if not types <= {list, tuple, type(None)}:
+        raise InvalidEvent(column, "expected arrays or null")
+    lengths = {len(v) for v in values if v is not None}
+    if lengths and (min(lengths) < width or (exact and max(lengths) > width)):
+        raise InvalidEvent(column, f"expected arrays of {width} values")
+    if type(None) in types:
+        blank = (None,) * width
+        values = [blank if v is None else v for v in values]
+    if lengths and max(lengths) > width:
+        values = [v[:width] for v in values]
+    return [list(c) for c in zip(*values)] if values else [[] for _ in range(width)]
+
+
+class CaptureShape(NamedTuple):
+    """What :func:`capture_shape` found: the capture's length, its ``names`` table, its
+    keys' text, and the columns of :data:`TRANSITION_KWARGS` and :data:`CAPTURE_ERROR`
+    (field -> one value per event)."""
+
+    n: int
+    names: list
+    keys: list
+    optional: dict[str, list]
+
+
+def capture_shape(capture: Mapping[str, Any]) -> CaptureShape:
+    """Check the shape of a :data:`CAPTURE` (as :func:`run_shape`; ``kwargs`` and
+    ``error`` entries arrays of their width or null, keys Dask keys) and read its keys'
+    text and its optional columns. Raises :class:`InvalidEvent` naming the column."""
+    n, table = _common_shape(capture, CAPTURE_COLUMNS)
+    keys = key_texts(capture["key"])
+    optional = dict(zip(TRANSITION_KWARGS, _entries(
+        _optional(capture, "kwargs", n), len(TRANSITION_KWARGS), "kwargs", n, False)))
+    optional.update(zip(CAPTURE_ERROR, _entries(
+        _optional(capture, "error", n), len(CAPTURE_ERROR), "error", n, True)))
+    return CaptureShape(n, table, keys, optional)
+
+
+def capture_columns(capture: Mapping[str, Any]) -> dict[str, list]:
+    """The TRANSITION fields of a :data:`CAPTURE`'s events as columns, as
+    :func:`run_columns` gives a run's (keys as text, Dask's kwargs and an erred
+    transition's error spread into their fields). Raises :class:`InvalidEvent`."""
+    n, table, keys, optional = capture_shape(capture)
+    prefix, group, span_id = zip(*map(table.__getitem__, capture["name"]))
+    columns = {"ts": capture["time"], "key": keys, "prefix": list(prefix),
+               "group": list(group), "span_id": list(span_id), "start": capture["start"],
+               "finish": capture["finish"], "stimulus_id": capture["stimulus_id"]}
+    for column in RUN_OPTIONAL_COLUMNS:
+        columns[column] = optional[column]
+    return columns
+
+
+def packed_columns(event: Mapping[str, Any]) -> dict[str, list]:
+    """:func:`run_columns` or :func:`capture_columns` of a packed event, by its kind."""
+    if event.get("kind") == CAPTURE:
+        return capture_columns(event)
+    return run_columns(event)
+
+
+def unpack(event: Mapping[str, Any]) -> list[dict]:
+    """The TRANSITION events of a packed event (a TRANSITION_RUN or a CAPTURE), each
+    with every field of :class:`Transition` in declaration order; raises
+    :class:`InvalidEvent`."""
+    columns = packed_columns(event)
+    names = _RUN_EVENT_FIELDS
+    values = [repeat(TRANSITION), *map(columns.__getitem__, names[1:])]
+    return list(map(dict, map(zip, repeat(names), zip(*values))))
+
+
 def expand_events(events: list) -> list:
     """``events`` with every packed event replaced by the events it stands for (the
     list itself if it holds none). A packed event that cannot be unpacked stays as
     it is: a reader refuses it as an event of an unknown kind, naming the problem
-    with :func:`unpack_run`'s :class:`InvalidEvent`."""
+    with :func:`unpack`'s :class:`InvalidEvent`."""
     # (compared, not looked up: a malformed kind may be a list, which has no hash)
-    if not any(type(ev) is dict and ev.get("kind") == TRANSITION_RUN for ev in events):
+    if not any(type(ev) is dict and (ev.get("kind") == TRANSITION_RUN
+                                     or ev.get("kind") == CAPTURE) for ev in events):
         return events
     out: list = []
     for ev in events:
-        if type(ev) is dict and ev.get("kind") == TRANSITION_RUN:
+        if type(ev) is dict and (ev.get("kind") == TRANSITION_RUN or ev.get("kind") == CAPTURE):
             try:
-                out.extend(unpack_run(ev))
+                out.extend(unpack(ev))
                 continue
             except InvalidEvent:
                 pass
         out.append(ev)
     return out
+
+
+def packed_length(event: Mapping[str, Any]) -> int:
+    """How many events a packed event stands for, by the shape of its columns that
+    every packed kind has (:class:`InvalidEvent` if they are wrong)."""
+    if event.get("kind") == CAPTURE:
+        return _common_shape(event, CAPTURE_COLUMNS)[0]
+    return _common_shape(event, RUN_COLUMNS)[0]
+
+
+def is_packed(event: Any) -> bool:
+    """Whether a decoded event is a packed one (its kind in :data:`PACKED`)."""
+    kind = event.get("kind") if type(event) is dict else None
+    return kind == TRANSITION_RUN or kind == CAPTURE
 
 
 #: ``LIFECYCLE.action`` values.
@@ -688,3 +945,75 @@ def validate_envelope(obj: Any) -> dict:
         if not isinstance(ev, dict) or "kind" not in ev or "ts" not in ev:
             raise InvalidEnvelope(f"event {i} is not an object with 'kind' and 'ts'")
     return obj
+
+
+# ------------------------------------------------------------------- encodings
+
+#: The first bytes of a MessagePack map (fixmap, map 16, map 32): a version 3 envelope.
+#: No JSON text begins with one (they are no ASCII character, nor a UTF-8 lead byte
+#: JSON allows: JSON text begins with whitespace or a value).
+_MSGPACK_MAP: Final = frozenset({*range(0x80, 0x90), 0xDE, 0xDF})
+
+_decode_msgpack = msgspec.msgpack.Decoder().decode
+
+
+def is_msgpack(value: bytes) -> bool:
+    """Whether a raw message is MessagePack (version 3) rather than JSON (1, 2)."""
+    return bool(value) and value[0] in _MSGPACK_MAP
+
+
+class TooDeep(InvalidEnvelope):
+    """A message nests arrays and maps deeper than a reader decodes: ``depth`` deep
+    (at least; ``None`` when the decoder itself gave up)."""
+
+    def __init__(self, depth: int | None, limit: int):
+        super().__init__(f"nested {depth if depth else f'more than {limit}'} deep")
+        self.depth = depth
+        self.limit = limit
+
+
+def decoded_depth(value: Any, limit: int) -> int:
+    """0 when the lists and dicts of a decoded ``value`` nest at most ``limit`` deep,
+    else how deep they nest (found a level at a time, each level in one pass)."""
+    level = [value] if type(value) is list or type(value) is dict else []
+    depth = 0
+    while level:
+        depth += 1
+        values = chain.from_iterable(c.values() if type(c) is dict else c for c in level)
+        level = [v for v in values if type(v) is list or type(v) is dict]
+    return depth if depth > limit else 0
+
+
+def decode_envelope(value: bytes, max_depth: int | None = None) -> Any:
+    """A raw message decoded, MessagePack or JSON (:func:`is_msgpack`), not validated
+    (:func:`validate_envelope` does). Raises :class:`InvalidEnvelope` when it does not
+    decode, :class:`TooDeep` when MessagePack nests deeper than ``max_depth`` (JSON's
+    depth is for the caller to check on its bytes, before decoding)."""
+    if is_msgpack(value):
+        try:
+            decoded = _decode_msgpack(value)
+        except RecursionError:
+            raise TooDeep(None, max_depth or 0) from None
+        except (msgspec.DecodeError, ValueError, TypeError) as e:
+            raise InvalidEnvelope(f"not MessagePack: {e}") from None
+        if max_depth is not None and (depth := decoded_depth(decoded, max_depth)):
+            raise TooDeep(depth, max_depth)
+        return decoded
+    try:
+        return orjson.loads(value)
+    except orjson.JSONDecodeError as e:
+        raise InvalidEnvelope(f"not JSON: {e}") from None
+
+
+def payload_text(value: bytes, max_chars: int) -> str:
+    """A raw message as a dead letter keeps it: JSON as its text (UTF-8, invalid bytes
+    replaced), MessagePack as the JSON text of what it decodes to (bytes as their
+    ``repr``), else ``"msgpack:"`` and its bytes in hex; at most ``max_chars``."""
+    if is_msgpack(value):
+        try:
+            decoded = _decode_msgpack(value)
+            return orjson.dumps(decoded, default=repr, option=orjson.OPT_NON_STR_KEYS)[
+                :4 * max_chars].decode("utf-8", "replace")[:max_chars]
+        except (RecursionError, ValueError, TypeError, msgspec.DecodeError):
+            return ("msgpack:" + value[:max_chars // 2].hex())[:max_chars]
+    return value[:4 * max_chars].decode("utf-8", "replace")[:max_chars]

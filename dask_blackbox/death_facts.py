@@ -106,7 +106,8 @@ class DeathFacts:
     def lifecycle(self, ev: Mapping[str, Any]) -> Removal | None:
         """A LIFECYCLE event; the :class:`Removal` of a ``worker_removed``."""
         action, ts = ev.get("action"), float(ev["ts"])
-        detail = ev.get("detail") if isinstance(ev.get("detail"), dict) else {}
+        raw = ev.get("detail")
+        detail: dict = raw if isinstance(raw, dict) else {}
         worker = ev.get("worker")
         if action == "worker_added" and isinstance(worker, str):
             self.workers[worker] = Joined.of(detail, ts)

@@ -34,14 +34,16 @@ def serve(registry: CollectorRegistry, host: str, port: int, key: str):
     return server, f"http://{shown}:{bound}/metrics"
 
 
-def consumer_lag(consumer, positions: dict[tuple[str, int], int]) -> dict[str, int]:
+def consumer_lag(consumer, positions: dict[tuple[str, int], int],
+                 ends: dict | None = None) -> dict[str, int]:
     """topic -> messages not consumed yet, for the partitions an aiokafka ``consumer``
-    is assigned: the partition's high watermark (as of the consumer's last fetch)
-    less ``positions`` (the next offset the caller will process; where unknown, the
-    partition counts 0)."""
+    is assigned: the partition's end (from ``ends``, a TopicPartition -> offset map
+    as ``end_offsets`` returns; else its high watermark as of the consumer's last
+    fetch) less ``positions`` (the next offset the caller will process; where
+    unknown, the partition counts 0)."""
     lag: dict[str, int] = {}
     for tp in consumer.assignment():
-        high = consumer.highwater(tp)
+        high = ends.get(tp) if ends is not None else consumer.highwater(tp)
         position = positions.get((tp.topic, tp.partition))
         lag.setdefault(tp.topic, 0)
         if high is not None and position is not None:

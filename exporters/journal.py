@@ -17,7 +17,9 @@ The protocol:
 2. Finished spans (a cluster that ended, a span done and quiet) move from their
    tables to the outbox in one transaction (:meth:`Journal.finish_ready`).
 3. The outbox is sent in order; an item leaves it (:meth:`Journal.done`) only after
-   the receiver acknowledged it. A crash before that sends it again after the
+   the receiver acknowledged it, or when the receiver refused it alone: then it is
+   set aside (:meth:`Journal.set_aside`, table ``set_aside``, with the reason) so
+   that nothing one item holds stops the items after it. A crash before that sends it again after the
    restart: the one window where a span can be sent twice is between the
    receiver's acknowledgement and that one transaction, and the span's id is
    deterministic (:mod:`.ids`), so a backend can tell it is the same span.
@@ -29,7 +31,10 @@ and nanny its worker joined with), and classifies the removal when the run ends,
 earlier, once the cluster's events are
 :data:`~dask_blackbox.death_facts.FACT_WINDOW_S` past it (its facts are then
 forgotten); only a death becomes a ``dask.worker.death`` event of the run span
-(:func:`.traces.death_event`).
+(:func:`.traces.death_event`), and each task its removal took out of processing a
+``died`` span (:func:`.traces.died_span`): the journal keeps when each task of a running
+cluster last entered processing (table ``processing``) and the tasks that left it
+unfinished (``left_processing``) until their removal is classified.
 
 Each transaction is durable when it returns (WAL, ``synchronous=FULL``). One exporter
 owns a journal at a time (an exclusive ``flock`` on ``journal.lock``): a second one
@@ -60,6 +65,8 @@ CREATE TABLE IF NOT EXISTS offsets (topic TEXT, partition INTEGER, next_offset I
                                     PRIMARY KEY (topic, partition));
 CREATE TABLE IF NOT EXISTS outbox (seq INTEGER PRIMARY KEY AUTOINCREMENT, kind TEXT,
                                    item BLOB);
+CREATE TABLE IF NOT EXISTS set_aside (seq INTEGER PRIMARY KEY, kind TEXT, item BLOB,
+                                      reason TEXT, at REAL);
 CREATE TABLE IF NOT EXISTS producers (producer_id TEXT PRIMARY KEY, last_seq INTEGER);
 CREATE TABLE IF NOT EXISTS clusters (cluster_id TEXT PRIMARY KEY, name TEXT,
     first_ns INTEGER, last_ns INTEGER, closed_at REAL, touched REAL,
@@ -70,6 +77,11 @@ CREATE TABLE IF NOT EXISTS spans (cluster_id TEXT, span_id TEXT, version INTEGER
 CREATE TABLE IF NOT EXISTS events (cluster_id TEXT, span_id TEXT, kind TEXT, event BLOB);
 CREATE INDEX IF NOT EXISTS events_by_span ON events (cluster_id, span_id);
 CREATE TABLE IF NOT EXISTS death_facts (cluster_id TEXT PRIMARY KEY, state BLOB);
+CREATE TABLE IF NOT EXISTS processing (cluster_id TEXT, key TEXT, entered REAL,
+    PRIMARY KEY (cluster_id, key));
+CREATE TABLE IF NOT EXISTS left_processing (cluster_id TEXT, stimulus_id TEXT, task BLOB,
+    left_at REAL);
+CREATE INDEX IF NOT EXISTS left_by_stimulus ON left_processing (cluster_id, stimulus_id);
 CREATE TABLE IF NOT EXISTS summaries (cluster_id TEXT, prefix TEXT, action TEXT,
     actions INTEGER, seconds REAL, first_ns INTEGER, last_ns INTEGER,
     PRIMARY KEY (cluster_id, prefix, action));
@@ -137,18 +149,26 @@ class Journal:
         """Items in the outbox (not yet acknowledged by the receiver)."""
         return self.db.execute("SELECT count() FROM outbox").fetchone()[0]
 
-    def pending(self, limit: int) -> list[tuple[int, Item]]:
+    def pending(self, limit: int, max_bytes: int | None = None) -> list[tuple[int, Item]]:
         """The oldest items of the outbox (at most ``limit``, all of one signal:
-        spans or log records, so one request carries them), with their sequence
-        numbers."""
-        out, kind = [], None
+        spans or log records, so one request carries them; at most ``max_bytes`` of
+        journalled items, and always the first), with their sequence numbers."""
+        out: list[tuple[int, Item]] = []
+        kind, total = None, 0
         for seq, item_kind, item in self.db.execute(
                 "SELECT seq, kind, item FROM outbox ORDER BY seq LIMIT ?", (limit,)):
             if kind is not None and item_kind != kind:
                 break
+            total += len(item)
+            if out and max_bytes is not None and total > max_bytes:
+                break
             kind = item_kind
             out.append((seq, decode(item)))
         return out
+
+    def set_aside_count(self) -> int:
+        """Items the receiver refused alone, kept in table ``set_aside``."""
+        return self.db.execute("SELECT count() FROM set_aside").fetchone()[0]
 
     # ---------------------------------------------------------------- writes
 
@@ -156,6 +176,22 @@ class Journal:
         """The receiver acknowledged these items: forget them."""
         with self._transaction():
             self.db.executemany("DELETE FROM outbox WHERE seq = ?", [(s,) for s in seqs])
+
+    def set_aside(self, seq: int, reason: str) -> None:
+        """The receiver refused this item alone: move it out of the outbox, with why,
+        so the items after it go."""
+        with self._transaction():
+            self.db.execute("INSERT OR REPLACE INTO set_aside (seq, kind, item, reason, at) "
+                            "SELECT seq, kind, item, ?, ? FROM outbox WHERE seq = ?",
+                            (reason, time.time(), seq))
+            self.db.execute("DELETE FROM outbox WHERE seq = ?", (seq,))
+
+    def stop_logs(self) -> int:
+        """The receiver takes no logs: journal none from now on, and forget those the
+        outbox holds (returns how many)."""
+        self.logs = False
+        with self._transaction():
+            return self.db.execute("DELETE FROM outbox WHERE kind = 'log'").rowcount
 
     def _transaction(self):
         db = self.db
@@ -269,6 +305,8 @@ class Journal:
                 if cap.admit(span):
                     self._put("span", Item(resource, span=span))
                     counts["task_spans"] += 1
+            if live:
+                self._track_processing(cluster_id, ev)
             if ev.get("finish") == "erred":
                 if live:
                     self._event(cluster_id, ev.get("span_id") or "", "exception",
@@ -289,6 +327,24 @@ class Journal:
         elif facts is not None:
             facts.read(ev)  # a nanny's record of a process's end, Dask's structured events
 
+    def _track_processing(self, cluster_id: str, tr: Mapping) -> None:
+        """Keep when a task entered processing; a task leaving it unfinished is kept
+        with that time until the removal that may have caused it is classified."""
+        start, finish, key = tr.get("start"), tr.get("finish"), tr["key"]
+        if finish == "processing":
+            self.db.execute("INSERT INTO processing VALUES (?, ?, ?) ON CONFLICT (cluster_id, "
+                            "key) DO UPDATE SET entered = excluded.entered",
+                            (cluster_id, key, float(tr["ts"])))
+        elif start == "processing":
+            row = self.db.execute("DELETE FROM processing WHERE cluster_id = ? AND key = ? "
+                                  "RETURNING entered", (cluster_id, key)).fetchone()
+            if row is not None and finish not in traces.FINISHED and tr.get("stimulus_id"):
+                task = traces.LeftProcessing(key, tr.get("prefix") or "", tr.get("group") or "",
+                                             tr.get("span_id") or None, tr["stimulus_id"],
+                                             row[0], float(tr["ts"]))
+                self.db.execute("INSERT INTO left_processing VALUES (?, ?, ?, ?)",
+                                (cluster_id, task.stimulus_id, orjson.dumps(list(task)), task.left))
+
     def _facts(self, cluster_id: str) -> DeathFacts:
         """The facts kept of a cluster whose run has not ended."""
         row = self.db.execute("SELECT state FROM death_facts WHERE cluster_id = ?",
@@ -305,6 +361,10 @@ class Journal:
             horizon = last_ns / 1e9 - FACT_WINDOW_S
             self._classify_removals(cluster_id, facts, before=horizon)
             facts.prune(horizon)
+            # a task that left processing well before any removal still waiting (a
+            # steal, a cancellation) is no removal's
+            self.db.execute("DELETE FROM left_processing WHERE cluster_id = ? AND left_at < ?",
+                            (cluster_id, horizon - FACT_WINDOW_S))
         self.db.execute("INSERT INTO death_facts VALUES (?, ?) ON CONFLICT (cluster_id) "
                         "DO UPDATE SET state = excluded.state",
                         (cluster_id, orjson.dumps(facts.state())))
@@ -320,9 +380,25 @@ class Journal:
             if before is not None and removal.ts >= before:
                 continue
             death = Classified(removal, facts.verdict(removal))
+            left = self.db.execute(
+                "DELETE FROM left_processing WHERE cluster_id = ? AND stimulus_id = ? "
+                "RETURNING task", (cluster_id, removal.stimulus_id)).fetchall()
             if death.is_death:
                 self._event(cluster_id, "", "death", traces.death_event(death))
+                self._died(cluster_id, death, [traces.LeftProcessing(*orjson.loads(t))
+                                               for t, in left])
             self.db.execute("DELETE FROM events WHERE rowid = ?", (rowid,))
+
+    def _died(self, cluster_id: str, death: Classified,
+              left: list[traces.LeftProcessing]) -> None:
+        """The spans of the tasks ``death`` took out of processing, to send."""
+        if not left:
+            return
+        name, = self.db.execute("SELECT name FROM clusters WHERE cluster_id = ?",
+                                (cluster_id,)).fetchone()
+        resource = traces.resource(cluster_id, name)
+        for span in traces.died_spans(cluster_id, sorted(left, key=lambda t: t.left), [death]):
+            self._put("span", Item(resource, span=span))
 
     def _event(self, cluster_id: str, span_id: str, kind: str, event) -> None:
         blob = _events.encode(event) if isinstance(event, SpanEvent) else orjson.dumps(event)
@@ -419,6 +495,8 @@ class Journal:
             "SELECT event FROM events WHERE cluster_id = ?", (cluster_id,)).fetchall()]
         self.db.execute("DELETE FROM events WHERE cluster_id = ?", (cluster_id,))
         self.db.execute("DELETE FROM death_facts WHERE cluster_id = ?", (cluster_id,))
+        self.db.execute("DELETE FROM processing WHERE cluster_id = ?", (cluster_id,))
+        self.db.execute("DELETE FROM left_processing WHERE cluster_id = ?", (cluster_id,))
         first_ns, last_ns = self.db.execute("SELECT first_ns, last_ns FROM clusters WHERE "
                                             "cluster_id = ?", (cluster_id,)).fetchone()
         if first_ns is None:  # nothing with a time but logs: the run is its close

@@ -6,20 +6,39 @@ exporters (HTTP/protobuf or gRPC, :attr:`~.settings.OtlpSettings.protocol`).
 here) and hands them to ``OTLPSpanExporter`` / ``OTLPLogExporter``, which retry
 transient failures (connection errors, 429, 502-504, gRPC UNAVAILABLE...) with
 exponential backoff within ``timeout``. A request that still fails raises
-:class:`ExportFailed`, whose one-line message names the endpoint and the SDK's
-reason (refused connection, HTTP status, gRPC code); retrying it later is the
-caller's choice.
+:class:`ExportFailed`, whose one-line message names the endpoint (scheme, host and
+port only: never its credentials or path) and the SDK's reason (refused connection,
+HTTP status, gRPC code); retrying it later is the caller's choice.
+
+A request carries one signal and at most ``batch_max_spans`` items and
+``batch_max_bytes`` bytes of protobuf (measured before it is sent: a request over it
+is refused here, as the receiver would refuse it). :class:`ExportFailed` says whether
+the receiver *refused* the request as it is (a smaller one may pass: gRPC
+RESOURCE_EXHAUSTED), whether for what it holds (*bad*: HTTP 400 or 413, gRPC
+INVALID_ARGUMENT or a message over the receiver's size limit, or over the byte cap
+here: sent again whole, it would be refused again), and whether the receiver *takes
+no logs* (HTTP 404 on ``/v1/logs``, gRPC UNIMPLEMENTED for logs: a Jaeger takes
+traces only).
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import socket
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 from urllib.parse import urlparse
 
-from .model import Item, LogData, SpanData
+from dask_blackbox import config
+
+from .model import Item, LogData, SpanData, Value
 from .settings import OtlpSettings
+
+if TYPE_CHECKING:  # the SDK is imported when a sender is made
+    from opentelemetry.sdk._logs.export import LogRecordExporter
+    from opentelemetry.sdk.resources import Resource as SdkResource
+    from opentelemetry.sdk.trace.export import SpanExporter
 
 #: The instrumentation scope of every span: this package.
 SCOPE = "dask_blackbox.exporters"
@@ -27,8 +46,29 @@ SCOPE = "dask_blackbox.exporters"
 _GENERIC = ("Failed to export spans batch due to timeout", "Failed to export logs batch due to timeout")
 
 
+#: How a receiver refuses a request for what it holds (HTTP 400, 413; gRPC
+#: INVALID_ARGUMENT, or RESOURCE_EXHAUSTED for a message over its size limit): sent
+#: again whole it is refused again, and an item refused so alone never goes.
+_BAD_REQUEST = re.compile(r"batch code: (400|413)\b|error code: StatusCode\.INVALID_ARGUMENT\b"
+                          r"|StatusCode\.RESOURCE_EXHAUSTED\b.*larger than max"
+                          r"|exceeds max_request_size")
+#: A refusal that a smaller request may pass (a receiver short of memory); an item
+#: refused so alone waits and is tried again.
+_TOO_MUCH = re.compile(r"error code: StatusCode\.RESOURCE_EXHAUSTED\b")
+
+
 class ExportFailed(ConnectionError):
-    """The OTLP receiver did not take a request; the message says where and why."""
+    """The OTLP receiver did not take a request; the message says where and why.
+    ``refused``: the receiver answered and refused this request as it is (a smaller
+    one may go); ``bad``: for what it holds (an item refused so alone never goes);
+    ``no_logs``: the receiver takes no log records at all. A receiver that cannot be
+    reached, times out, or refuses every request (401, 403, 503...) is none of these:
+    the same request is tried again later."""
+
+    def __init__(self, message: str, refused: bool = False, bad: bool = False,
+                 no_logs: bool = False) -> None:
+        super().__init__(message)
+        self.refused, self.bad, self.no_logs = refused or bad, bad, no_logs
 
 
 class _Reasons(logging.Handler):
@@ -53,28 +93,35 @@ class OtlpSender:
     def __init__(self, settings: OtlpSettings) -> None:
         self.settings = settings
         headers = dict(settings.headers) or None
+        self.spans: SpanExporter
+        self.logs: LogRecordExporter
         if settings.protocol == "grpc":
-            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import OTLPLogExporter
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+            from opentelemetry.exporter.otlp.proto.grpc._log_exporter import (
+                OTLPLogExporter as GrpcLogExporter,
+            )
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import (
+                OTLPSpanExporter as GrpcSpanExporter,
+            )
 
             parsed = urlparse(settings.endpoint)
             target = f"{parsed.hostname}:{parsed.port or 4317}"
             insecure = parsed.scheme == "http"
-            self.where = f"{settings.endpoint} (gRPC)"
-            self.spans = OTLPSpanExporter(endpoint=target, insecure=insecure, headers=headers,
+            self.where = f"{config.display_url(settings.endpoint)} (gRPC)"
+            self.spans = GrpcSpanExporter(endpoint=target, insecure=insecure, headers=headers,
                                           timeout=settings.timeout)
-            self.logs = OTLPLogExporter(endpoint=target, insecure=insecure, headers=headers,
+            self.logs = GrpcLogExporter(endpoint=target, insecure=insecure, headers=headers,
                                         timeout=settings.timeout)
         else:
             from opentelemetry.exporter.otlp.proto.http._log_exporter import OTLPLogExporter
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
-            self.where = f"{settings.endpoint}/v1/traces"
+            self.where = config.display_url(settings.endpoint)
             self.spans = OTLPSpanExporter(endpoint=f"{settings.endpoint}/v1/traces",
                                           headers=headers, timeout=settings.timeout)
             self.logs = OTLPLogExporter(endpoint=f"{settings.endpoint}/v1/logs",
                                         headers=headers, timeout=settings.timeout)
-        self._resources: dict[str, object] = {}
+        #: cluster id -> (its resource attributes, the SDK Resource made of them)
+        self._resources: dict[str, tuple[dict[str, Value], SdkResource]] = {}
 
     # ------------------------------------------------------------- conversion
 
@@ -128,16 +175,45 @@ class OtlpSender:
 
     # ------------------------------------------------------------------ send
 
-    def send(self, items: Sequence[Item]) -> None:
-        """Export ``items`` (spans and log records, in requests of at most
-        ``batch_max_spans``); ExportFailed when the receiver does not take one."""
+    def send(self, items: Sequence[Item], split: bool = True) -> None:
+        """Export ``items`` (spans and log records, each signal in requests of at most
+        ``batch_max_spans`` items and ``batch_max_bytes`` bytes); ExportFailed when the
+        receiver does not take one (an item over the byte cap alone: *bad*). With
+        ``split`` False, ``items`` over the byte cap are not split here but refused
+        whole (the continuous exporter splits them itself, so that a request is
+        acknowledged whole or not at all)."""
+        from opentelemetry.exporter.otlp.proto.common._log_encoder import encode_logs
+        from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
+
         spans = [self._readable_span(i.span, self._resource(i)) for i in items if i.span is not None]
         logs = [self._readable_log(i.log, self._resource(i)) for i in items if i.log is not None]
         size = self.settings.batch_max_spans
         for start in range(0, len(spans), size):
-            self._request(self.spans, spans[start:start + size], "spans")
+            self._capped(self.spans, spans[start:start + size], "spans", encode_spans, split)
         for start in range(0, len(logs), size):
-            self._request(self.logs, logs[start:start + size], "log records")
+            self._capped(self.logs, logs[start:start + size], "log records", encode_logs, split)
+
+    def _capped(self, exporter, batch: list, what: str, encode, split: bool) -> None:
+        """Send ``batch`` in requests within the byte cap (halves, as often as needed)."""
+        try:
+            n_bytes = encode(batch).ByteSize()
+        except Exception as e:  # an encoding error: name it
+            raise ExportFailed(f"cannot encode {len(batch)} {what} for {self.where}: "
+                               f"{type(e).__name__}: {e}", bad=True) from e
+        cap = self.settings.batch_max_bytes
+        if n_bytes > cap:
+            if len(batch) == 1:
+                raise ExportFailed(f"one of the {what} is {n_bytes} bytes, more than a request "
+                                   f"holds (blackbox.exporter.batch-max-bytes={cap})", bad=True)
+            if not split:
+                raise ExportFailed(f"{len(batch)} {what} are {n_bytes} bytes, more than a "
+                                   f"request holds (blackbox.exporter.batch-max-bytes={cap})",
+                                   refused=True)
+            half = len(batch) // 2
+            self._capped(exporter, batch[:half], what, encode, split)
+            self._capped(exporter, batch[half:], what, encode, split)
+            return
+        self._request(exporter, batch, what)
 
     def _request(self, exporter, batch: list, what: str) -> None:
         reasons = _Reasons()
@@ -149,17 +225,24 @@ class OtlpSender:
             result = exporter.export(batch)
         except Exception as e:  # an SDK bug or an encoding error: name it, never hang
             raise ExportFailed(f"cannot export {len(batch)} {what} to {self.where}: "
-                               f"{type(e).__name__}: {e}") from e
+                               f"{type(e).__name__}: {config.redact(e)}") from e
         finally:
             sdk.removeHandler(reasons)
             sdk.propagate = propagate
         if getattr(result, "name", str(result)) != "SUCCESS":
             why = [m for m in reasons.messages if not m.startswith(_GENERIC)
                    and not m.startswith("Transient error")]
-            reason = self._diagnose() or (why[-1] if why else (
-                f"not acknowledged within blackbox.exporter.timeout={self.settings.timeout:g}s"))
+            said = " ".join(why)
+            bad = bool(_BAD_REQUEST.search(said))
+            refused = bad or bool(_TOO_MUCH.search(said))
+            no_logs = exporter is self.logs and bool(
+                re.search(r"batch code: 404\b", said) or "StatusCode.UNIMPLEMENTED" in said)
+            reason = (None if refused else self._diagnose()) or (
+                config.redact(why[-1]).replace(self.settings.endpoint, self.where)
+                if why else (f"not acknowledged within "
+                             f"blackbox.exporter.timeout={self.settings.timeout:g}s"))
             raise ExportFailed(f"the OTLP receiver at {self.where} did not take {len(batch)} "
-                               f"{what}: {reason}")
+                               f"{what}: {reason}", refused=refused, bad=bad, no_logs=no_logs)
 
     def _diagnose(self) -> str | None:
         """Why a request may have failed when the SDK does not say: nothing listens

@@ -17,16 +17,23 @@ Three things go on at once:
   in the pipeline waits for the exporter);
 - **finishing**: every half second, spans that finished (:meth:`.Journal.finish_ready`:
   clusters that ended, spans done and quiet) move to the outbox;
-- **sending**: the outbox is sent in order, ``batch-max-spans`` at a time, and an
-  item leaves it once the receiver acknowledged it. A request that fails (after the
-  SDK's own retries within ``timeout``) is logged in one line and tried again after
-  a wait that doubles each time up to ``retry-backoff-max``.
+- **sending**: the outbox is sent in order, ``batch-max-spans`` items and
+  ``batch-max-bytes`` bytes at a time, one signal a request (spans and log records
+  are acknowledged apart: an accepted part is never sent again), and an item leaves
+  it once the receiver acknowledged it. A request that fails (after the SDK's own
+  retries within ``timeout``) is logged in one line and tried again after a wait
+  that doubles each time up to ``retry-backoff-max``; one the receiver refuses as it
+  is (too large, invalid) is split instead, and an item it refuses alone is set
+  aside (journal table ``set_aside``, ``dask_blackbox_export_set_aside_total``, one
+  line): no item stops the outbox. A receiver that answers 404 on ``/v1/logs``
+  takes no logs: one line, and no log record goes to it from then on.
 
 On start-up it prints one line ``exporter ready ...`` on stdout; a bad setting, an
 unreachable Kafka or a journal owned by another exporter is a one-line error.
 ``/metrics`` (``metrics-port``): ``dask_blackbox_export_backlog``,
 ``dask_blackbox_exported_spans_total``, ``dask_blackbox_exported_logs_total``,
-``dask_blackbox_export_failures_total``, ``dask_blackbox_export_summarised_total``,
+``dask_blackbox_export_failures_total``, ``dask_blackbox_export_set_aside_total``,
+``dask_blackbox_export_summarised_total``,
 ``dask_blackbox_export_late_updates_total``, ``dask_blackbox_consumer_lag``.
 """
 
@@ -38,7 +45,6 @@ import os
 import signal
 import time
 
-import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.errors import KafkaError
 from prometheus_client import Counter, Gauge
@@ -89,6 +95,9 @@ class Exporter:
         self.pause = PausePoint(settings.pause_at, settings.journal_dir)
         self._stop = asyncio.Event()
         self._paused = False
+        self._ends_asked = 0.0
+        self._probe: AIOKafkaConsumer | None = None  # no group: asks for the partitions' ends
+        self._beginnings: dict[tuple[str, int], int] = {}
         self.registry = metrics.registry()
         r = self.registry
         self.backlog = Gauge("dask_blackbox_export_backlog",
@@ -104,6 +113,10 @@ class Exporter:
                                   "Task actions beyond max-task-spans, summarised", registry=r)
         self.late = Counter("dask_blackbox_export_late_updates",
                             "Span snapshots that arrived after their span was exported", registry=r)
+        self.set_aside = Counter("dask_blackbox_export_set_aside",
+                                 "Items the receiver refused alone, set aside in the journal",
+                                 registry=r)
+        self.set_aside.inc(self.journal.set_aside_count())
         self.lag = Gauge(metrics.LAG, metrics.LAG_HELP, ["group", "topic"], registry=r)
         self.backlog.set_function(self.journal.backlog)
 
@@ -130,14 +143,11 @@ class Exporter:
         done = self.journal.offsets()
         beginnings = await self.consumer.beginning_offsets(partitions)
         # one past each partition's last record (Tansu reports less: kafka.record_ends)
-        probe = AIOKafkaConsumer(**self.s.kafka.client_kwargs(), group_id=None,
-                                 enable_auto_commit=False)
+        self._probe = probe = AIOKafkaConsumer(**self.s.kafka.client_kwargs(), group_id=None,
+                                               enable_auto_commit=False)
         await probe.start()
-        try:
-            ends = await kafka.record_ends(probe, await probe.end_offsets(partitions), beginnings)
-        finally:
-            await asyncio.sleep(0)
-            await probe.stop()
+        ends = await kafka.record_ends(probe, await probe.end_offsets(partitions), beginnings)
+        self._beginnings = {(tp.topic, tp.partition): o for tp, o in beginnings.items()}
         for tp in partitions:
             offset = done.get((tp.topic, tp.partition))
             if offset is None or offset < beginnings[tp]:
@@ -155,6 +165,9 @@ class Exporter:
 
     async def close(self) -> None:
         await self.consumer.stop()
+        if self._probe is not None:
+            await asyncio.sleep(0)  # aiokafka: stop() before its group task ran raises CancelledError
+            await self._probe.stop()
         self.sender.close()
         self.journal.close()
 
@@ -172,8 +185,8 @@ class Exporter:
                 topic = self.topics[tp.topic]
                 for m in messages:
                     try:
-                        value = orjson.loads(m.value) if m.value else None
-                    except orjson.JSONDecodeError:
+                        value = contract.decode_envelope(m.value) if m.value else None
+                    except contract.InvalidEnvelope:
                         value = None
                     records.append(Record(topic, tp.topic, tp.partition, m.offset, value))
             if records:
@@ -182,7 +195,7 @@ class Exporter:
                 self.late.inc(applied.late)
                 await self.pause.reached("after-journal")
                 await self._commit()
-            self._measure_lag()
+            await self._measure_lag()
 
     def _flow(self) -> int:
         """Pause reading while the backlog is full, resume once it is not; returns how
@@ -206,9 +219,25 @@ class Exporter:
         except KafkaError as e:  # the journal has them; the group's copy is for monitoring
             logger.warning("could not commit offsets to group %s: %s", self.s.group_id, e)
 
-    def _measure_lag(self) -> None:
-        positions = self.journal.offsets()
-        for topic, n in metrics.consumer_lag(self.consumer, positions).items():
+    async def _measure_lag(self) -> None:
+        """The lag gauge: from each partition's position (where nothing was read yet,
+        its beginning). A paused partition is not fetched, so its high watermark
+        stands still: while reading is paused the partitions' record ends are asked
+        of the broker (at most once a second), and the gauge shows the lag growing."""
+        ends = None
+        if self._paused and self._probe is not None:
+            if time.monotonic() - self._ends_asked < 1.0:
+                return
+            self._ends_asked = time.monotonic()
+            parts = list(self.consumer.assignment())
+            try:
+                ends = await kafka.record_ends(self._probe, await self._probe.end_offsets(parts),
+                                               await self._probe.beginning_offsets(parts))
+            except KafkaError as e:
+                logger.warning("could not ask the broker for the partitions' ends: %s", e)
+                return
+        positions = {**self._beginnings, **self.journal.offsets()}
+        for topic, n in metrics.consumer_lag(self.consumer, positions, ends).items():
             self.lag.labels(self.s.group_id, topic).set(n)
 
     async def _finish(self) -> None:
@@ -217,17 +246,45 @@ class Exporter:
             await asyncio.sleep(0.5)
 
     async def _send(self) -> None:
+        """The outbox, oldest first, in requests of one signal within the item and
+        byte caps. A request the receiver refuses as it is (:class:`ExportFailed`
+        ``refused``) is split: half as many items next time, down to one; an item it
+        refuses alone for what it holds (``bad``) is set aside. A receiver that takes
+        no logs gets none from then on. Any other failure waits (doubling) and tries
+        the same request again."""
         backoff = 0.0
+        otlp = self.s.otlp
+        limit = otlp.batch_max_spans
         while not self._stop.is_set():
-            batch = self.journal.pending(self.s.otlp.batch_max_spans)
+            # the journal's msgpack is near the request's protobuf: a margin keeps a
+            # request within the cap, which refuses (and so splits) one past it
+            batch = self.journal.pending(limit, otlp.batch_max_bytes * 3 // 4)
             if not batch:
                 await asyncio.sleep(0.1)
                 continue
             items = [item for _, item in batch]
             try:
-                await asyncio.to_thread(self.sender.send, items)
+                await asyncio.to_thread(self.sender.send, items, False)
             except ExportFailed as e:
                 self.failures.inc()
+                if e.no_logs and items[0].log is not None:
+                    dropped = self.journal.stop_logs()
+                    logger.warning("%s: this receiver takes no logs; log records are not exported "
+                                   "to it from now on (%d dropped from the journal; "
+                                   "blackbox.exporter.logs=false says so)", e, dropped)
+                    continue
+                if e.refused and len(batch) > 1:
+                    limit = max(1, len(batch) // 2)
+                    logger.warning("%s; sending %d at a time", e, limit)
+                    continue
+                if e.bad:
+                    seq = batch[0][0]
+                    self.journal.set_aside(seq, str(e))
+                    self.set_aside.inc()
+                    logger.warning("%s; set aside (journal table set_aside, seq %d), the rest goes on",
+                                   e, seq)
+                    limit = otlp.batch_max_spans
+                    continue
                 backoff = min(max(backoff * 2, 0.5), self.s.retry_backoff_max)
                 logger.warning("%s; %d items wait in the journal, retrying in %.1fs",
                                e, self.journal.backlog(), backoff)
@@ -237,6 +294,7 @@ class Exporter:
                     pass
                 continue
             backoff = 0.0
+            limit = min(limit * 2, otlp.batch_max_spans)
             self.journal.done(seq for seq, _ in batch)
             n_logs = sum(1 for i in items if i.log is not None)
             self.exported.inc(len(items) - n_logs)
@@ -258,7 +316,7 @@ async def serve() -> None:
             server, url = metrics.serve(exporter.registry, s.metrics_host, s.metrics_port,
                                         "blackbox.exporter.metrics-port")
         runfiles.write(s.data_dir, runfiles.EXPORTER, {
-            "pid": os.getpid(), "endpoint": config.redact(s.otlp.endpoint),
+            "pid": os.getpid(), "endpoint": config.display_url(s.otlp.endpoint),
             "journal": str(exporter.journal.path), "started_at": time.time(), "metrics_url": url})
         loop = asyncio.get_running_loop()
         for signum in (signal.SIGTERM, signal.SIGINT):

@@ -25,19 +25,25 @@ PAUSE_POINTS = ("after-journal", "after-export")
 
 def check_endpoint(endpoint: str, protocol: str, key: str = "blackbox.exporter.endpoint") -> str:
     """``endpoint`` if it is an http(s) URL with a host, else a ConfigError naming
-    ``key``; a trailing ``/`` is removed."""
-    parsed = urlparse(str(endpoint))
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
-        raise ConfigError(f"{key}: {config.redact(endpoint)!r} is not an http:// or https:// "
-                          "URL with a host (e.g. http://127.0.0.1:4318)")
+    ``key``; a trailing ``/`` is removed, and so is ``/v1/traces`` or ``/v1/logs``
+    (the signal's path is added to the base URL, never doubled)."""
+    shown = config.display_url(endpoint)
     try:
+        parsed = urlparse(str(endpoint))
         parsed.port
-    except ValueError:
-        raise ConfigError(f"{key}: {config.redact(endpoint)!r} has a bad port") from None
-    if protocol == "grpc" and parsed.path not in ("", "/"):
-        raise ConfigError(f"{key}: {config.redact(endpoint)!r}: a gRPC endpoint is host:port "
-                          "only (no path)")
-    return str(endpoint).rstrip("/")
+    except ValueError as e:
+        raise ConfigError(f"{key}: {shown!r} is not a URL: {e} "
+                          "(e.g. http://127.0.0.1:4318, http://[::1]:4318)") from None
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise ConfigError(f"{key}: {shown!r} is not an http:// or https:// "
+                          "URL with a host (e.g. http://127.0.0.1:4318)")
+    base = str(endpoint).rstrip("/")
+    for suffix in ("/v1/traces", "/v1/logs"):
+        if base.endswith(suffix):
+            base = base[:-len(suffix)]
+    if protocol == "grpc" and urlparse(base).path not in ("", "/"):
+        raise ConfigError(f"{key}: {shown!r}: a gRPC endpoint is host:port only (no path)")
+    return base
 
 
 def parse_pause_at(setting) -> tuple[str, int] | None:
@@ -68,6 +74,8 @@ class OtlpSettings:
     max_task_spans: int = 10_000
     #: ``blackbox.exporter.batch-max-spans``
     batch_max_spans: int = 512
+    #: ``blackbox.exporter.batch-max-bytes``: a request's protobuf encoding, at most
+    batch_max_bytes: int = 3 * 2**20
     #: ``blackbox.exporter.logs``
     logs: bool = True
 
@@ -99,6 +107,7 @@ class OtlpSettings:
             timeout=config.get_seconds("exporter.timeout", minimum=0.001),
             max_task_spans=config.get_int("exporter.max-task-spans", minimum=0),
             batch_max_spans=config.get_int("exporter.batch-max-spans"),
+            batch_max_bytes=config.get_bytes("exporter.batch-max-bytes"),
             logs=bool(config.get("exporter.logs")),
         )
 

@@ -35,6 +35,13 @@ The trace of a run (one Dask cluster):
   ``max-task-spans`` of them per trace (:class:`TaskCap`); the rest become one
   summary span per prefix and action (``<action> <prefix> (summary)``: how many,
   their seconds, first start to last stop);
+- **one span per task running when its worker died** (it reported no ``startstops``:
+  :func:`died_spans`), named ``died <prefix>``, from its last entry into processing to
+  the transition its worker's removal made of it, status ERROR ("running when its
+  worker died: <cause>"), ``dask.task.action`` "died", with the key, prefix, group and
+  the dead worker's address, child of the task's Dask span; the read side draws the
+  same tasks hatched on its time axes. They are not capped (a death ends at most the
+  few tasks its worker was running);
 - the resource names the cluster (:func:`resource_attributes`).
 
 Span kinds are INTERNAL; names are low-cardinality (no keys in them).
@@ -44,7 +51,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 from dask_blackbox.causes import Classified
 
@@ -123,6 +130,51 @@ def task_spans(cluster_id: str, tr: Mapping[str, Any]) -> list[SpanData]:
                             f"{action} {prefix}" if prefix else action, start, max(stop, start),
                             attributes, [], error))
     return out
+
+
+class LeftProcessing(NamedTuple):
+    """A task that left processing without finishing (a scheduler transition from
+    processing to anything but memory or erred: a worker's removal, a steal, a
+    cancellation), and when it last entered processing."""
+
+    key: str
+    prefix: str
+    group: str
+    span_id: str | None
+    stimulus_id: str
+    entered: float
+    #: the time of the transition out of processing
+    left: float
+
+
+#: What a scheduler transition out of processing into one of these is not: a finish.
+FINISHED = frozenset({"memory", "erred"})
+DIED = "died"
+
+
+def died_span(cluster_id: str, task: LeftProcessing, death: Classified) -> SpanData:
+    """A task running when its worker died (``death``), as a span."""
+    attributes: dict[str, Any] = {
+        "dask.task.key": task.key, "dask.task.prefix": task.prefix,
+        "dask.task.group": task.group, "dask.task.action": DIED,
+        "dask.task.state": DIED, "dask.worker.address": death.removal.worker,
+        "dask.stimulus_id": task.stimulus_id,
+    }
+    start, stop = ns(task.entered), ns(task.left)
+    return SpanData(trace_hex(cluster_id), ids.task_span_id(cluster_id, task.key,
+                                                            ids.micros(task.left), 0),
+                    _parent(cluster_id, task.span_id),
+                    f"{DIED} {task.prefix}" if task.prefix else DIED, start, max(stop, start),
+                    attributes, [],
+                    f"running when its worker died: {death.verdict.cause.label}")
+
+
+def died_spans(cluster_id: str, left: Iterable[LeftProcessing],
+               removals: Iterable[Classified]) -> list[SpanData]:
+    """The spans of the tasks that left processing by a removal that was a death."""
+    deaths = {d.removal.stimulus_id: d for d in removals if d.is_death}
+    return [died_span(cluster_id, t, deaths[t.stimulus_id]) for t in left
+            if t.stimulus_id in deaths]
 
 
 def error_event(tr: Mapping[str, Any]) -> SpanEvent:
@@ -222,7 +274,8 @@ class TaskCap:
         if self.admitted < self.limit:
             self.admitted += 1
             return True
-        key = (span.attributes.get("dask.task.prefix", ""), span.attributes.get("dask.task.action", ""))
+        key = (str(span.attributes.get("dask.task.prefix", "")),
+               str(span.attributes.get("dask.task.action", "")))
         s = self.summaries.setdefault(key, [0, 0.0, span.start_ns, span.end_ns])
         s[0] += 1
         s[1] += (span.end_ns - span.start_ns) / 1e9
@@ -285,14 +338,16 @@ def log_data(cluster_id: str, log: Mapping[str, Any], source: str | None = None)
 
 def build_run(cluster_id: str, cluster_name: str | None, spans: Iterable[Mapping],
               transitions: Iterable[Mapping], lifecycle: Iterable[Mapping],
-              max_task_spans: int, *, removals: Iterable[Classified]) -> list[SpanData]:
+              max_task_spans: int, *, removals: Iterable[Classified],
+              left: Iterable[LeftProcessing] = ()) -> list[SpanData]:
     """The whole trace of a recorded run, from its records: ``spans`` (SPAN_STATE
     records, or SPAN events for spans without one), ``transitions`` (TRANSITION
     events with startstops or into erred, in the order of their ``ts``),
     ``lifecycle`` (LIFECYCLE events: they extend the run), and ``removals``: its
-    workers' removals with their verdicts (an event for each that is a death). Task
-    spans beyond ``max_task_spans`` are summarised (:class:`TaskCap`), in the order of
-    the transitions."""
+    workers' removals with their verdicts (an event for each that is a death), and
+    ``left``: its tasks that left processing without finishing (a span for each that a
+    death ended, :func:`died_spans`). Task spans beyond ``max_task_spans`` are
+    summarised (:class:`TaskCap`), in the order of the transitions."""
     cap = TaskCap(max_task_spans)
     out: list[SpanData] = []
     span_events: dict[str, list[SpanEvent]] = {}
@@ -313,7 +368,11 @@ def build_run(cluster_id: str, cluster_name: str | None, spans: Iterable[Mapping
     run_events = list(span_events.pop("", []))
     for lc in lifecycle:
         seen(ns(lc["ts"]), ns(lc["ts"]))
+    removals = list(removals)
     run_events += [death_event(r) for r in removals if r.is_death]
+    for span in died_spans(cluster_id, left, removals):
+        seen(span.start_ns, span.end_ns)
+        out.append(span)
     for state in spans:
         span = dask_span(cluster_id, state, span_events.pop(state["span_id"], ()))
         seen(span.start_ns, span.end_ns)

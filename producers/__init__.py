@@ -7,15 +7,16 @@ dask_blackbox.producers.nanny`` (each process's ``blackbox.*`` config), with
 nanny's), or with :func:`attach` (one call, everything, the client's config).
 
 The route of a record: a hook offers an *item* to its process's buffer
-(:mod:`.buffer`); the drain makes its *row* (:mod:`.rows`) and a sender packs rows into
-envelopes and delivers them (:mod:`.sender`), in a thread of the Dask process or in a
-helper process (:mod:`.relay`); :mod:`.transport` composes the buffer and its drain.
+(:mod:`.buffer`); a sender thread of the Dask process takes the items, writes each run of
+transitions as a *capture* and makes the *row* of every other item (:mod:`.rows`), packs
+them into envelopes and delivers them (:mod:`.sender`); :mod:`.transport` composes the
+buffer and its sender.
 
 This package imports only distributed, aiokafka, orjson, msgspec (cramjam for
 compression) and ``dask_blackbox``'s contract, config and runfiles modules
-(``tests/test_packaging.py`` runs it in a venv holding just those). The names below
-are imported when first used, so that the relay's helper process, which imports
-:mod:`.relay`, does not import Dask's scheduler and worker.
+(``tests/integration/test_packaging.py`` runs it in a venv holding just those). The names below
+are imported when first used: importing one module imports neither Dask's scheduler
+nor its worker.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ once they are delivered or given up.
 The room rule: an item of ``item.weight`` bytes is accepted when the items buffered or
 held number fewer than ``max_items`` and their weights plus its own stay within
 ``max_bytes``. Items taken and not released yet (*held*: being packed, in an envelope
-that is retried, or in a helper process) count against both limits, so an outage can
+that is retried) count against both limits, so an outage can
 neither grow memory past them nor let newer items in behind dropped ones. An item that
 does not fit is dropped (the newest, never the oldest) and counted: events, bytes, and
 the times of the first and last drop not reported yet.
@@ -139,7 +139,7 @@ class Buffer:
         return count
 
     def add_drops(self, drops: DropCount) -> None:
-        """Count drops that happened elsewhere (a relay's Dask process): reported by
+        """Count drops that happened elsewhere (another buffer's): reported by
         :meth:`unreported_drops` as this buffer's own."""
         self.dropped_events += drops.events
         self.dropped_bytes += drops.bytes

@@ -27,6 +27,7 @@ import sys
 import types
 import uuid
 import zoneinfo
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -90,7 +91,7 @@ def _size_of(obj: Any) -> int | None:
                 return base.__len__(obj)
         if t is memoryview:
             return obj.nbytes
-        # distributed's frames, looked up, not imported: a relay helper has no distributed
+        # distributed's frames, looked up, not imported: a producer imports no more than it uses
         serialize = sys.modules.get("distributed.protocol.serialize")
         if serialize is not None and (t is serialize.Serialized or t is serialize.Pickled):
             return sum(memoryview(f).nbytes for f in obj.frames)
@@ -166,7 +167,7 @@ class _Walker:
         self.budget -= len(capped) + 2
         return capped
 
-    def _container(self, obj: Any, base: type, depth: int) -> Any:
+    def _container(self, obj: Any, base: Any, depth: int) -> Any:
         """Walk a dict, list, tuple, set or frozenset (or a subclass, as ``base``)."""
         if id(obj) in self.active:
             self.budget -= 64
@@ -234,7 +235,7 @@ def sanitize(value: Any, max_bytes: int) -> tuple[Any, int]:
     return out, max_bytes - walker.budget
 
 
-def encode_event(event: dict, max_bytes: int) -> bytes:
+def encode_event(event: Mapping[str, Any], max_bytes: int) -> bytes:
     """The orjson encoding of one event, values it cannot encode described; should that
     fail (huge ints, deep nesting, cycles), the encoding of the event sanitized with
     ``max_bytes``, text that is not UTF-8 escaped (:func:`utf8`). Never raises."""

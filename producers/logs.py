@@ -11,6 +11,11 @@ Where: each producer of the process registers its transport (:func:`install`); a
 goes to one, the scheduler's if any, else the first worker's, else the nanny's, so an
 in-process cluster ships it once. Its ``worker`` is the worker whose task thread logged
 it, else that transport's worker (or nanny's worker); its ``key`` the thread's task.
+A record of Dask's nanny (``distributed.nanny``) belongs to the nanny that logged it,
+even where nannies share the scheduler's process (a ``LocalCluster``): it goes through
+that nanny's transport (``source`` "nanny"), naming its worker. Which nanny is read off
+the logging call's frames (the ``Nanny`` or its ``WorkerProcess`` as ``self``); with one
+nanny in the process, that one.
 
 The handler never recurses: records of the recorder's own threads, of aiokafka and of
 this package are ignored, and so is one emitted on a thread while it handles another
@@ -21,9 +26,11 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 import threading
 from collections.abc import Callable
-from typing import NamedTuple
+from types import FrameType
+from typing import Any, NamedTuple
 
 from distributed.utils import thread_state
 
@@ -35,15 +42,19 @@ from dask_blackbox.producers.transport import Transport
 
 _IGNORED_PREFIXES = ("aiokafka", "kafka", "dask_blackbox")  # loggers the recorder uses
 _ORDER = {"scheduler": 0, "worker": 1, "nanny": 2}  # whose transport ships first
+_NANNY_LOGGER = "distributed.nanny"
+_FRAMES = 12  # how far up a nanny's logging call its Nanny or WorkerProcess is looked for
 _LOCK = threading.Lock()  # guards installing and removing, never taken by emit
 
 
 class Target(NamedTuple):
     """A transport records are shipped through, and the worker it speaks for (its
-    address, or a function giving it: a nanny's worker changes address on restart)."""
+    address, or a function giving it: a nanny's worker changes address on restart);
+    ``nanny``, a nanny's: the ``Nanny`` whose records it ships."""
 
     transport: Transport
     worker: str | Callable[[], str | None] | None
+    nanny: Any = None
 
 
 class LogHandler(logging.Handler):
@@ -73,9 +84,11 @@ class LogHandler(logging.Handler):
                 or not self.owns(record.name)
                 or threading.current_thread().name.startswith(THREAD_PREFIX)):
             return
-        target = targets[0]
         self._local.busy = True
         try:
+            target, worker = targets[0], None
+            if record.name == _NANNY_LOGGER or record.name.startswith(_NANNY_LOGGER + "."):
+                target, worker = _nanny_target(targets, target)
             cap = target.transport.settings.max_value_bytes
             try:
                 message = cap_text(record.getMessage(), cap)
@@ -88,7 +101,6 @@ class LogHandler(logging.Handler):
             elif record.exc_text:
                 exc_text = cap_text(record.exc_text, cap)
             key = getattr(thread_state, "key", None)
-            worker = None
             if key is not None:  # a task thread
                 state = getattr(thread_state, "execution_state", None) or {}
                 worker = getattr(state.get("worker"), "address", None)
@@ -101,21 +113,47 @@ class LogHandler(logging.Handler):
                 "exc_text": exc_text, "worker": worker, "key": key,
             }
             target.transport.offer(Ready(event, 200 + len(message) + len(exc_text or "")))
+            if record.levelno >= logging.WARNING:  # often a process's last word
+                target.transport.hurry()
         except Exception:
             pass  # logging must never fail the caller; nothing to report it to safely
         finally:
             self._local.busy = False
 
 
+def _nanny_target(targets: tuple[Target, ...], first: Target) -> tuple[Target, str | None]:
+    """The target of the nanny that is logging (its frames up the stack name it), and
+    its worker's address when the logging ``WorkerProcess`` knows it; the only nanny's
+    target if the frames name none; else ``first`` (None: its own worker)."""
+    nannies = [t for t in targets if t.nanny is not None]
+    if not nannies:
+        return first, None
+    frame: FrameType | None = sys._getframe(2)
+    for _ in range(_FRAMES):
+        if frame is None:
+            break
+        owner = frame.f_locals.get("self")
+        if owner is not None:
+            for t in nannies:
+                if owner is t.nanny:
+                    return t, None
+                if owner is getattr(t.nanny, "process", None):
+                    return t, getattr(owner, "worker_address", None)
+        frame = frame.f_back
+    return (nannies[0], None) if len(nannies) == 1 else (first, None)
+
+
 _handlers: dict[str, LogHandler] = {}
 _targets: tuple[Target, ...] = ()
 
 
-def install(transport: Transport, worker: str | Callable[[], str | None] | None = None) -> None:
-    """Ship records through ``transport`` too, for ``worker`` (see :class:`Target`)."""
+def install(transport: Transport, worker: str | Callable[[], str | None] | None = None,
+            nanny: Any = None) -> None:
+    """Ship records through ``transport`` too, for ``worker`` (and ``nanny``, see
+    :class:`Target`)."""
     global _targets
     with _LOCK:  # a stable sort: the first installed of a kind first
-        _targets = tuple(sorted((*_targets, Target(transport, worker)),
+        _targets = tuple(sorted((*_targets, Target(transport, worker, nanny)),
                                 key=lambda t: _ORDER.get(t.transport.source, 3)))
         loggers = transport.settings.loggers
         for name, level in loggers:

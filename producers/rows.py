@@ -7,14 +7,17 @@
   holding a finished event mapping. Its ``weight``, its estimated size in bytes, is
   what the buffer's limits count.
 - A **row** is plain, named data the drain makes of an item: a :data:`TransitionRow`
-  (the fields of :class:`~dask_blackbox.contract.Transition`, in its order) or a
-  :class:`Ready` (the event mapping of any other kind, typed by the contract). A row
-  holds builtins only: it crosses a pipe to a helper process (msgpack) as it is, and so
-  do a scheduler's transition and graph items once made *portable* (their groups'
-  names resolved, a graph's annotations counted: :meth:`RowMaker.rows`); the helper
-  makes their rows.
+  (the fields of :class:`~dask_blackbox.contract.Transition`, in its order: what version
+  2 sent, and what a capture that cannot be encoded falls back to) or a :class:`Ready`
+  (the event mapping of any other kind, typed by the contract). A row holds builtins
+  only.
 - A **run** is consecutive transition rows in columns, one ``TRANSITION_RUN`` event
-  on the wire (:func:`run_event`, :data:`dask_blackbox.contract.PACKED`).
+  (:func:`run_event`, :data:`dask_blackbox.contract.PACKED`): what version 2 sent.
+- A **capture** is consecutive transition items in columns, one ``CAPTURE`` event on
+  the wire (:func:`capture_event`): what the hook captured, keys as Dask made them,
+  Dask's kwargs as the MessagePack the hook encoded (``msgspec.Raw``). No row and no
+  per-transition object is made of them in a Dask process: the sink and the
+  processors make the rows.
 
 Making rows runs in the drain, never on Dask's event loop: names of task groups and
 the text of tuple keys are resolved there (a group's name, prefix and span id never
@@ -26,14 +29,17 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Any
+import operator
+from collections.abc import Mapping
+from typing import Any, cast
 
 import msgspec
 import orjson
 
 from dask_blackbox.contract import (
-    EVENT, GRAPH, RUN_OPTIONAL_COLUMNS, TRANSITION_KWARGS, TRANSITION_RUN, Graph,
-    GraphTask, StructuredEvent, Transition, TransitionRun, encode_key, fields,
+    CAPTURE, CAPTURE_ERROR, EVENT, GRAPH, RUN_OPTIONAL_COLUMNS, TRANSITION_KWARGS,
+    TRANSITION_RUN, Capture, Graph, GraphTask, StructuredEvent, Transition, TransitionRun,
+    encode_key, fields,
 )
 from dask_blackbox.producers.encode import cap_text, sanitize
 
@@ -50,10 +56,12 @@ class TransitionItem(msgspec.Struct, array_like=True, gc=False, tag=2):
     """A task transition as a hook offers it: the record's fields, the task's
     ``TaskGroup`` (scheduler) or its ``names`` (``(prefix, group, span_id)``; a worker's
     task has no group), what Dask passed as :data:`~dask_blackbox.contract.TRANSITION_KWARGS`
-    in that order (``carried``: None when Dask passed none; the JSON of that tuple, so
-    that Dask's containers, its ``startstops``, are not held across a hand-over where
-    the collector would promote them to its oldest generation; the tuple if not JSON)
-    and, for an erred transition, Dask's keyword arguments as they are (``error``)."""
+    in that order (``carried``: None when Dask passed none; the MessagePack of that
+    tuple, so that Dask's containers, its ``startstops``, are not held across a
+    hand-over where the collector would promote them to its oldest generation; the
+    tuple if msgspec cannot encode it) and, for an erred transition, Dask's keyword
+    arguments as they are (``error``; once read in the drain, the tuple of
+    :data:`~dask_blackbox.contract.CAPTURE_ERROR`)."""
 
     key: Any
     start: Any
@@ -78,7 +86,7 @@ class EventItem(msgspec.Struct, gc=False):
 
 class GraphEntry(msgspec.Struct, array_like=True, gc=False):
     """A submitted task captured on the event loop: its key, ``TaskGroup`` (or, once
-    portable, its ``names``), its first dependencies' keys and how many it has (none of
+    resolved, its ``names``), its first dependencies' keys and how many it has (none of
     it kept in the collector's sight)."""
 
     key: Any
@@ -103,14 +111,14 @@ class GraphItem(msgspec.Struct, array_like=True, gc=False, tag=3):
     part: int
     parts: int
     weight: int
-    counted: Any = None  # once portable: the annotations' values counted, or None
+    counted: Any = None  # the annotations' values counted, or None
 
 
 class Ready(msgspec.Struct, array_like=True, gc=False, tag=1):
     """A finished event mapping (an item, and the row of every kind but
     transitions)."""
 
-    event: dict
+    event: Mapping[str, Any]
     weight: int
 
 
@@ -136,6 +144,8 @@ class RowMaker:
         self.worker = worker
         #: what a worker's own transition carries: its address (Dask passes it nothing)
         self._worker_carried = (worker, *_NOT_CARRIED[1:])
+        #: the same as a capture holds it
+        self.worker_carried = msgspec.Raw(msgspec.msgpack.encode(self._worker_carried))
         #: ``(prefix, group, span_id)`` of a scheduler ``TaskGroup``.
         self.names = functools.lru_cache(NAMES_CACHE)(_group_names)
         #: :func:`~dask_blackbox.contract.encode_key` of a key.
@@ -143,17 +153,15 @@ class RowMaker:
         self._makers = {TransitionItem: self.transition, EventItem: self.event,
                         GraphItem: self.graph, Ready: _as_is, TransitionRow: _as_is}
 
-    def rows(self, items: list, portable: bool = False) -> tuple[list, list]:
+    def rows(self, items: list, captured: bool = False) -> tuple[list, list]:
         """The rows of ``items`` in order, and the items no row could be made of
-        (a bug must not stop the drain: the caller counts them). ``portable``: what a
-        helper process is handed instead: transition (not erred) and graph items as
-        they are, their groups resolved to names and a graph's annotations counted
-        (the helper makes their rows), the row of every other item."""
+        (a bug must not stop the drain: the caller counts them). ``captured``:
+        transition items as they are (an erred one's error read), for
+        :func:`capture_event`, the row of every other item."""
         rows, failed = [], []
         makers = self._makers
-        if portable:
-            makers = {**makers, TransitionItem: self._portable_transition,
-                      GraphItem: self._portable_graph}
+        if captured:
+            makers = {**makers, TransitionItem: self._captured, TransitionRow: _captured_row}
         for item in items:
             try:
                 rows.append(makers[type(item)](item))
@@ -178,7 +186,7 @@ class RowMaker:
                                      item.finish, item.stimulus_id)
             carried = self._worker_carried
         elif type(carried) is bytes:
-            carried = orjson.loads(carried)
+            carried = _decode_carried(carried)
         error = () if item.error is None else self._error(item.error)
         return TransitionRow(item.ts, key, prefix, group_name, span_id, item.start, item.finish,
                              item.stimulus_id, *carried, *error)
@@ -189,24 +197,14 @@ class RowMaker:
         return key if type(key) is str else self.key_text(
             _tupled(key) if type(key) is list else key)
 
-    def _portable_transition(self, item: TransitionItem) -> Any:
+    def _captured(self, item: TransitionItem) -> TransitionItem:
         if item.error is not None:  # Dask's objects: read here
-            return self.transition(item)
-        if item.group is not None:
-            item.names = self.names(item.group)
-            item.group = None
+            item.error = self._error(item.error)
         return item
 
-    def _portable_graph(self, item: GraphItem) -> GraphItem:
-        names = self.names
-        for entry in item.entries:
-            entry.names = names(entry.group)
-            entry.group = None
-        item.counted = self._annotations(item.annotations)
-        item.annotations = None  # a user's values: counted here, never sent on
-        return item
-
-    def _error(self, kwargs: dict) -> tuple:
+    def _error(self, kwargs: Any) -> tuple:
+        if type(kwargs) is tuple:  # read already (captured)
+            return kwargs
         cap = self.max_chars
         exception = traceback = cause = None
         if isinstance(text := kwargs.get("exception_text"), str):
@@ -304,11 +302,12 @@ def run_event(rows: list) -> TransitionRun:
     names = list(zip(prefixes, groups, spans))
     distinct = list(dict.fromkeys(names))
     index = dict(zip(distinct, range(len(distinct))))
-    run: TransitionRun = {
+    # the columns are tuples: they encode as the contract's arrays
+    run = cast(TransitionRun, {
         "kind": TRANSITION_RUN, "ts": ts[0], "key": keys, "time": ts, "start": starts,
         "finish": finishes, "stimulus_id": stimulus_ids, "names": distinct,
         "name": list(map(index.__getitem__, names)),
-    }
+    })
     n = len(keys)
     for column, values in zip(RUN_OPTIONAL_COLUMNS, optional):
         if values.count(None) != n:
@@ -330,3 +329,84 @@ def exception_text(raised: Any) -> str:
         pass
     size = f", {len(raised)} bytes" if isinstance(raised, bytes) else ""
     return f"<{type(raised).__name__}{size}>"
+
+
+_decode_carried = msgspec.msgpack.Decoder().decode
+_ROW_KWARGS = operator.attrgetter(*TRANSITION_KWARGS)
+_ROW_ERROR = operator.attrgetter(*CAPTURE_ERROR)
+
+
+def _captured_row(row: Any) -> TransitionItem:
+    """A transition row (offered as a row) as the item it was made of."""
+    carried = _ROW_KWARGS(row)
+    error = _ROW_ERROR(row)
+    return TransitionItem(row.key, row.start, row.finish, row.stimulus_id, row.ts, None,
+                          (row.prefix, row.group, row.span_id),
+                          None if carried.count(None) == len(carried) else carried,
+                          None if error.count(None) == len(error) else error)
+
+
+_Raw = msgspec.Raw
+_encode = msgspec.msgpack.Encoder().encode
+_ITEM = {name: operator.attrgetter(name) for name in (
+    "key", "start", "finish", "stimulus_id", "ts", "group", "names", "carried", "error")}
+
+
+def capture_event(items: list, maker: RowMaker) -> Capture:
+    """The ``CAPTURE`` event of transition items (at least one; an erred one's error
+    read, ``RowMaker.rows(captured=True)``): their fields in columns (an attribute a
+    column at a time, in C), ``names`` once per distinct task group, ``kwargs`` and
+    ``error`` left out where all are None. A reader's ``contract.capture_columns``
+    gives back the columns of their rows."""
+    keys, starts, finishes, stimulus_ids, times, groups, carried, errors = (
+        list(map(_ITEM[name], items)) for name in (
+            "key", "start", "finish", "stimulus_id", "ts", "group", "carried", "error"))
+    distinct = dict.fromkeys(groups)
+    if None not in distinct:  # the scheduler's: a group's names, once per capture
+        names_of = maker.names
+        table = [names_of(g) for g in distinct]
+        index = dict(zip(distinct, range(len(distinct))))
+        name = list(map(index.__getitem__, groups))
+    else:  # a worker's names (or a row's), or forgotten tasks
+        names_of = maker.names
+        names = [names_of(g) if g is not None else tuple(n or _NO_NAMES)
+                 for g, n in zip(groups, map(_ITEM["names"], items))]
+        table = list(dict.fromkeys(names))
+        index = dict(zip(table, range(len(table))))
+        name = list(map(index.__getitem__, names))
+    capture: Capture = {
+        "kind": CAPTURE, "ts": times[0], "time": times, "key": keys, "start": starts,
+        "finish": finishes, "stimulus_id": stimulus_ids, "names": cast(Any, table), "name": name,
+    }
+    n = len(items)
+    if maker.worker is not None:  # a worker's own transitions carry its address
+        worker = maker.worker_carried
+        capture["kwargs"] = cast(Any, [worker if c is None else _Raw(c) if type(c) is bytes
+                                       else c for c in carried])
+    elif carried.count(None) != n:
+        capture["kwargs"] = cast(Any, [c if c is None else _Raw(c) if type(c) is bytes else c
+                                       for c in carried])
+    if errors.count(None) != n:
+        capture["error"] = errors
+    return capture
+
+
+def capture_of_rows(rows: list, max_chars: int) -> Capture:
+    """The ``CAPTURE`` of transition rows, every value as the JSON of their run holds
+    it (keys as text): what is sent when a capture of items cannot be encoded."""
+    from dask_blackbox.producers.encode import encode_event  # (no cycle at import)
+
+    run = orjson.loads(encode_event(run_event(rows), max_chars))
+    n = len(run["key"])
+    capture: Capture = {"kind": CAPTURE, "ts": run["ts"], "time": run["time"],
+                        "key": run["key"], "start": run["start"], "finish": run["finish"],
+                        "stimulus_id": run["stimulus_id"], "names": run["names"],
+                        "name": run["name"]}
+    blank = [None] * n
+    for column, fields_ in (("kwargs", TRANSITION_KWARGS), ("error", CAPTURE_ERROR)):
+        values = [run.get(f) or blank for f in fields_]
+        entries = [None if entry.count(None) == len(entry) else list(entry)
+                   for entry in zip(*values)]
+        if entries.count(None) != n:
+            capture[column] = entries  # type: ignore[literal-required]
+    return capture

@@ -16,9 +16,9 @@ It publishes (the kinds of :mod:`dask_blackbox.contract`, which specifies each;
 - ``SCHEDULER_METRICS`` every ``metrics-interval``.
 
 ``transition`` is the hot path: one dict lookup, the time of the record Dask just
-appended, one :class:`~producers.rows.TransitionItem` (what Dask passed as kwargs as JSON
-when it passed any) and ``Buffer.offer``; nothing a user passes is looked at on the event
-loop.
+appended, one :class:`~producers.rows.TransitionItem` (what Dask passed as kwargs as the
+MessagePack msgspec makes of them, bytes the collector never looks into, when it passed
+any) and ``Buffer.offer``; nothing a user passes is looked at on the event loop.
 """
 
 from __future__ import annotations
@@ -27,11 +27,11 @@ import logging
 import re
 import time
 from collections import defaultdict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from itertools import islice
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
-import orjson
+import msgspec
 from distributed.diagnostics.plugin import SchedulerPlugin
 from tornado.ioloop import PeriodicCallback
 
@@ -65,7 +65,7 @@ GRAPH_MAX_KEYS = 1_000
 _NTHREADS_ACTIONS = frozenset({"scheduler_start", "worker_added", "worker_removed"})
 _TRAILING_TIME = re.compile(r"-[0-9.e+]+$")
 _NO_TASKS: dict = {}
-_dumps = orjson.dumps
+_encode = msgspec.msgpack.Encoder().encode
 
 
 def _discard(*args: Any, **kwargs: Any) -> None:
@@ -86,11 +86,11 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         self._metrics: PeriodicCallback | None = None
         self._n_spans = 0
         self._n_nthreads = 0  # entries of total_nthreads_history already published
-        self._removals: dict[str, dict] = {}
+        self._removals: dict[Any, dict] = {}  # by the worker the event names
         # Until start() binds them, hooks called on an unstarted plugin
         # (scheduler.add_plugin on a running scheduler) do nothing.
-        self._offer = _discard
-        self._tasks_get = _NO_TASKS.get
+        self._offer: Callable[[Any], Any] = _discard
+        self._tasks_get: Callable[[Any], Any] = _NO_TASKS.get
         self._log: Any = ()
         self._erred_weight = TRANSITION_WEIGHT + 2 * self.settings.max_value_bytes
 
@@ -155,13 +155,18 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         # Scheduler.story() shows (time() if the log is off).
         stamp = log[-1][5] if log else time.time()
         group = None if ts is None else ts.group
+        if finish == "erred" and "cause" not in kwargs:
+            # a dependent erred for its dependency's error: Dask's exception_blame names it
+            blamed = getattr(ts, "exception_blame", None)
+            if blamed is not None and blamed is not ts:
+                kwargs["cause"] = blamed.key
         if not kwargs:
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group))
             return
-        carried = tuple(map(kwargs.get, TRANSITION_KWARGS))
+        carried: Any = tuple(map(kwargs.get, TRANSITION_KWARGS))
         try:  # held as bytes: the collector never sees Dask's objects (TransitionItem)
-            carried = _dumps(carried)
-        except TypeError:  # not JSON (never Dask's own values): the objects, as they are
+            carried = _encode(carried)
+        except Exception:  # not encodable (never Dask's own values): the objects, as they are
             pass
         if finish != "erred":
             self._offer(TransitionItem(key, start, finish, stimulus_id, stamp, group, None,
@@ -246,6 +251,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _publish_event_backlog(self) -> None:
         """The events Dask kept from before this plugin started (an ``attach`` to a
         running cluster), oldest first, so the stream holds what get_events holds."""
+        if self.scheduler is None:
+            return
         backlog = [(ts, topic, msg) for topic, events in self.scheduler.get_events().items()
                    for ts, msg in events]
         for ts, topic, msg in sorted(backlog, key=lambda e: e[0]):
@@ -254,7 +261,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _event_time(self, topic: str, msg: Any) -> float:
         """The timestamp Dask stored with this event (what get_events returns)."""
         try:
-            stored_time, stored_msg = self.scheduler._broker._topics[topic].events[-1]
+            scheduler: Any = self.scheduler  # Dask's private event broker, when it has one
+            stored_time, stored_msg = scheduler._broker._topics[topic].events[-1]
             if stored_msg is msg:
                 return stored_time
         except Exception:  # a Dask without the event broker, or events disabled
@@ -288,9 +296,9 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
     def _lifecycle(self, action: str, **fields: Any) -> None:
         if self.scheduler is None:  # not started: nothing to publish with yet
             return
-        event: Lifecycle = {"kind": LIFECYCLE, "ts": time.time(), "action": action,
-                            "worker": None, "client": None, "reason": None,
-                            "stimulus_id": None, "detail": None, **fields}
+        event = cast(Lifecycle, {"kind": LIFECYCLE, "ts": time.time(), "action": action,
+                                 "worker": None, "client": None, "reason": None,
+                                 "stimulus_id": None, "detail": None, **fields})
         weight = 400
         if action in _NTHREADS_ACTIONS:
             event["total_nthreads"] = entries = self._new_nthreads_entries()
@@ -301,6 +309,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
         """The entries ``[time, nthreads]`` Dask appended to
         ``Scheduler.total_nthreads_history`` since the previous call (all of them the
         first time; Dask appends before it calls add_worker / remove_worker)."""
+        if self.scheduler is None:
+            return []
         history = self.scheduler.total_nthreads_history
         seen = self._n_nthreads if self._n_nthreads <= len(history) else 0
         self._n_nthreads = len(history)
@@ -308,6 +318,8 @@ class BlackboxSchedulerPlugin(SchedulerPlugin):
 
     def _publish_metrics(self) -> None:
         s = self.scheduler
+        if s is None:  # not started
+            return
         try:
             self._publish_new_spans()
             states: defaultdict[str, int] = defaultdict(int)

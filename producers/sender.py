@@ -1,13 +1,17 @@
 """The sender: drains a :class:`~producers.buffer.Buffer` into Kafka.
 
-A :class:`Sender` thread runs its own asyncio loop (aiokafka's), in the Dask process or in a
-relay's helper process (:mod:`producers.relay`). Each round it takes items worth about half
-an envelope (:data:`BATCH_WEIGHT`), makes their rows, packs them (:func:`pack`) into
-envelopes (:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
+A :class:`Sender` thread runs its own asyncio loop (aiokafka's) in the Dask process. Each round it takes items worth about half
+an envelope (:data:`BATCH_WEIGHT`), makes the rows of all but transitions, encodes them
+(:func:`pack_captured`: each run of transition items one ``CAPTURE``, the other events as
+the JSON of version 2 holds them) into MessagePack envelopes of version 3
+(:data:`dask_blackbox.contract.ENVELOPE_FIELDS`) of at most
 :data:`~dask_blackbox.contract.MAX_ENVELOPE_BYTES` and delivers them (:class:`KafkaLink`;
-Kafka compresses each, ``blackbox.kafka.compression``). A full envelope leaves as soon as
-there is enough for it, a partial one at most once per *linger* (:meth:`Drain.linger`); an
-idle sender sleeps until the buffer keeps an item, which leaves at once.
+Kafka compresses each, ``blackbox.kafka.compression``). It keeps the CPU each part of that
+costs its thread (``cpu_take``, ``cpu_encode``, ``cpu_send`` in :meth:`Sender.stats`). A full envelope leaves as soon as
+there is enough for it, a partial one at most once per *linger* (:meth:`Drain.linger`),
+or at once after :meth:`Drain.hurry` (a log record at WARNING or above: often the last
+word of a process about to die); an idle sender sleeps until the buffer keeps an item,
+which leaves at once.
 
 Delivery semantics:
 
@@ -39,15 +43,18 @@ import uuid
 from collections import deque
 from dataclasses import dataclass
 from itertools import groupby
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
+import msgspec
 import orjson
 from aiokafka import AIOKafkaProducer
 
 from dask_blackbox.contract import DROPS, MAX_ENVELOPE_BYTES, SCHEMA_VERSION, Drops
 from dask_blackbox.producers.buffer import Buffer
 from dask_blackbox.producers.encode import describe, encode_event, type_name
-from dask_blackbox.producers.rows import Ready, RowMaker, TransitionRow, run_event
+from dask_blackbox.producers.rows import (
+    Ready, RowMaker, TransitionItem, TransitionRow, capture_event, capture_of_rows, run_event,
+)
 from dask_blackbox.producers.settings import ProducerSettings
 
 logger = logging.getLogger(__name__)
@@ -56,7 +63,11 @@ logger = logging.getLogger(__name__)
 EVENTS_BUDGET = MAX_ENVELOPE_BYTES - 1024
 #: The weight of one take: under the budget, so that an envelope is rarely split.
 BATCH_WEIGHT = EVENTS_BUDGET // 2
-BUSY_ENVELOPE = 200
+#: A take of this many rows or more is busy: a stream of 1,000 rows a second or more at
+#: the default 50 ms ``flush-interval``. The next take then waits ``BUSY_LINGER``, so a
+#: busy stream goes in few large envelopes (what a send costs is mostly per envelope)
+#: while a trickle keeps its freshness.
+BUSY_ENVELOPE = 50
 BUSY_LINGER = 0.5
 #: Names of the recorder's threads start with this (the log handler skips them).
 THREAD_PREFIX = "dask-blackbox-"
@@ -110,24 +121,93 @@ def encode_rows(rows: list, max_chars: int) -> bytes:
     return b"[" + b",".join(parts) + b"]"
 
 
-def pack(rows: list, max_chars: int) -> list[Body]:
-    """Rows as envelope bodies under the budget, in order (halved until they fit; a
-    row that alone does not fit is replaced by its description)."""
-    body = encode_rows(rows, max_chars)
-    if len(body) > EVENTS_BUDGET and len(rows) > 1:
-        half = len(rows) // 2
-        return pack(rows[:half], max_chars) + pack(rows[half:], max_chars)
+def _fit(entries: list, encode: Any, encode_described: Any) -> list[Body]:
+    """``entries`` as envelope bodies under the budget, in order: ``encode(entries)``
+    gives a body and how many events it holds (none: no body), halved until it fits;
+    an entry that alone does not fit is replaced by its description, which
+    ``encode_described`` encodes."""
+    body, n = encode(entries)
+    if not n:
+        return []
+    if len(body) > EVENTS_BUDGET and len(entries) > 1:
+        half = len(entries) // 2
+        return (_fit(entries[:half], encode, encode_described)
+                + _fit(entries[half:], encode, encode_described))
     if len(body) > EVENTS_BUDGET:
-        row = rows[0]
-        event = row.event if type(row) is Ready else {"kind": "transition", "ts": row.ts}
+        entry = entries[0]
+        event = entry.event if type(entry) is Ready else {"kind": "transition", "ts": entry.ts}
         logger.warning("dask-blackbox: a %s event of %d bytes exceeds an envelope; it is "
                        "replaced by its description", event.get("kind"), len(body))
-        described = {"kind": event.get("kind"), "ts": event.get("ts"),
-                     "__type__": type_name(event), "__size__": len(body)}
-        body = b"[" + encode_event(described, max_chars) + b"]"
-    reports = [row.event["dropped_events"] for row in rows
-               if type(row) is Ready and row.event.get("kind") == DROPS]
-    return [Body(body, len(rows), len(reports), sum(reports))]
+        body = encode_described({"kind": event.get("kind"), "ts": event.get("ts"),
+                                 "__type__": type_name(event), "__size__": len(body)})
+    reports = [entry.event["dropped_events"] for entry in entries
+               if type(entry) is Ready and entry.event.get("kind") == DROPS]
+    return [Body(body, n, len(reports), sum(reports))]
+
+
+def pack(rows: list, max_chars: int) -> list[Body]:
+    """Rows as version 2 (JSON) envelope bodies under the budget (:func:`_fit`)."""
+    return _fit(rows, lambda rows: (encode_rows(rows, max_chars), len(rows)),
+                lambda described: b"[" + encode_event(described, max_chars) + b"]")
+
+
+_encode = msgspec.msgpack.Encoder().encode
+_Raw = msgspec.Raw
+_thread_time = time.thread_time
+
+
+def encode_captured(entries: list, maker: RowMaker, failed: Any = None) -> tuple[bytes, int]:
+    """The MessagePack array of the events of ``entries`` (transition items and rows,
+    ``RowMaker.rows(captured=True)``), and how many events it holds: each run of
+    transition items one ``CAPTURE`` (:func:`~producers.rows.capture_event`; one whose
+    values msgspec cannot encode as the capture of their rows,
+    :func:`~producers.rows.capture_of_rows`), each run of other rows the events the
+    JSON of version 2 holds (:func:`encode_rows`). A transition item no row can be
+    made of (a bug) is left out and passed to ``failed(n, item)``. Never raises."""
+    events: list = []
+    n = 0
+    for kind, group in groupby(entries, type):
+        run: list = list(group)
+        if kind is TransitionItem:
+            try:  # encoded once, here: the envelope's array embeds the bytes
+                capture: Any = _Raw(_encode(capture_event(run, maker)))
+            except Exception:  # values msgspec cannot encode, or items no row is made of
+                rows, bad = maker.rows(run)
+                if bad and failed is not None:
+                    failed(len(bad), bad[0])
+                if not rows:
+                    continue
+                run = rows
+                capture = capture_of_rows(rows, EVENTS_BUDGET)
+            events.append(capture)
+        else:
+            events += orjson.loads(encode_rows(run, maker.max_chars))
+        n += len(run)
+    return _encode(events), n
+
+
+def pack_captured(entries: list, maker: RowMaker, failed: Any = None) -> list[Body]:
+    """:func:`pack` for version 3: ``entries`` as MessagePack envelope bodies under the
+    budget (:func:`_fit`; none for entries that all failed, see
+    :func:`encode_captured`)."""
+    return _fit(entries, lambda entries: encode_captured(entries, maker, failed),
+                lambda described: _encode([orjson.loads(encode_event(described,
+                                                                     maker.max_chars))]))
+
+
+def envelope(identity: Identity, seq: int, events: bytes, sent_at: float | None = None) -> bytes:
+    """A version 3 envelope: the MessagePack map of the header and ``events`` (a
+    MessagePack array, :func:`encode_captured`), sent now (or at ``sent_at``)."""
+    header = _encode({
+        "schema": SCHEMA_VERSION, "cluster_id": identity.cluster_id,
+        "cluster_name": identity.cluster_name, "source": identity.source,
+        "producer_id": identity.producer_id, "seq": seq,
+        "sent_at": time.time() if sent_at is None else sent_at})
+    # a fixmap of 7 entries (0x87) becomes one of 8, "events" last
+    return b"".join((b"\x88", header[1:], _EVENTS_KEY, events))
+
+
+_EVENTS_KEY = _encode("events")
 
 
 class KafkaLink:
@@ -152,6 +232,8 @@ class KafkaLink:
                     max_request_size=MAX_ENVELOPE_BYTES + 100_000,
                     enable_idempotence=self.settings.kafka.idempotence)
                 await asyncio.wait_for(self.producer.start(), timeout)
+            if identity.cluster_id is None:
+                raise RuntimeError("no cluster id to key the envelope by yet")
             queued = await asyncio.wait_for(self.producer.send(
                 self.settings.raw_topic, envelope, key=identity.cluster_id.encode()), timeout)
             await asyncio.wait_for(queued, timeout)
@@ -178,9 +260,12 @@ class KafkaLink:
                 await asyncio.wait_for(producer.stop(), 2.0)
 
 
+_D = TypeVar("_D", bound="Drain")
+
+
 class Drain:
     """What empties a buffer from a thread of its own (``_main``, named
-    ``<source>-<role>``): a :class:`Sender` or a :class:`~producers.relay.Relay`."""
+    ``<source>-<role>``): the :class:`Sender`."""
 
     role = "drain"
 
@@ -192,14 +277,33 @@ class Drain:
         self.rows = rows
         self.busy_linger = max(busy_linger, settings.flush_interval)
         self.build_errors = 0  # items no row could be made of, given up
+        self.urgent = False  # an item came that must not wait out the linger (hurry)
         self.closing = False
         self.close_deadline = float("inf")  # until close sets it
         self.thread = threading.Thread(target=self._main, daemon=True,
                                        name=f"{THREAD_PREFIX}{identity.source}-{self.role}")
 
-    def start(self) -> Drain:
+    def start(self: _D) -> _D:
         self.thread.start()
         return self
+
+    def _main(self) -> None:
+        """Empty the buffer until closed (the thread's body)."""
+        raise NotImplementedError
+
+    def wake(self) -> None:
+        """End the drain's wait for items (any thread): items came, or it closes."""
+        raise NotImplementedError
+
+    def hurry(self) -> None:
+        """Take what is buffered now, not after the linger (any thread): an item came
+        that is often a process's last word (a log record at WARNING or above)."""
+        self.urgent = True
+        self.wake()
+
+    def stats(self) -> dict[str, Any]:
+        """What this drain delivered, dropped and gave up, by name."""
+        raise NotImplementedError
 
     def close(self, deadline: float) -> None:
         """Deliver what is buffered until ``deadline`` (``time.monotonic()``), then
@@ -222,9 +326,9 @@ class Drain:
         ``busy_linger`` (by default :data:`BUSY_LINGER`) if longer."""
         return self.busy_linger if n_rows >= BUSY_ENVELOPE else self.settings.flush_interval
 
-    def make_rows(self, items: list, portable: bool = False) -> tuple[list, list]:
+    def make_rows(self, items: list, captured: bool = False) -> tuple[list, list]:
         """:meth:`RowMaker.rows`, counting the items no row could be made of."""
-        rows, failed = self.rows.rows(items, portable)
+        rows, failed = self.rows.rows(items, captured)
         if failed:
             self.build_failed(len(failed), failed[0])
         return rows, failed
@@ -255,6 +359,9 @@ class Sender(Drain):
         self.link = KafkaLink(settings, identity)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._woken = asyncio.Event()  # set by wake, cleared by the sleep it ends
+        #: CPU seconds of this thread: taking items (and making the rows of all but
+        #: transitions), encoding envelopes, sending them (aiokafka's work included)
+        self.cpu_take = self.cpu_encode = self.cpu_send = 0.0
 
     def wake(self) -> None:
         """End the sender's sleep, or its next one (any thread): items came, or it closes."""
@@ -298,10 +405,15 @@ class Sender(Drain):
                         await self._sleep(flush)
                         continue
                     wait = last_pack + linger - time.monotonic()
-                    if wait > 0 and not self.closing and buffer.buffered_bytes < BATCH_WEIGHT:
+                    if (wait > 0 and not self.closing and not self.urgent
+                            and buffer.buffered_bytes < BATCH_WEIGHT):
                         await self._sleep(wait)
                         continue
+                    self.urgent = False  # before the take: a later hurry counts again
+                    t0 = _thread_time()
                     rows, taken = self._take()
+                    t1 = _thread_time()
+                    self.cpu_take += t1 - t0
                     if not rows:
                         if taken[0]:
                             continue  # only failed items: released above
@@ -312,15 +424,23 @@ class Sender(Drain):
                             await self._sleep(IDLE_WAIT)
                         continue
                     try:
-                        pending.extend(pack(rows, self.settings.max_value_bytes))
+                        pending.extend(pack_captured(rows, self.rows, self.build_failed))
                     except Exception:  # a bug must not stop the sender: counted, given up
                         self.build_failed(len(rows), rows[0])
                         continue
+                    finally:
+                        self.cpu_encode += _thread_time() - t1
                     last_pack = time.monotonic()
                     linger = self.linger(len(rows))
+                    if not pending:  # all given up
+                        continue
                 body = pending[0]
                 timeout = min(REQUEST_TIMEOUT, max(self.close_deadline - time.monotonic(), 0.01))
-                if await self.link.send(self._envelope(body.events), timeout):
+                t0 = _thread_time()
+                sent = await self.link.send(envelope(identity, self.next_seq, body.events),
+                                            timeout)
+                self.cpu_send += _thread_time() - t0
+                if sent:
                     pending.popleft()
                     self.next_seq += 1
                     self.sent_envelopes += 1
@@ -350,7 +470,7 @@ class Sender(Drain):
         """The rows of the next items (a DROPS report first once a delivery has
         succeeded), and the items' count and weight."""
         taken = self.buffer.take(1 << 30, BATCH_WEIGHT)
-        rows, _ = self.make_rows(taken.items)
+        rows, _ = self.make_rows(taken.items, captured=True)
         if self.next_seq and (drops := self.buffer.unreported_drops()) is not None:
             report: Drops = {"kind": DROPS, "ts": time.time(), "dropped_events": drops.events,
                              "dropped_bytes": drops.bytes, "since": drops.since,
@@ -358,19 +478,13 @@ class Sender(Drain):
             rows.insert(0, Ready(report, 0))
         return rows, (len(taken.items), taken.weight)
 
-    def _envelope(self, events: bytes) -> bytes:
-        identity = self.identity
-        header = orjson.dumps({
-            "schema": SCHEMA_VERSION, "cluster_id": identity.cluster_id,
-            "cluster_name": identity.cluster_name, "source": identity.source,
-            "producer_id": identity.producer_id, "seq": self.next_seq, "sent_at": time.time()})
-        return b"".join((header[:-1], b',"events":', events, b"}"))
-
     def stats(self) -> dict[str, Any]:
         return {"next_seq": self.next_seq, "sent_envelopes": self.sent_envelopes,
                 "sent_events": self.sent_events, "sent_drop_reports": self.sent_drop_reports,
                 "reported_drops": self.reported_drops, "build_errors": self.build_errors,
-                "lost_at_close": self.lost_at_close, "connected": self.link.connected}
+                "lost_at_close": self.lost_at_close, "connected": self.link.connected,
+                "cpu_take": self.cpu_take, "cpu_encode": self.cpu_encode,
+                "cpu_send": self.cpu_send}
 
 
 def yield_on_wakeup() -> None:

@@ -22,8 +22,6 @@ from dask_blackbox.config import ConfigError, KafkaSettings
 
 #: Largest accepted ``blackbox.producer.max-value-bytes``: several must fit in an envelope.
 MAX_VALUE_BYTES_LIMIT = MAX_ENVELOPE_BYTES // 8
-#: Values of ``blackbox.producer.sender``.
-SENDERS = ("auto", "process", "thread")
 
 
 @dataclass(frozen=True)
@@ -37,6 +35,7 @@ class Recorded:
     metrics: bool = True
     fine_metrics: bool = True
     logs: bool = True
+    profiles: bool = True
 
     @classmethod
     def from_config(cls) -> Recorded:
@@ -76,10 +75,6 @@ class ProducerSettings:
     loggers: tuple[tuple[str, int], ...]
     close_timeout: float
     reconnect_backoff_max: float
-    #: where events are encoded and delivered, one of :data:`SENDERS` (:mod:`.transport`)
-    sender: str = "auto"
-    #: niceness a relay's helper process adds to the Dask process's (0-19)
-    helper_niceness: int = 19
 
     @classmethod
     def resolve(cls, overrides: Mapping[str, Any] | None = None,
@@ -105,10 +100,6 @@ class ProducerSettings:
             if max_value_bytes > MAX_VALUE_BYTES_LIMIT:
                 raise ConfigError(f"blackbox.producer.max-value-bytes: {max_value_bytes} is "
                                   f"larger than {MAX_VALUE_BYTES_LIMIT} (an eighth of an envelope)")
-            sender = config.get("producer.sender")
-            if sender not in SENDERS:
-                raise ConfigError(f"blackbox.producer.sender: {sender!r} must be one of "
-                                  f"{', '.join(SENDERS)}")
             return cls(
                 cluster_name=str(name) if name else None,
                 kafka=kafka,
@@ -124,8 +115,6 @@ class ProducerSettings:
                 close_timeout=config.get_seconds("producer.close-timeout"),
                 reconnect_backoff_max=config.get_seconds("producer.reconnect-backoff-max",
                                                          minimum=0.05),
-                sender=sender,
-                helper_niceness=config.get_int("producer.helper-niceness", minimum=0, maximum=19),
             )
 
 

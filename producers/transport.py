@@ -1,11 +1,10 @@
 """One producer of a Dask process: the buffer its hooks offer to, and its drain.
 
 A :class:`Transport` composes a :class:`~producers.buffer.Buffer` (the hooks' ``offer``) and
-the drain that empties it, chosen here only, by ``blackbox.producer.sender``: a
-:class:`~producers.sender.Sender` thread (``thread``), or a :class:`~producers.relay.Relay`
-thread handing items to a helper process that runs the same Sender (``process``; ``auto``
-picks it for the scheduler, a thread for the many, rarely busy workers and nannies). Both
-drains offer ``start``, ``close(deadline)``, ``delivered(accepted)``, ``stats()``, ``thread``.
+the :class:`~producers.sender.Sender` thread that drains it (``start``, ``close(deadline)``,
+``delivered(accepted)``, ``stats()``, ``thread``). The sender runs in the Dask process: what
+it does per transition (columns of the items, MessagePack) costs less than handing the items
+to another process would.
 
 Nothing is sent before the cluster's id is known; a preloaded worker or nanny learns it from
 the scheduler. Transports not closed yet are flushed (within ``close-timeout``) at exit.
@@ -20,10 +19,13 @@ import weakref
 from typing import Any
 
 from dask_blackbox.producers.buffer import Buffer
-from dask_blackbox.producers.relay import CLOSE_GRACE, Relay
 from dask_blackbox.producers.rows import RowMaker
 from dask_blackbox.producers.sender import Identity, Sender
 from dask_blackbox.producers.settings import ProducerSettings
+
+
+#: How long past ``close-timeout`` a blocking close waits for the sender's thread.
+CLOSE_GRACE = 2.0  # seconds
 
 
 class Transport:
@@ -42,14 +44,15 @@ class Transport:
         self.offer = buffer.offer  # the hot path (producers.buffer)
         self.identity = Identity(source, cluster_id, cluster_name)
         rows = RowMaker(settings.max_value_bytes, worker)
-        helper = settings.sender == "process" or (settings.sender == "auto"
-                                                  and source == "scheduler")
-        self.drain: Sender | Relay = (Relay if helper else Sender)(
-            buffer, settings, self.identity, rows).start()
+        self.drain = Sender(buffer, settings, self.identity, rows).start()
         self._learning: asyncio.Task | None = None
         if cluster_id is None and scheduler is not None:
             self._learning = asyncio.create_task(self._learn_identity(scheduler))
         _LIVE.add(self)
+
+    def hurry(self) -> None:
+        """Send what is buffered without waiting out the linger (:meth:`Drain.hurry`)."""
+        self.drain.hurry()
 
     @property
     def producer_id(self) -> str:

@@ -2,7 +2,7 @@
 (sinks/sql/006_page_aggregates.sql), so that their cost grows with the seconds,
 workers, prefixes and groups a page shows, not with the tasks a run holds.
 
-Each function answers what its namesake in :mod:`.panels` answers from the raw rows,
+Each function answers what its namesake in a view (:mod:`.views`) answers from the raw rows,
 in the same shape, for a scope of a whole run or a span (:func:`usable`): an explicit
 ``since``/``until`` window cuts through the aggregates' seconds, so such scopes are
 answered from the raw rows. The aggregates keep whole seconds: a transition or an
@@ -69,13 +69,15 @@ def _buckets(p: dict, scope, n: int) -> dict:
 
 
 def prefix_counts(backend: Backend, scope) -> dict[str, dict]:
-    """Per prefix: distinct tasks, transitions into memory and into erred."""
+    """Per prefix: distinct tasks, transitions into memory and into erred, and the
+    transitions into memory beyond each task's first (``recomputed``)."""
     where, p = _where(scope.cluster_id, scope.span_ids)
     _, rows = backend.query(
-        "SELECT prefix, uniqExactMerge(keys), sum(memory), sum(erred) "
-        f"FROM {_t(backend, 'group_totals')} {where} GROUP BY prefix", p)
-    return {prefix or "(none)": {"tasks": int(n), "memory": int(m), "erred": int(e)}
-            for prefix, n, m, e in rows}
+        "SELECT prefix, uniqExactMerge(keys), sum(memory), sum(erred), "
+        f"uniqExactMerge(memory_keys) FROM {_t(backend, 'group_totals')} {where} GROUP BY prefix", p)
+    return {prefix or "(none)": {"tasks": int(n), "memory": int(m), "erred": int(e),
+                                 "recomputed": int(m) - int(k)}
+            for prefix, n, m, e, k in rows}
 
 
 def finished_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, int, int]]:
@@ -195,13 +197,4 @@ def digests(backend: Backend, cluster_id: str, worker: str | None = None,
     _, rows = backend.query(
         "SELECT context, prefix, activity, unit, sum(value) "
         f"FROM {_t(backend, 'digest_totals')} {where} GROUP BY context, prefix, activity, unit", p)
-    return rows
-
-
-def digests_per_worker(backend: Backend, cluster_id: str) -> list[tuple]:
-    """(worker, context, activity, unit, value) of the run."""
-    _, rows = backend.query(
-        "SELECT worker, context, activity, unit, sum(value) "
-        f"FROM {_t(backend, 'digest_totals')} WHERE cluster_id = {{c:String}} "
-        "GROUP BY worker, context, activity, unit", {"c": cluster_id})
     return rows

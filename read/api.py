@@ -43,61 +43,59 @@ from collections.abc import Callable, Mapping
 import orjson
 
 from dask_blackbox.read import panels, views
+from dask_blackbox.read.views import diagnosis, progress, task_stream
+from dask_blackbox.read.views.page import LEVELS
+from dask_blackbox.read.views.scope import NotFound
 from dask_blackbox.read.backends import Backend, QueryError
 from dask_blackbox.read.params import BadParameter, filters, int_param, opt, parse_time
 
-ENDPOINTS = [
-    ("/api/clusters?name=&since=&until=&limit=&offset=",
-     "one page of the recorded clusters, newest first, and how each ended"),
-    *[(f"/api/run/{name}?cluster=&span=&since=&until="
-       + {"logs": "&level=&worker=&logger=&text=&limit=", "diagnosis": "&key=",
-          "graph": "&max_nodes=", "task_stream": "&max_bars="}.get(name, ""), text)
-      for name, text in (
-          ("summary", "the run's heading: tasks, in memory, erred, workers, deaths, restarts"),
-          ("diagnosis", "why each worker died and each task failed with KilledWorker, with the evidence"),
-          ("task_stream", "Dask's task stream: a bar per action, a row per worker thread (or binned)"),
-          ("critical_path", "the chain of tasks that decided the wall time, each link's parts"),
-          ("cost", "what each span and prefix cost: CPU, occupied, idle, moved, spilled, memory held"),
-          ("progress", "per prefix, the fraction of its tasks finished over time; erred shares"),
-          ("task_states", "tasks in each state over time"),
-          ("groups", "task groups: tasks, erred, compute seconds, first and last compute"),
-          ("graph", "the executed task graph: nodes (by task, group or prefix) and edges, laid out"),
-          ("workers", "one row per worker: threads, memory limit and peaks, CPU, tasks, bytes, its end"),
-          ("memory", "memory per worker over time, with the memory limits"),
-          ("activity", "executing, ready, in flight, CPU and each action's threads over time"),
-          ("markers", "worker deaths, restarts and arrivals on the time axes"),
-          ("spans", "the span tree with Dask's numbers"),
-          ("fine_metrics", "fine performance metrics: execution, sending and gathering data, idle"),
-          ("failures", "erred tasks with their stories, dead workers with their last metrics and logs"),
-          ("logs", "the newest log records matching the filters"))],
-    ("/api/view/{name}?cluster=&span=&since=&until=&worker=",
-     "one panel as the web page draws it: its HTML and its Bokeh document"),
-    ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
-    ("/api/compare?span=&cluster=&since=&until=",
-     "regressions beyond the noise, latest run against the one before; a span across runs"),
-]
+#: The JSON API's panels that are not views of the Run page, and what each gives.
+EXTRA_PANELS = {
+    "summary": "the run's heading: tasks, in memory, erred, workers, deaths, restarts",
+    "task_states": "tasks in each state over time",
+    "markers": "worker deaths, restarts and arrivals on the time axes",
+}
+
+
+def endpoints() -> list[tuple[str, str]]:
+    """The JSON API's endpoints and what each answers: a ``/api/run/<name>`` per view
+    of the Run page (:data:`views.RUN_VIEWS`, with its own parameters) and per
+    :data:`EXTRA_PANELS`."""
+    run = [("summary", EXTRA_PANELS["summary"], ""),
+           *((v.name, v.about, v.params) for v in views.RUN_VIEWS),
+           *((name, text, "") for name, text in EXTRA_PANELS.items() if name != "summary")]
+    return [
+        ("/api/clusters?name=&since=&until=&limit=&offset=",
+         "one page of the recorded clusters, newest first, and how each ended"),
+        *[(f"/api/run/{name}?cluster=&span=&since=&until={extra}", text) for name, text, extra in run],
+        ("/api/view/{name}?cluster=&span=&since=&until=&worker=",
+         "one panel as the web page draws it: its HTML and its Bokeh document"),
+        ("/api/task?cluster=&key=", "a task's story, the metrics and logs around it, its dependencies"),
+        ("/api/compare?span=&cluster=&since=&until=",
+         "regressions beyond the noise, latest run against the one before; a span across runs"),
+    ]
 
 
 def run_panel(backend: Backend, panel: str, params: Mapping, memo=None) -> dict:
     """The data of one panel of the Run page (see the module docstring)."""
-    names = ["summary", "task_states", "markers", *(v.name for v in views.RUN_VIEWS)]
+    names = [*EXTRA_PANELS, *(v.name for v in views.RUN_VIEWS)]
     if panel not in names:
-        raise panels.NotFound(f"no panel {panel!r}; the panels are {', '.join(names)}")
+        raise NotFound(f"no panel {panel!r}; the panels are {', '.join(names)}")
     int_param(params, "limit", 500, high=10_000)
-    int_param(params, "max_bars", panels.MAX_BARS, 0, 200_000)
+    int_param(params, "max_bars", task_stream.MAX_BARS, 0, 200_000)
     int_param(params, "max_nodes", 1500, 1, 200_000)
     level = opt(params, "level")
-    if level and level.upper() not in panels.LEVELS:
-        raise BadParameter(f"level must be one of {', '.join(panels.LEVELS)}, not {level!r}")
+    if level and level.upper() not in LEVELS:
+        raise BadParameter(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
     ctx = views.context(backend, params, memo)
     if panel == "summary":
         return views.summary(ctx)
     if panel == "markers":
         return ctx.markers()
     if panel == "task_states":
-        return panels.task_states(backend, ctx.scope)
+        return progress.task_states(backend, ctx.scope)
     if panel == "diagnosis" and opt(params, "key"):
-        return panels.diagnosis_panel(backend, ctx.scope, opt(params, "key"), found=ctx.deaths())
+        return diagnosis.diagnosis_panel(backend, ctx.scope, opt(params, "key"), found=ctx.deaths())
     return views.VIEWS[panel].data(ctx)[panel]
 
 
@@ -140,7 +138,7 @@ def _default(value):
 
 def status_of(error: BaseException) -> int:
     """The HTTP status for an error raised by a handler."""
-    if isinstance(error, panels.NotFound):
+    if isinstance(error, NotFound):
         return 404
     if isinstance(error, BadParameter):
         return 400

@@ -17,7 +17,8 @@
 :func:`diagnose`
     both for one run (or every run matching ``cluster``), with the rows that support
     each verdict: the dead worker's tasks, the log lines about its process (its
-    nanny's, the scheduler's) and its own last warnings, and its last metrics.
+    nanny's, the scheduler's) and its own last warnings, and its last metrics
+    (:mod:`.death_evidence`).
 
 Every time is float seconds since the epoch.
 """
@@ -32,14 +33,10 @@ from dask_blackbox.causes import (
     HIGH, MEDIUM, Cause, Closing, Exit, MemoryKill, Removal, TtlTimeout, Verdict, classify,
     gather,
 )
+from dask_blackbox.read import held_memory, last_stacks
 from dask_blackbox.read.backends import Backend
-from dask_blackbox.read.filters import TimeBound, cluster_ids, epoch, table
-
-#: Log lines shown per death: about its process (nanny, scheduler), and its own last
-#: warnings and errors.
-LOG_LINES = 8
-#: Window around a death in which log lines about it are looked for (seconds).
-LOG_WINDOW_S = 30.0
+from dask_blackbox.read.death_evidence import LOG_LINES, _death_evidence, _timeline
+from dask_blackbox.read.filters import TimeBound, cluster_ids, clusters_condition, epoch, table
 
 
 class Death(NamedTuple):
@@ -132,12 +129,6 @@ class KilledTask(NamedTuple):
 # ------------------------------------------------------------------- deaths
 
 
-def _clusters_condition(ids: list[str] | None, column: str = "cluster_id") -> tuple[str, dict]:
-    if ids is None:
-        return "1", {}
-    return f"{column} IN {{clusters:Array(String)}}", {"clusters": ids}
-
-
 def _detail(text: str) -> dict:
     try:
         value = json.loads(text) if text else {}
@@ -156,7 +147,7 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
     oldest first, each with its verdict. Five queries, whatever the number of
     clusters. A worker's process id and nanny come from its ``worker_added`` record,
     or from ``scheduler_start``'s list of the workers there before the recording."""
-    where, p = _clusters_condition(ids)
+    where, p = clusters_condition(ids)
     _, life = backend.query(
         "SELECT cluster_id, toFloat64(ts), action, worker, reason, stimulus_id, detail "
         f"FROM {table(backend, 'lifecycle')} WHERE {where} AND action IN "
@@ -183,6 +174,28 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
     exits: dict[str, list[Exit]] = defaultdict(list)
     for c, worker, pid, ts, code, sig, mem, peak, limit, term, host, avail, status in exit_rows:
         exits[c].append(Exit(worker, pid, ts, code, sig, mem, peak, limit, term, host, avail, status))
+    kills, ttls, closings = _events(event_rows)
+    restarts, closes, added, removals = _lifecycle(life, since, until)
+    out = []
+    for r in removals:
+        c = r.cluster_id
+        facts = gather(r, exits[c], kills[c], ttls[c], closings[c], restarts[c], closes[c],
+                       c in with_nannies)
+        peaks = [v for v in (facts.exit.memory_peak if facts.exit else None,
+                             facts.memory_kill.rss if facts.memory_kill else None) if v]
+        limit = (facts.exit.memory_limit if facts.exit else None) or _int(
+            added.get((c, r.worker), (None, {}))[1].get("memory_limit"))
+        pid = r.pid if r.pid is not None else facts.exit.pid if facts.exit else None
+        out.append(Death(c, r.worker, r.ts, r.stimulus_id, r.reason, r.expected, r.processing_tasks,
+                         r.lost_computed_tasks, r.lost_scattered_tasks, pid, r.nanny, r.added,
+                         max(peaks, default=None), limit, classify(facts), r))
+    out.sort(key=lambda d: (d.ts, d.cluster_id))
+    return out
+
+
+def _events(event_rows: list[tuple]) -> tuple[dict, dict, dict]:
+    """Per cluster: the nannies' memory kills, the scheduler's TTL timeouts and the
+    workers' closings, from the events :func:`deaths` read."""
     kills: dict[str, list[MemoryKill]] = defaultdict(list)
     ttls: dict[str, list[TtlTimeout]] = defaultdict(list)
     closings: dict[str, list[Closing]] = defaultdict(list)
@@ -198,7 +211,13 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
                                       float(ttl) if isinstance(ttl, (int, float)) else None))
         else:
             closings[c].append(Closing(topic, ts, str(m.get("reason") or "")))
+    return kills, ttls, closings
 
+
+def _lifecycle(life: list[tuple], since: TimeBound, until: TimeBound) -> tuple:
+    """Per cluster its restarts and closes, per (cluster, worker) when it joined and
+    what it said then, and the removals in [since, until), from the lifecycle rows
+    :func:`deaths` read."""
     start, stop = epoch(since, "since"), epoch(until, "until")
     restarts: dict[str, list[float]] = defaultdict(list)
     closes: dict[str, list[float]] = defaultdict(list)
@@ -227,21 +246,7 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
                 _int(info.get("lost_scattered_tasks")) or 0, _int(joined_detail.get("pid")),
                 joined_detail.get("nanny") if isinstance(joined_detail.get("nanny"), str) else None,
                 "nanny" in joined_detail, joined))
-    out = []
-    for r in removals:
-        c = r.cluster_id
-        facts = gather(r, exits[c], kills[c], ttls[c], closings[c], restarts[c], closes[c],
-                       c in with_nannies)
-        peaks = [v for v in (facts.exit.memory_peak if facts.exit else None,
-                             facts.memory_kill.rss if facts.memory_kill else None) if v]
-        limit = (facts.exit.memory_limit if facts.exit else None) or _int(
-            added.get((c, r.worker), (None, {}))[1].get("memory_limit"))
-        pid = r.pid if r.pid is not None else facts.exit.pid if facts.exit else None
-        out.append(Death(c, r.worker, r.ts, r.stimulus_id, r.reason, r.expected, r.processing_tasks,
-                         r.lost_computed_tasks, r.lost_scattered_tasks, pid, r.nanny, r.added,
-                         max(peaks, default=None), limit, classify(facts), r))
-    out.sort(key=lambda d: (d.ts, d.cluster_id))
-    return out
+    return restarts, closes, added, removals
 
 
 def death_counts(backend: Backend, ids: list[str] | None = None) -> dict[str, int]:
@@ -262,7 +267,7 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     """Each task of the clusters ``ids`` that erred with KilledWorker (only ``key``
     if given), with its chain of deaths and its suspects. ``found``: the clusters'
     :func:`deaths`, if already computed."""
-    where, p = _clusters_condition(ids)
+    where, p = clusters_condition(ids)
     if key is not None:
         where += " AND key = {key:String}"
         p["key"] = key
@@ -284,7 +289,7 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     counted = {(d.cluster_id, d.stimulus_id): d for d in found if d.expected is not True}
     keys = sorted({r[1] for r in erred})
     clusters = sorted({r[0] for r in erred})
-    cwhere, cp = _clusters_condition(clusters)
+    cwhere, cp = clusters_condition(clusters)
     _, left = backend.query(
         "SELECT cluster_id, key, stimulus_id "
         f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
@@ -328,7 +333,7 @@ def _entered_processing(backend: Backend, clusters: list[str], keys: list[str]) 
     """(cluster_id, key) -> the times the key entered processing, ascending."""
     if not keys:
         return {}
-    cwhere, cp = _clusters_condition(clusters)
+    cwhere, cp = clusters_condition(clusters)
     _, rows = backend.query(
         "SELECT cluster_id, key, toFloat64(ts) "
         f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
@@ -428,7 +433,9 @@ def diagnose(backend: Backend, cluster: str | None = None, key: str | None = Non
     :meth:`Death.as_dict` plus ``tasks`` (what it was processing: key, prefix, then
     finish), ``logs`` (the lines about its process and its last warnings: ts, level,
     source, worker, logger, message), ``metrics`` (its last sample before the
-    removal) and ``timeline`` (the evidence, the lines and the sample by time); ``killed_workers`` (:meth:`KilledTask.as_dict`); ``counts``: deaths,
+    removal), ``timeline`` (the evidence, the lines and the sample by time) and, for a
+    death, ``held_memory`` (what its worker held, :mod:`.held_memory`), and
+    ``last_stack`` (what it was doing: :mod:`.last_stacks`); ``killed_workers`` (:meth:`KilledTask.as_dict`); ``counts``: deaths,
     expected ends, deaths by cause. With ``key``, only the KilledWorker of that task
     and the deaths of its chain. ``found``: the clusters' :func:`deaths` (every
     removal, no window), if already computed."""
@@ -442,10 +449,13 @@ def diagnose(backend: Backend, cluster: str | None = None, key: str | None = Non
         chain = {(d.cluster_id, d.stimulus_id) for k in killed for d in k.deaths}
         found = [d for d in found if (d.cluster_id, d.stimulus_id) in chain]
     evidence = _death_evidence(backend, found, log_lines)
+    held = _held_at_deaths(backend, found)
+    _add_last_stacks(backend, found, evidence)
     by_cause: dict[str, int] = defaultdict(int)
     out_deaths, out_expected = [], []
     for d in found:
-        row = {**d.as_dict(), **evidence.get((d.cluster_id, d.stimulus_id, d.worker), {})}
+        row = {**d.as_dict(), **evidence.get((d.cluster_id, d.stimulus_id, d.worker), {}),
+               **held.get((d.cluster_id, d.stimulus_id, d.worker), {})}
         row["timeline"] = _timeline(row)
         if d.is_death:
             by_cause[d.verdict.cause.value] += 1
@@ -458,114 +468,19 @@ def diagnose(backend: Backend, cluster: str | None = None, key: str | None = Non
                        "killed_workers": len(killed), "by_cause": dict(by_cause)}}
 
 
-def _timeline(row: dict) -> list[dict]:
-    """A death's evidence, its log lines and its last metric sample in one list, by
-    time: ``ts``, ``source`` (a table, ``logs`` with its level, or ``metrics``),
-    ``text``."""
-    out = [dict(e) for e in row["evidence"]]
-    for line in row.get("logs", []):
-        where = line["source"] + (f" {line['worker']}" if line["worker"] else "")
-        out.append({"ts": line["ts"], "source": f"logs {line['level']}",
-                    "text": f"{line['logger']} ({where}): {line['message']}"})
-    m = row.get("metrics")
-    if m:
-        out.append({"ts": m["ts"], "source": "metrics",
-                    "text": f"last sample: memory {_size(m['memory'])}, managed "
-                            f"{_size(m['memory_managed'])}, executing {m['executing']}, "
-                            f"ready {m['ready']}"})
-    return sorted(out, key=lambda e: e["ts"])
+def _add_last_stacks(backend: Backend, found: list[Death], evidence: dict) -> None:
+    """Each death's evidence gets ``last_stack``: what it was doing
+    (:meth:`last_stacks.LastStack.as_dict`)."""
+    for d, last in zip(found, last_stacks.of_deaths(backend, found)):
+        evidence.setdefault((d.cluster_id, d.stimulus_id, d.worker), {})["last_stack"] = last.as_dict()
 
 
-def _size(n: int | None) -> str:
-    from dask.utils import format_bytes
-
-    return format_bytes(n) if n is not None else "?"
-
-
-def _death_evidence(backend: Backend, found: list[Death], lines: int) -> dict:
-    """(cluster_id, stimulus_id, worker) -> tasks, logs and metrics of that removal."""
-    if not found:
-        return {}
-    clusters = sorted({d.cluster_id for d in found})
-    cwhere, cp = _clusters_condition(clusters)
-    stimuli = sorted({d.stimulus_id for d in found if d.stimulus_id})
-    _, tasks = backend.query(
-        "SELECT cluster_id, stimulus_id, key, prefix, finish "
-        f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
-        "AND start = 'processing' AND stimulus_id IN {s:Array(String)} ORDER BY ts, seq, idx",
-        {**cp, "s": stimuli})
-    tasks_of: dict[tuple[str, str], list] = defaultdict(list)
-    for c, stimulus_id, k, prefix, finish in tasks:
-        tasks_of[(c, stimulus_id)].append({"key": k, "prefix": prefix, "finish": finish})
-    logs, metrics = _logs_about(backend, found, lines), _last_metrics(backend, found)
-    return {(d.cluster_id, d.stimulus_id, d.worker): {
-                "tasks": tasks_of.get((d.cluster_id, d.stimulus_id), []),
-                "logs": logs[i], "metrics": metrics[i]}
-            for i, d in enumerate(found)}
-
-
-def _each_death(found: list[Death]) -> tuple[str, dict]:
-    """Array parameters naming each death (``cs``, ``ws``, ``ts``: its cluster, worker
-    and time, 1-based as ClickHouse's arrays) and the SQL of their numbers, so one
-    statement answers for every death (``ARRAY JOIN`` of the deaths a row concerns)."""
-    return ("range(1, length({ws:Array(String)}) + 1)",
-            {"cs": [d.cluster_id for d in found], "ws": [d.worker for d in found],
-             "ts": [float(d.ts) for d in found]})
-
-
-def _logs_about(backend: Backend, found: list[Death], lines: int) -> list[list[dict]]:
-    """Per death (in ``found``'s order), the log lines about the removed worker's
-    process (any process's lines naming its address or "Worker process <pid>", around
-    the removal; at most ``lines``) and its own last warnings and errors before it (at
-    most ``lines``), oldest first; one statement for every death."""
-    deaths, p = _each_death(found)
-    # from a little after it joined: the lines of its registration say nothing of its end
-    p["ss"] = [d.ts - LOG_WINDOW_S if d.added is None else max(d.ts - LOG_WINDOW_S, min(d.added + 0.2, d.ts))
-               for d in found]
-    p["pids"] = [f"Worker process {d.pid} " if d.pid is not None else "\x00" for d in found]
-    p["pidqs"] = [f"(pid={d.pid})" if d.pid is not None else "\x00" for d in found]
-    p["n"] = lines
-    columns = "toFloat64(ts) AS t, level, source, worker, logger, message, seq, idx"
-    logs = table(backend, "logs")
-    _, rows = backend.query(
-        f"SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND toFloat64(ts) >= {ss:Array(Float64)}[i] "
-        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 10 "
-        "AND (position(message, {ws:Array(String)}[i]) > 0 OR position(message, {pids:Array(String)}[i]) > 0 "
-        f"OR position(message, {{pidqs:Array(String)}}[i]) > 0), {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND toFloat64(ts) >= arrayMin({ss:Array(Float64)}) "
-        "AND toFloat64(ts) <= arrayMax({ts:Array(Float64)}) + 10 "
-        "ORDER BY t DESC LIMIT {n:UInt32} BY i) "
-        f"UNION ALL SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
-        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 1 "
-        f"AND toFloat64(ts) >= {{ss:Array(Float64)}}[i] - 600, {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
-        "AND level IN ('WARNING', 'ERROR', 'CRITICAL') "
-        "ORDER BY t DESC LIMIT {n:UInt32} BY i)", p)
-    per: list[set] = [set() for _ in found]
-    for i, *line in rows:
-        per[i - 1].add(tuple(line))  # a line may match both
-    return [[{"ts": t, "level": lv, "source": src, "worker": w, "logger": lg, "message": m}
-             for t, lv, src, w, lg, m, _, _ in sorted(lines_, key=lambda r: (r[0], r[6], r[7]))]
-            for lines_ in per]
-
-
-def _last_metrics(backend: Backend, found: list[Death]) -> list[dict | None]:
-    """Per death (in ``found``'s order), the dead worker's last metric sample at or
-    before its removal (None without one); one statement for every death."""
-    deaths, p = _each_death(found)
-    columns, rows = backend.query(
-        "SELECT i, toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, cpu, executing, "
-        f"ready FROM {table(backend, 'worker_metrics')} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
-        f"AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
-        "ORDER BY ts DESC LIMIT 1 BY i", p)
-    out: list[dict | None] = [None] * len(found)
-    for i, *sample in rows:
-        out[i - 1] = dict(zip(columns[1:], sample))
-    return out
+def _held_at_deaths(backend: Backend, found: list[Death]) -> dict:
+    """(cluster_id, stimulus_id, worker) -> ``{"held_memory": ...}`` of each death
+    (:meth:`held_memory.HeldMemory.as_dict`: what its worker held when it died)."""
+    dead = [d for d in found if d.is_death]
+    return {(d.cluster_id, d.stimulus_id, d.worker): {"held_memory": h.as_dict()}
+            for d, h in zip(dead, held_memory.at_deaths(backend, dead))}
 
 
 __all__ = ["Death", "KilledTask", "Suspect", "deaths", "death_counts", "killed_workers",

@@ -4,7 +4,9 @@
 
 ``erred_tasks``
     every transition into 'erred': key, when, on which worker, exception, the key
-    that caused it, traceback.
+    that caused it, traceback. A dependent that erred for its dependency's error
+    (Dask's ``exception_blame``, recorded as ``cause``) has as exception "erred
+    because <cause> raised <that task's exception>".
 ``dead_workers``
     workers that died (:mod:`.diagnosis`: a removal whose cause is not "expected")
     while tasks were running on them (Dask released those tasks, or marked them
@@ -75,12 +77,39 @@ def failures(backend: Backend, cluster: str | None = None, since: TimeBound = No
 
 
 def _erred_tasks(backend: Backend, f: Filter) -> Result:
-    return backend.query(
+    """The transitions into 'erred'; a dependent that erred for another task's error
+    (``cause``, Dask's ``exception_blame``) has as exception "erred because <cause>
+    raised <its exception>"."""
+    columns, rows = backend.query(
         "SELECT cluster_id, key, ts, worker, prefix, exception, cause, traceback "
         f"FROM {table(backend, 'transitions')} {f.where()} "
         f"{f.and_()} finish = 'erred' ORDER BY ts, seq, idx",
         f.parameters,
     )
+    inherited = sorted({(r[0], r[6]) for r in rows if r[6] and r[6] != r[1] and not r[5]})
+    if not inherited:
+        return columns, rows
+    condition, parameters = pairs("cluster_id", "key", inherited)
+    _, raised = backend.query(
+        f"SELECT cluster_id, key, exception FROM {table(backend, 'transitions')} "
+        f"WHERE ({condition}) AND finish = 'erred' AND exception != '' ORDER BY ts, seq, idx",
+        parameters,
+    )
+    exception_of: dict[tuple, str] = {}
+    for cluster_id, key, exception in raised:
+        exception_of.setdefault((cluster_id, key), exception)
+    return columns, [blamed(r, exception_of) for r in rows]
+
+
+def blamed(row: tuple, exception_of: dict[tuple, str]) -> tuple:
+    """An erred row (cluster_id, key, ts, worker, prefix, exception, cause, ...) whose
+    exception says whose error it inherited, when it has none of its own."""
+    cluster_id, key, exception, cause = row[0], row[1], row[5], row[6]
+    if exception or not cause or cause == key:
+        return row
+    raised = exception_of.get((cluster_id, cause))
+    said = f"erred because {cause} raised {raised}" if raised else f"erred because {cause} erred"
+    return (*row[:5], said, *row[6:])
 
 
 def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:

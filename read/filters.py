@@ -109,3 +109,11 @@ def cluster_names(backend: Backend) -> dict[str, str]:
     """cluster_id -> latest cluster name."""
     _, rows = backend.query(f"SELECT cluster_id, cluster_name FROM {table(backend, 'clusters')}")
     return dict(rows)
+
+
+def clusters_condition(ids: list[str] | None, column: str = "cluster_id") -> tuple[str, dict]:
+    """The condition that keeps the clusters ``ids`` (None: every cluster) on
+    ``column``, and its parameters."""
+    if ids is None:
+        return "1", {}
+    return f"{column} IN {{clusters:Array(String)}}", {"clusters": ids}

@@ -28,7 +28,7 @@ read side runs SQL. For each statement it:
 4. runs the canonical text -- what ran is exactly what was checked -- with ClickHouse's
    ``readonly=1`` (no writes, no DDL, no settings changes: a query's own ``SETTINGS``
    cannot lift the limits) and the limits ``blackbox.query.max-execution-time``,
-   ``max-memory-usage`` and ``max-result-rows``.
+   ``max-memory-usage``, ``max-result-rows`` and ``max-result-bytes``.
 
 A statement refused in steps 1-3 raises :class:`QueryRejected` (one line, saying
 why) before it reaches ClickHouse. Every error message goes through
@@ -196,12 +196,16 @@ class Limits:
     max_execution_time: float
     max_memory_usage: int
     max_result_rows: int
+    #: bytes of one result (uncompressed, as ClickHouse counts them): what a reader
+    #: can make the process answering it hold
+    max_result_bytes: int = 256 * 2**20
 
     @classmethod
     def from_config(cls) -> Limits:
         return cls(config.get_seconds("query.max-execution-time", minimum=0.001),
                    config.get_bytes("query.max-memory-usage"),
-                   config.get_int("query.max-result-rows"))
+                   config.get_int("query.max-result-rows"),
+                   config.get_bytes("query.max-result-bytes"))
 
     @property
     def settings(self) -> dict:
@@ -211,6 +215,7 @@ class Limits:
             "max_execution_time": self.max_execution_time,
             "max_memory_usage": self.max_memory_usage,
             "max_result_rows": self.max_result_rows,
+            "max_result_bytes": self.max_result_bytes,
             "result_overflow_mode": "throw",
             "allow_introspection_functions": 0,  # chDB turns them on
         }

@@ -14,7 +14,7 @@ The answers here (:func:`finished`, :func:`state_moves`, :func:`worker_memory`,
 source, ``"raw"`` or ``"rollups"``, by the same SQL over two relations of the same
 columns: the roll-up table, or the raw rows aggregated per minute exactly as the
 materialized view does (:data:`RAW_TASK_MINUTES`, :data:`RAW_WORKER_MINUTES`). While
-the raw rows exist both give the same answer (tests/test_rollups.py). Their time unit
+the raw rows exist both give the same answer (tests/unit/test_rollups.py). Their time unit
 is the minute: a :class:`Window` starts on a minute and its buckets are whole minutes.
 """
 

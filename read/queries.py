@@ -43,6 +43,15 @@ _REPLACING = frozenset({"span_state", "prefix_stats", "gaps", "schema_migrations
 # ------------------------------------------------------------- named queries
 
 
+#: The transitions of tasks as they happened, in the shape of Scheduler.story (``key,
+#: start, finish, stimulus_id, ts`` in float seconds), then where each happened;
+#: ``{where}`` picks the cluster, the keys and the sources.
+STORY = ("SELECT key, start, finish, stimulus_id, toFloat64(ts) AS ts, cluster_id, worker, source "
+         "FROM {transitions} {where} "
+         # seq/idx: the producer's own order, exact even when timestamps tie
+         "ORDER BY ts, seq, idx")
+
+
 def story(backend: Backend, key: str, cluster: str | None = None, since: TimeBound = None,
           until: TimeBound = None, source: str | None = "scheduler") -> Result:
     """The transitions of ``key`` as they happened, in the shape of Scheduler.story:
@@ -57,13 +66,8 @@ def story(backend: Backend, key: str, cluster: str | None = None, since: TimeBou
     f.add("key = {key:String}", key=key)
     if source is not None:
         f.add("source = {source:String}", source=source)
-    return backend.query(
-        "SELECT key, start, finish, stimulus_id, toFloat64(ts) AS ts, cluster_id, worker, source "
-        f"FROM {table(backend, 'transitions')} {f.where()} "
-        # seq/idx: the producer's own order, exact even when timestamps tie
-        "ORDER BY ts, seq, idx",
-        f.parameters,
-    )
+    return backend.query(STORY.format(transitions=table(backend, "transitions"), where=f.where()),
+                         f.parameters)
 
 
 def _span_rows(backend: Backend, f: Filter) -> list[dict]:
@@ -83,6 +87,43 @@ def _span_rows(backend: Backend, f: Filter) -> list[dict]:
         f.parameters,
     )
     return [dict(zip(columns, row)) for row in rows]
+
+
+#: Per span of a cluster (all, or those of ``ids``): its parent and Dask's count of the
+#: tasks of its tree (``Span.states`` summed).
+SPAN_TASKS = ("SELECT span_id, parent_id, arraySum(mapValues(states)) FROM {span_state} FINAL "
+              "WHERE cluster_id = {{c:String}}{only}")
+
+
+def dask_tasks(backend: Backend, cluster_id: str, span_ids: list[str] | None = None) -> int | None:
+    """Dask's count of a run's tasks (or of the span trees of ``span_ids``): the
+    tasks its root spans' trees held (``Span.states`` summed, forgotten ones
+    included: a key submitted again after it was forgotten is a task again), what the
+    Spans view shows at its roots; None when no span of it was recorded."""
+    only, p = "", {"c": cluster_id}
+    if span_ids is not None:
+        only, p["ids"] = " AND span_id IN {ids:Array(String)}", list(span_ids)
+    _, rows = backend.query(SPAN_TASKS.format(span_state=table(backend, "span_state"),
+                                              only=only), p)
+    if not rows:
+        return None
+    ids = {span_id for span_id, _, _ in rows}
+    return int(sum(n for _, parent, n in rows if not parent or parent not in ids))
+
+
+#: A cluster's worker removals: each one's stimulus (which the transitions of the tasks
+#: it released name) and the worker removed; ``{also}`` adds conditions (`` AND ...``).
+WORKER_REMOVALS = ("SELECT stimulus_id, worker FROM {lifecycle} WHERE cluster_id = {{c:String}} "
+                   "AND action = 'worker_removed'{also}")
+
+
+def span_name(backend: Backend, cluster_id: str, span_id: str) -> str:
+    """The name of span ``span_id`` of ``cluster_id`` as the scheduler announced it,
+    its parts joined by "/" ("" when no such span was recorded)."""
+    _, rows = backend.query(
+        f"SELECT any(name) FROM {table(backend, 'spans')} WHERE cluster_id = {{c:String}} "
+        "AND span_id = {s:String}", {"c": cluster_id, "s": span_id})
+    return "/".join(rows[0][0]) if rows and rows[0][0] else ""
 
 
 def tree_order(spans: list[dict]) -> list[tuple[int, dict]]:

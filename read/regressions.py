@@ -9,22 +9,33 @@ baseline are the *history*.
 For every task prefix and action (``compute``, ``transfer``, ``disk``, and
 ``waiting``: on the worker before compute, neither transferring nor reading from
 disk -- a thread was busy) the per-task durations of baseline and candidate are
-compared (:mod:`.noise`): the Mann-Whitney U rank test (two-sided; Bonferroni over
-the comparisons made, at :data:`ALPHA`) and the Hodges-Lehmann ratio (the median
-ratio of a candidate task to a baseline task) with its 95% confidence interval. The noise band of a prefix and action is three run-to-run standard
-deviations of its median over the history and the baseline (at least
-:data:`~.noise.MIN_CHANGE`; with no history, just that). A change is *slower*
+compared (:mod:`.noise`): the Mann-Whitney U rank test (two-sided; Holm's step-down
+correction over the comparisons made, at :data:`ALPHA` family-wise) and the
+Hodges-Lehmann ratio (the median ratio of a candidate task to a baseline task) with
+its 95% confidence interval. The noise band of a prefix and action is three
+run-to-run standard deviations of its median over the history and the baseline (at
+least :data:`~.noise.MIN_CHANGE`; with no history, just that). A change is *slower*
 (*faster*) when the test rejects, the whole interval lies above (below) the band, and
-it moves the run's task seconds by :data:`MIN_SHARE` at least; otherwise it is within
-noise. At most :data:`SAMPLE` tasks a side are compared (ClickHouse samples them);
-totals are exact.
+it moves the run's task seconds by :data:`MIN_SHARE` at least. Otherwise it is
+*within noise* only when its interval, widened by the run-to-run noise of the pair,
+rules out a change of :data:`RESOLVE` (or of the band, if wider) both ways, or when
+a change that large would not move the run's task seconds by :data:`MIN_SHARE`; an
+interval too wide for that (few tasks, noisy ones) is *inconclusive*: the data cannot
+tell. At most :data:`SAMPLE` tasks a side are
+compared (ClickHouse samples them); totals are exact.
 
 The *culprit* is the slower prefix and action whose total seconds grew most, a work
 action (compute, transfer, disk) before waiting (which follows from work elsewhere),
 with the share of the change in task seconds it explains and whether it sits on the
 candidate's critical path (:mod:`.critical_path`): a link of that prefix that spent
 time in that action. The wall time (elapsed, first compute to last) is compared with
-its own history the same way (one value a run: the band alone decides).
+its own history the same way (one value a run: the band alone decides), and the
+headline follows it when no prefix and action changed: a run whose wall time left its
+band is not "no change".
+
+A baseline that failed (tasks erred in it) is not compared with: :func:`compare`
+takes the latest earlier run without erred tasks, and says which runs it passed
+over; when every earlier run erred, the comparison says so in its notes.
 
 Runs that cannot be compared raise :class:`NotComparable` with a one-line reason:
 fewer than two runs, or runs that share no prefix.
@@ -32,219 +43,25 @@ fewer than two runs, or runs that share no prefix.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from typing import NamedTuple
 
 import numpy as np
 
-from dask_blackbox.read import noise
+from dask_blackbox.read import noise, queries
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.comparison import (_PATH_PART, ACTIONS, ALPHA, HISTORY, MIN_SHARE, RESOLVE,
+                                           SAMPLE, TOP_PREFIXES, WORK, Change, Comparison,
+                                           NotComparable, Profile, Run, Sample)
 from dask_blackbox.read.critical_path import NoActions, critical_path
 from dask_blackbox.read.filters import TimeBound, build, cluster_ids, cluster_names, epoch, table
 
-#: Significance of a rank test, before the Bonferroni correction.
-ALPHA = 0.05
-#: A change must move the run's task seconds (compute, transfer, disk) by this fraction
-#: at least: a prefix of a few short tasks can double without making a run slower.
-MIN_SHARE = 0.01
-#: Tasks a side the statistics look at (sampled by ClickHouse beyond that).
-SAMPLE = 2000
-#: Earlier runs read for the noise (the latest ones).
-HISTORY = 20
-#: Prefixes shown by name in the runs side by side (the most compute seconds).
-TOP_PREFIXES = 8
-ACTIONS = ("compute", "transfer", "disk", "waiting")
-WORK = ("compute", "transfer", "disk")
-#: The critical path's part that corresponds to an action.
-_PATH_PART = {"compute": "compute", "transfer": "transfer", "disk": "disk", "waiting": "thread"}
-
-
-class NotComparable(LookupError):
-    """The runs asked for cannot be compared; the message says why."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Run:
-    """One run: a span instance (its tree) or a whole cluster's run."""
-
-    cluster_id: str
-    cluster_name: str
-    #: the span's id, or None for the whole run
-    span_id: str | None
-    #: when it began (the span's enqueued, or the cluster's first envelope), epoch seconds
-    began: float
-    #: the span tree's ids, or None for the whole run
-    span_ids: tuple[str, ...] | None = None
-
-    @property
-    def label(self) -> str:
-        import datetime
-
-        when = datetime.datetime.fromtimestamp(self.began, datetime.timezone.utc)
-        return f"{self.cluster_name} {when:%Y-%m-%d %H:%M:%S}"
-
-    def as_dict(self) -> dict:
-        return {"cluster_id": self.cluster_id, "cluster_name": self.cluster_name,
-                "span_id": self.span_id, "began": self.began, "label": self.label}
-
-
-class Sample(NamedTuple):
-    """One prefix and action of one run: tasks, exact total seconds, durations (sampled)."""
-
-    n: int
-    total: float
-    values: np.ndarray
-
-    @property
-    def median(self) -> float:
-        return float(np.median(self.values)) if len(self.values) else 0.0
-
-
-class Profile(NamedTuple):
-    """What a run is compared by."""
-
-    wall: float | None
-    samples: dict[tuple[str, str], Sample]
-
-
-class Change(NamedTuple):
-    """One prefix and action, baseline against candidate."""
-
-    prefix: str
-    action: str
-    #: "slower", "faster", "within noise", "too few tasks", "new", "gone"
-    verdict: str
-    n_base: int
-    n_new: int
-    median_base: float
-    median_new: float
-    total_base: float
-    total_new: float
-    ratio: float
-    low: float
-    high: float
-    p_value: float
-    #: the band a ratio must leave (a fraction), and how many earlier runs set it
-    band: float
-    history: int
-
-    @property
-    def delta(self) -> float:
-        return self.total_new - self.total_base
-
-
-@dataclasses.dataclass(frozen=True)
-class Comparison:
-    """A candidate run against its baseline, with the verdicts first."""
-
-    what: str
-    baseline: Run
-    candidate: Run
-    history: tuple[Run, ...]
-    wall_base: float | None
-    wall_new: float | None
-    wall_band: float
-    changes: tuple[Change, ...]
-    culprit: Change | None
-    #: the culprit on the candidate's critical path: (links of its prefix with time in
-    #: its action, seconds of that action on the path); None when the path is unknown
-    on_path: tuple[int, float] | None
-    comparisons: int
-    notes: tuple[str, ...] = ()
-    #: every run read (history, baseline, candidate: oldest first) side by side:
-    #: (metric, one value per run) rows -- elapsed_s, task_s, tasks, compute_s <prefix>
-    table: tuple[tuple, ...] = ()
-
-    @property
-    def wall_verdict(self) -> str:
-        if not self.wall_base or not self.wall_new:
-            return "unknown"
-        ratio = self.wall_new / self.wall_base
-        return "slower" if ratio > 1 + self.wall_band else \
-            "faster" if ratio < 1 / (1 + self.wall_band) else "within noise"
-
-    @property
-    def verdict(self) -> str:
-        """"regression" when a prefix and action got slower beyond the noise,
-        "improvement" when one got faster and none slower, else "no change beyond
-        noise" (the wall time alone decides nothing: a machine busier one night moves
-        it without any task being at fault; :attr:`wall_verdict` says how it moved)."""
-        slower = [c for c in self.changes if c.verdict == "slower"]
-        faster = [c for c in self.changes if c.verdict == "faster"]
-        if slower:
-            return "regression"
-        if faster:
-            return "improvement"
-        return "no change beyond noise"
-
-    @property
-    def method(self) -> str:
-        return (f"per prefix and action, the per-task durations of both runs: Mann-Whitney U "
-                f"rank test (two-sided, alpha {ALPHA} Bonferroni-corrected over "
-                f"{self.comparisons} comparisons) and the Hodges-Lehmann ratio with its "
-                f"{noise.CONFIDENCE:.0%} confidence interval; a change counts when the test "
-                f"rejects and the interval lies beyond the noise band "
-                f"({noise.NOISE_SIGMAS:g} run-to-run standard deviations of the median over "
-                f"{len(self.history)} earlier run(s) and the baseline, at least "
-                f"{noise.MIN_CHANGE:.0%}) and it moves the run's task seconds by "
-                f"{MIN_SHARE:.0%} at least")
-
-    def sentences(self) -> list[str]:
-        """The verdict in words, most important first."""
-        out = []
-        what = self.what
-        base, new = self.baseline.label, self.candidate.label
-        if self.wall_base and self.wall_new:
-            change = self.wall_new / self.wall_base - 1
-            out.append(f"{self.verdict.upper()}: {what} took {_s(self.wall_new)} in {new} "
-                       f"against {_s(self.wall_base)} in {base} ({change:+.1%}; wall-time noise "
-                       f"band ±{self.wall_band:.0%}: {self.wall_verdict})")
-        else:
-            out.append(f"{self.verdict.upper()}: {what}, {new} against {base}")
-        c = self.culprit
-        if c is not None:
-            changed = sum(x.delta for x in self.changes if x.delta > 0 and x.action in WORK) or 1.0
-            path = ("unknown whether on the critical path" if self.on_path is None
-                    else "on the critical path ({} link(s), {} of {} there)".format(
-                        self.on_path[0], _s(self.on_path[1]), c.action)
-                    if self.on_path[0] else "not on the critical path")
-            out.append(f"culprit: prefix {c.prefix!r}, {c.action}: {c.ratio - 1:+.1%} per task "
-                       f"(median {_s(c.median_base)} -> {_s(c.median_new)}, interval "
-                       f"{c.low - 1:+.1%} .. {c.high - 1:+.1%}, p={c.p_value:.2g}, band "
-                       f"±{c.band:.0%}); {_s(c.delta, signed=True)} task seconds, "
-                       f"{max(0.0, c.delta) / changed:.0%} of the work that grew; {path}")
-        for x in self.changes:
-            if x is not c and x.verdict in ("slower", "faster"):
-                out.append(f"also {x.verdict}: prefix {x.prefix!r}, {x.action}: "
-                           f"{x.ratio - 1:+.1%} per task (interval {x.low - 1:+.1%} .. "
-                           f"{x.high - 1:+.1%}, p={x.p_value:.2g})")
-        if c is None and self.verdict == "no change beyond noise":
-            out.append("no prefix and action changed beyond the noise")
-        out += list(self.notes)
-        out.append("method: " + self.method)
-        return out
-
-    def as_dict(self) -> dict:
-        return {"what": self.what, "verdict": self.verdict, "wall_verdict": self.wall_verdict,
-                "sentences": self.sentences(), "baseline": self.baseline.as_dict(),
-                "candidate": self.candidate.as_dict(),
-                "history": [r.as_dict() for r in self.history], "wall_base": self.wall_base,
-                "wall_new": self.wall_new, "wall_band": self.wall_band,
-                "culprit": self.culprit._asdict() if self.culprit else None,
-                "on_critical_path": self.on_path, "method": self.method,
-                "changes": [c._asdict() for c in self.changes],
-                "runs": [r.label for r in (*self.history, self.baseline, self.candidate)],
-                "table": [list(row) for row in self.table]}
-
-
-def _s(seconds: float, signed: bool = False) -> str:
-    sign = ("+" if seconds >= 0 else "-") if signed else ("-" if seconds < 0 else "")
-    v = abs(seconds)
-    text = f"{v * 1e3:.3g} ms" if v < 1 else f"{v:.3g} s" if v < 60 else f"{v / 60:.1f} min"
-    return sign + text
+#: What a comparison is made of, named here too (:mod:`.comparison`).
+__all__ = ["ACTIONS", "ALPHA", "HISTORY", "MIN_SHARE", "RESOLVE", "SAMPLE", "TOP_PREFIXES", "WORK",
+           "Change", "Comparison", "NotComparable", "Profile", "Run", "Sample", "span_runs",
+           "cluster_runs", "profile", "holm", "compare_profiles", "compare_runs", "compare",
+           "erred_tasks"]
 
 
 # ----------------------------------------------------------------------- runs
@@ -341,11 +158,12 @@ def profile(backend: Backend, run: Run) -> Profile:
 
 
 def _change(key: tuple[str, str], base: Sample | None, new: Sample | None,
-            history: list[Sample], k: int, floor: float) -> Change:
+            history: list[Sample], rejected: bool, floor: float) -> Change:
+    """One prefix and action's verdict; ``rejected``: whether its rank test rejected
+    after the correction for every comparison made (:func:`holm`)."""
     prefix, action = key
     nan = math.nan
     if base is None or new is None:
-        s = base or new
         verdict = "new" if base is None else "gone"
         return Change(prefix, action, verdict, base.n if base else 0, new.n if new else 0,
                       base.median if base else nan, new.median if new else nan,
@@ -358,19 +176,81 @@ def _change(key: tuple[str, str], base: Sample | None, new: Sample | None,
                       base.total, new.total, nan, nan, nan, nan, fraction, len(history))
     interval = noise.ratio_interval(base.values, new.values)
     p = noise.rank_test(base.values, new.values)
-    side = noise.beyond(interval, fraction) if p < ALPHA / max(k, 1) else 0
-    if abs(new.total - base.total) < floor:
+    side = noise.beyond(interval, fraction) if rejected else 0
+    negligible = abs(new.total - base.total) < floor
+    if negligible:
         side = 0
     verdict = {1: "slower", -1: "faster", 0: "within noise"}[side]
+    # no change is claimed where the data cannot rule out one that would matter
+    matters = max(RESOLVE, fraction) * base.total >= floor
+    if side == 0 and matters and not _resolved(interval, fraction):
+        verdict = "inconclusive"
     return Change(prefix, action, verdict, base.n, new.n, base.median, new.median, base.total,
                   new.total, *interval, p, fraction, len(history))
 
 
+def _resolved(interval: noise.Interval, band: float) -> bool:
+    """Whether the interval rules out a change of :data:`RESOLVE` (or of the band, if
+    wider) both ways. The interval sees only the tasks of the two runs; the pair of
+    runs also moves by the run-to-run noise the band stands for (its standard
+    deviation, ``log(1 + band) / NOISE_SIGMAS`` a run), so the interval is widened by
+    that pair's 95 % margin first (added to the interval's own: conservative, so that
+    a planted change is not called "within noise" when run noise hid part of it)."""
+    if math.isnan(interval.low) or interval.low <= 0:
+        return False
+    size = math.log1p(max(RESOLVE, band))
+    pair = 1.96 * math.sqrt(2.0) * math.log1p(band) / noise.NOISE_SIGMAS
+    return math.log(interval.high) + pair <= size and math.log(interval.low) - pair >= -size
+
+
+def holm(p_values: dict, alpha: float = ALPHA) -> set:
+    """The keys whose test rejects under Holm's step-down correction: the i-th
+    smallest of m p-values is compared with alpha / (m - i), stopping at the first
+    that is not below it (family-wise error at most ``alpha``, uniformly more
+    powerful than Bonferroni's alpha / m)."""
+    ordered = sorted(p_values.items(), key=lambda kv: kv[1])
+    m = len(ordered)
+    out = set()
+    for i, (key, p) in enumerate(ordered):
+        if p > alpha / (m - i):
+            break
+        out.add(key)
+    return out
+
+
+def compare_profiles(base: Profile, new: Profile, past: Sequence[Profile] = (),
+                     correction: str = "holm") -> tuple[list[Change], Change | None, int, float]:
+    """The statistics of a comparison, without reading anything: the changes (the
+    verdicts first), the culprit, the number of rank tests made, the wall time's
+    band. ``correction``: "holm", or "bonferroni" (alpha / m for every test)."""
+    keys = sorted(set(base.samples) | set(new.samples))
+    tests = {k: noise.rank_test(base.samples[k].values, new.samples[k].values) for k in keys
+             if k in base.samples and k in new.samples
+             and min(base.samples[k].n, new.samples[k].n) >= noise.MIN_TASKS}
+    if correction == "holm":
+        rejected = holm(tests)
+    else:
+        rejected = {k for k, p in tests.items() if p < ALPHA / max(len(tests), 1)}
+    work = sum(s.total for (_, action), s in base.samples.items() if action in WORK)
+    changes = [_change(k, base.samples.get(k), new.samples.get(k),
+                       [h.samples[k] for h in past if k in h.samples], k in rejected,
+                       MIN_SHARE * work)
+               for k in keys]
+    order = {"slower": 0, "faster": 1, "inconclusive": 2, "new": 3, "gone": 4, "within noise": 5,
+             "too few tasks": 6}
+    changes.sort(key=lambda c: (order[c.verdict], -abs(c.delta)))
+    slower = [c for c in changes if c.verdict == "slower"]
+    culprit = max(slower, key=lambda c: (c.action in WORK, c.delta), default=None)
+    walls = [h.wall for h in past if h.wall] + ([base.wall] if base.wall else [])
+    return changes, culprit, len(tests), noise.band(noise.run_noise(walls))
+
+
 def compare_runs(backend: Backend, baseline: Run, candidate: Run,
                  history: Sequence[Run] = (), what: str | None = None,
-                 with_path: bool = True) -> Comparison:
+                 with_path: bool = True, notes: Sequence[str] = ()) -> Comparison:
     """``candidate`` against ``baseline``, the noise from ``history`` (earlier runs);
-    see the module docstring. :class:`NotComparable` when they share no prefix."""
+    see the module docstring. :class:`NotComparable` when they share no prefix.
+    ``notes``: said first among the comparison's notes."""
     base, new = profile(backend, baseline), profile(backend, candidate)
     if not base.samples or not new.samples:
         empty = baseline if not base.samples else candidate
@@ -383,20 +263,8 @@ def compare_runs(backend: Backend, baseline: Run, candidate: Run,
             f"the runs share no task prefix: {baseline.label} ran {_few(base_prefixes)}, "
             f"{candidate.label} ran {_few(new_prefixes)}; nothing to compare")
     past = [profile(backend, r) for r in history]
-    keys = sorted(set(base.samples) | set(new.samples))
-    testable = sum(1 for k in keys if k in base.samples and k in new.samples
-                   and min(base.samples[k].n, new.samples[k].n) >= noise.MIN_TASKS)
-    work = sum(s.total for (_, action), s in base.samples.items() if action in WORK)
-    changes = [_change(k, base.samples.get(k), new.samples.get(k),
-                       [h.samples[k] for h in past if k in h.samples], testable, MIN_SHARE * work)
-               for k in keys]
-    order = {"slower": 0, "faster": 1, "new": 2, "gone": 3, "within noise": 4, "too few tasks": 5}
-    changes.sort(key=lambda c: (order[c.verdict], -abs(c.delta)))
-    slower = [c for c in changes if c.verdict == "slower"]
-    culprit = max(slower, key=lambda c: (c.action in WORK, c.delta), default=None)
-    walls = [h.wall for h in past if h.wall] + ([base.wall] if base.wall else [])
-    wall_band = noise.band(noise.run_noise(walls))
-    notes = []
+    changes, culprit, testable, wall_band = compare_profiles(base, new, past)
+    notes = list(notes)
     on_path = None
     if culprit is not None and with_path:
         try:
@@ -416,11 +284,21 @@ def compare_runs(backend: Backend, baseline: Run, candidate: Run,
                     if candidate.span_id else f"the run of {candidate.cluster_name!r}")
     return Comparison(name, baseline, candidate, tuple(history), base.wall, new.wall,
                       wall_band, tuple(changes), culprit, on_path, testable, tuple(notes),
-                      _side_by_side([*past, base, new]))
+                      _side_by_side(backend, [*history, baseline, candidate], [*past, base, new]))
 
 
-def _side_by_side(profiles: list[Profile]) -> tuple[tuple, ...]:
-    """Rows of metric and one value per run: wall, task seconds, tasks, and the
+def _tasks(backend: Backend, run: Run, prof: Profile) -> int:
+    """Dask's count of a run's tasks (the header's and the Spans view's,
+    :func:`~dask_blackbox.read.queries.dask_tasks`), else its computed tasks."""
+    n = queries.dask_tasks(backend, run.cluster_id,
+                           list(run.span_ids) if run.span_ids is not None else None)
+    return n if n is not None else sum(s.n for (_, a), s in prof.samples.items() if a == "compute")
+
+
+def _side_by_side(backend: Backend, runs: list[Run],
+                  profiles: list[Profile]) -> tuple[tuple, ...]:
+    """Rows of metric and one value per run (``runs`` and their ``profiles``, in the
+    same order): wall, task seconds, tasks (Dask's count, :func:`_tasks`), and the
     compute seconds of the prefixes with the most of it."""
     compute: dict[str, float] = defaultdict(float)
     for prof in profiles:
@@ -438,16 +316,12 @@ def _side_by_side(profiles: list[Profile]) -> tuple[tuple, ...]:
 
     return (("elapsed_s", *(p.wall for p in profiles)),
             ("task_s", *(work(p) for p in profiles)),
-            ("tasks", *(sum(s.n for (_, a), s in p.samples.items() if a == "compute")
-                        for p in profiles)),
+            ("tasks", *(_tasks(backend, r, p) for r, p in zip(runs, profiles))),
             *((f"compute_s {prefix}", *(value(p, prefix) for p in profiles)) for prefix in top))
 
 
 def _span_name(backend: Backend, run: Run) -> str:
-    _, rows = backend.query(
-        f"SELECT any(name) FROM {table(backend, 'spans')} WHERE cluster_id = {{c:String}} "
-        "AND span_id = {s:String}", {"c": run.cluster_id, "s": run.span_id})
-    return "/".join(rows[0][0]) if rows and rows[0][0] else str(run.span_id)
+    return queries.span_name(backend, run.cluster_id, str(run.span_id)) or str(run.span_id)
 
 
 def _few(names: set[str], n: int = 4) -> str:
@@ -472,4 +346,44 @@ def compare(backend: Backend, span: str | None = None, cluster: str | None = Non
         where = f" in cluster {cluster!r}" if (span and cluster) else ""
         raise NotComparable(f"{what}{where} was recorded {len(runs)} time(s): at least two "
                             "runs are needed to compare")
-    return compare_runs(backend, runs[-2], runs[-1], runs[:-2][-HISTORY:], what)
+    candidate, earlier = runs[-1], runs[:-1][-(HISTORY + 1):]
+    failed = erred_tasks(backend, [*earlier, candidate])
+    notes = []
+    good = [r for r in earlier if not failed.get(r)]
+    if good:
+        baseline = good[-1]
+        passed = [r for r in earlier if r.began > baseline.began]
+        if passed:
+            notes.append("baseline " + baseline.label + ", the latest earlier run without erred "
+                         "tasks; passed over: " + ", ".join(
+                             f"{r.label} ({failed[r]} erred task(s))" for r in passed))
+        history = [r for r in good if r.began < baseline.began]
+    else:
+        baseline, history = earlier[-1], earlier[:-1]
+        notes.append(f"every earlier run had erred tasks: the baseline {baseline.label} failed "
+                     f"({failed[baseline]} erred task(s)); its times are those of a failed run")
+    if failed.get(candidate):
+        notes.append(f"the candidate {candidate.label} had {failed[candidate]} erred task(s)")
+    return compare_runs(backend, baseline, candidate, history[-HISTORY:], what, notes=notes)
+
+
+def erred_tasks(backend: Backend, runs: Sequence[Run]) -> dict[Run, int]:
+    """run -> how many of its tasks ended erred (their own error or a dependency's);
+    runs without any are left out. One query."""
+    if not runs:
+        return {}
+    ids = sorted({r.cluster_id for r in runs})
+    _, rows = backend.query(
+        "SELECT cluster_id, span_id, uniqExact(key) "
+        f"FROM {table(backend, 'transitions')} WHERE cluster_id IN {{ids:Array(String)}} "
+        "AND source = 'scheduler' AND finish = 'erred' GROUP BY cluster_id, span_id", {"ids": ids})
+    by = defaultdict(int)
+    for c, span_id, n in rows:
+        by[(c, span_id)] += int(n)
+    out = {}
+    for r in runs:
+        n = (sum(v for (c, _), v in by.items() if c == r.cluster_id) if r.span_ids is None
+             else sum(by.get((r.cluster_id, s), 0) for s in r.span_ids))
+        if n:
+            out[r] = n
+    return out

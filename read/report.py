@@ -31,9 +31,11 @@ from bokeh.models import ColumnDataSource, HoverTool
 from bokeh.plotting import figure
 from bokeh.resources import INLINE, Resources
 
-from dask_blackbox.read import palette, panels, views
+from dask_blackbox.read import palette, views
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.templates import env, fmt_s
+from dask_blackbox.read.views.page import LEVELS
+from dask_blackbox.read.views.scope import Scope
 
 
 def color_of(name: str) -> str:
@@ -113,11 +115,11 @@ def render_run(data: dict, web: bool = False, root_url: str = "/", query: dict |
     drawn = run_document(data, web, arrivals)
     if arrivals is not None:
         arrivals.wait("span_names")
-    scope: panels.Scope = data["scope"]
+    scope: Scope = data["scope"]
     title = f"{scope.cluster_name} - dask-blackbox"
     variables = {
         "web": web, "lazy": False, "data": data, "scope": scope, "query": query or {},
-        "has": drawn.names, "levels": panels.LEVELS, "views": views.RUN_VIEWS,
+        "has": drawn.names, "levels": LEVELS, "views": views.RUN_VIEWS,
         "head": data["summary"], "span_names": data.get("span_names", []),
         "generated": time.time(), "page_title": title, "query_string": query_string,
         "worker_address": None, **drawn.variables,

@@ -34,6 +34,10 @@ run's first recorded moment, in microseconds since the Unix epoch).
   naming both keys; ``otherData.critical_path`` gives the links in order, the basis
   (graph or actions, :func:`dask_blackbox.read.critical_path.critical_path`) and
   the path's seconds (``null`` when no task finished with recorded actions).
+- **A task running when its worker died** (it reported no startstops) is a complete
+  event from its last entry into processing to the worker's removal, ``cat`` "died",
+  ``args`` its key and ``running_when_worker_died: true``, on a row of its worker's
+  named "running when its worker died #k".
 - **Deaths and errors as instant events** (``ph: "i"``): a worker's death (a
   removal whose cause, :func:`dask_blackbox.read.diagnosis.deaths`, is not an
   expected end) on its process (``s: "p"``) with its cause, an erred task on the
@@ -56,8 +60,9 @@ import orjson
 from dask_blackbox.read import critical_path, diagnosis
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
-from dask_blackbox.read.panels import resolve
 from dask_blackbox.read.runs import has_column
+from dask_blackbox.read.views.scope import resolve
+from dask_blackbox.read.views.task_stream import DIED, running_at_deaths
 
 #: The process of the spans' rows.
 SPANS_PID = 0
@@ -67,6 +72,8 @@ PAGE_ROWS = 900_000
 #: Rows of actions without a recorded thread are numbered from here (a worker's
 #: thread rows from 1).
 PACKED_TID = 1000
+#: Rows of the tasks that were running when their worker died, from here.
+DIED_TID = 2000
 
 
 class _Lanes:
@@ -152,14 +159,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     _, per_worker = backend.query(
         f"SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) {where} "
         "GROUP BY worker ORDER BY worker", p)
-    pages: list[list[str]] = [[]]
-    rows_in_page = 0
-    for worker, n, _ in per_worker:
-        if pages[-1] and rows_in_page + n > PAGE_ROWS:
-            pages.append([])
-            rows_in_page = 0
-        pages[-1].append(worker)
-        rows_in_page += n
+    pages = _pages(per_worker)
     _, span_rows = backend.query(
         "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
         "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
@@ -170,24 +170,73 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
         f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
     removals = [d for d in diagnosis.deaths(backend, [scope.cluster_id]) if d.is_death]
+    died_running = running_at_deaths(backend, scope)
     try:
         path = critical_path.critical_path(backend, scope.cluster_id, scope.span_ids,
                                            span=span, check_graph=False)
     except critical_path.NoActions:
         path = None
     on_path = {link.key: i for i, link in enumerate(path.links)} if path else {}
-    placed_links: dict[int, tuple[int, int, int, int]] = {}  # link -> (pid, tid, start, stop)
 
     spans = []
     for span_id, name, parent, enqueued, start, stop, tasks, task_s in span_rows:
         begin = start if start > 0 else enqueued
         spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
     starts = ([s[0] for s in spans] + [e[0] for e in erred]
-              + [round(d.ts * 1e6) for d in removals] + [first for _, _, first in per_worker])
+              + [round(d.ts * 1e6) for d in removals] + [first for _, _, first in per_worker]
+              + [round(d.start * 1e6) for d in died_running])
     epoch = min(starts) if starts else 0
 
-    workers = sorted({w for w, _, _ in per_worker} | {d.worker for d in removals if d.worker})
+    workers = sorted({w for w, _, _ in per_worker} | {d.worker for d in removals if d.worker}
+                     | {d.worker for d in died_running})
     pid_of = {w: i + 1 for i, w in enumerate(workers)}
+    events = _process_events(pid_of)
+
+    p["epoch"] = epoch
+    slices, thread_names, thread_rows, placed_links = _task_slices(
+        backend, pages, p, thread, thread_arg, where, pid_of, path, on_path)
+    append = slices.append
+    # tasks running when their worker died: no startstops, a row of their own
+    died_lanes: dict[str, _Lanes] = {}
+    for d in sorted(died_running, key=lambda d: (d.worker, d.start)):
+        pid = pid_of[d.worker]
+        start, stop = round(d.start * 1e6) - epoch, round(d.stop * 1e6) - epoch
+        tid = DIED_TID + died_lanes.setdefault(d.worker, _Lanes()).place(start, stop)
+        thread_names.setdefault((pid, tid), f"{DIED} #{tid - DIED_TID}")
+        append(orjson.dumps({"name": d.prefix or d.key, "cat": "died", "ph": "X", "ts": start,
+                             "dur": max(stop - start, 0), "pid": pid, "tid": tid,
+                             "args": {"key": d.key, "running_when_worker_died": True}}).decode())
+    for (pid, tid), name in sorted(thread_names.items()):
+        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
+        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
+                       "args": {"sort_index": tid}})
+
+    events.extend(_span_events(spans, epoch))
+    events.extend(_marks(removals, pid_of, path, placed_links, erred, epoch))
+    links = path.links if path else ()
+    return TraceFile(events, slices, {
+        "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
+        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed",
+        "critical_path": {"links": [link.key for link in links], "basis": path.basis,
+                          "seconds": path.wall} if path else None})
+
+
+def _pages(per_worker: list[tuple]) -> list[list[str]]:
+    """The workers in pages of at most :data:`PAGE_ROWS` actions (one answer may hold at
+    most blackbox.query.max-result-rows), from (worker, actions, first start)."""
+    pages: list[list[str]] = [[]]
+    rows_in_page = 0
+    for worker, n, _ in per_worker:
+        if pages[-1] and rows_in_page + n > PAGE_ROWS:
+            pages.append([])
+            rows_in_page = 0
+        pages[-1].append(worker)
+        rows_in_page += n
+    return pages
+
+
+def _process_events(pid_of: dict[str, int]) -> list[dict]:
+    """A process per worker (and the spans'), named and in order."""
     events: list[dict] = [
         {"name": "process_name", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"name": "dask spans"}},
         {"name": "process_sort_index", "ph": "M", "pid": SPANS_PID, "tid": 0, "args": {"sort_index": 0}},
@@ -196,14 +245,21 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         events.append({"name": "process_name", "ph": "M", "pid": pid, "tid": 0, "args": {"name": w}})
         events.append({"name": "process_sort_index", "ph": "M", "pid": pid, "tid": 0,
                        "args": {"sort_index": pid}})
+    return events
 
-    # task actions: X events, one row per worker thread. ClickHouse writes each
-    # event's JSON but for its row (pid, tid), which is known only here.
+
+def _task_slices(backend: Backend, pages: list[list[str]], p: dict, thread: str, thread_arg: str,
+                 where: str, pid_of: dict[str, int], path, on_path: dict[str, int]) -> tuple:
+    """The task actions: X events, one row per worker thread, read a page of workers at
+    a time. ClickHouse writes each event's JSON but for its row (pid, tid), which is
+    known only here. Returns the events' text, the rows' names, the rows of recorded
+    threads and where each link of the critical path was placed: (pid, tid, start, stop)."""
+    placed_links: dict[int, tuple[int, int, int, int]] = {}
+    epoch = p["epoch"]
     thread_names: dict[tuple[int, int], str] = {}
     thread_rows: dict[tuple[str, int], int] = {}
     slices: list[str] = []
     append = slices.append
-    p["epoch"] = epoch
     for page in pages:
         if not page:
             continue
@@ -245,12 +301,13 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
                 at = path.links[i].compute_start * 1e6 - epoch
                 if was is None or abs(start - at) < abs(was[2] - at):
                     placed_links[i] = (pid, tid, start, stop)
-    for (pid, tid), name in sorted(thread_names.items()):
-        events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
-        events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
-                       "args": {"sort_index": tid}})
+    return slices, thread_names, thread_rows, placed_links
 
-    # spans: B/E pairs on rows where they nest
+
+def _span_events(spans: list[tuple], epoch: int) -> list[dict]:
+    """The spans: B/E pairs on rows where they nest (an X event for a span no task
+    finished in), with their rows' names."""
+    events: list[dict] = []
     placed = _span_lanes([(s[0], s[1], s[2], s[3]) for s in spans])
     for lane in sorted({lane for lane, _ in placed.values()}):
         events.append({"name": "thread_name", "ph": "M", "pid": SPANS_PID, "tid": lane + 1,
@@ -275,6 +332,14 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     span_events.sort(key=lambda e: e[:3])
     events.extend(e[3] for e in span_events)
 
+    return events
+
+
+def _marks(removals: list, pid_of: dict[str, int], path, placed_links: dict, erred: list,
+           epoch: int) -> list[dict]:
+    """The deaths (instant events on their workers' rows), the critical path (flow
+    events from each link's compute to the next one's) and the erred tasks."""
+    events: list[dict] = []
     for d in removals:
         if d.worker in pid_of:
             events.append({"name": "worker died", "cat": "death", "ph": "i", "s": "p",
@@ -297,11 +362,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         events.append({"name": f"erred {prefix}".strip(), "cat": "error", "ph": "i", "s": "p",
                        "ts": ts_us - epoch, "pid": SPANS_PID, "tid": 0,
                        "args": {"key": key, "worker": worker, "exception": exception}})
-    return TraceFile(events, slices, {
-        "cluster_id": scope.cluster_id, "cluster_name": scope.cluster_name, "span": span,
-        "epoch_us": epoch, "threads": "recorded" if thread_rows else "packed",
-        "critical_path": {"links": [link.key for link in links], "basis": path.basis,
-                          "seconds": path.wall} if path else None})
+    return events
 
 
 def write(trace: TraceFile, path: str | pathlib.Path) -> int:

@@ -47,7 +47,9 @@ from starlette.responses import HTMLResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from dask_blackbox.read import api, panels, report, templates, views
+from dask_blackbox.read import api, report, templates, views
+from dask_blackbox.read.views.page import span_names
+from dask_blackbox.read.views.scope import NotFound
 from dask_blackbox.read.backends import Backend
 
 logger = logging.getLogger("dask_blackbox.read.web")
@@ -99,204 +101,245 @@ class TrustedHosts:
         await self.app(scope, receive, send)
 
 
+# ------------------------------------------------------------------ plumbing
+
+
+async def _call(request: Request, fn, *args):
+    """``fn(backend, *args)`` in a thread, on the app's shared backend (``app.state.backends``)."""
+    backends: api.Backends = request.app.state.backends
+    return await run_in_threadpool(backends.run, lambda b: fn(b, *args))
+
+
+def _error_page(error: BaseException) -> HTMLResponse:
+    status = api.status_of(error)
+    if status == 500:
+        logger.exception("internal error", exc_info=error)
+    heading = {404: "Not found", 400: "Bad request", 502: "ClickHouse failed"}.get(status, "Error")
+    message = api.one_line(error) if status != 500 else \
+        f"internal error ({type(error).__name__}): {api.one_line(error)}"
+    return HTMLResponse(report.render_page("error.html", heading=heading, message=message,
+                                           page_title=f"{heading} - dask-blackbox",
+                                           query={}, generated=0), status_code=status)
+
+
+def _error_json(error: BaseException) -> Response:
+    status = api.status_of(error)
+    if status == 500:
+        logger.exception("internal error", exc_info=error)
+    return Response(api.dumps({"error": api.one_line(error)}), status, media_type="application/json")
+
+
+def _html(fn):
+    """An endpoint answering ``fn``'s text as a page; every error becomes a page naming it."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            return HTMLResponse(await fn(request))
+        except Exception as e:
+            return _error_page(e)
+    return endpoint
+
+
+def _json(fn):
+    """An endpoint answering ``fn``'s value as JSON; every error becomes ``{"error"}``."""
+    async def endpoint(request: Request) -> Response:
+        try:
+            return Response(api.dumps(await fn(request)), media_type="application/json")
+        except Exception as e:
+            return _error_json(e)
+    return endpoint
+
+
+def _params(request: Request) -> dict:
+    return dict(request.query_params)
+
+
+def _scope_query(q: dict) -> str:
+    return urllib.parse.urlencode(
+        {k: v for k, v in q.items() if k in ("cluster", "span", "since", "until") and v})
+
+
+def _shell(backend: Backend, q: dict, memo: views.Memo) -> dict:
+    ctx = views.context(backend, q, memo)
+    return {"ctx": ctx, "head": views.summary(ctx), "span_names": span_names(backend, ctx.scope)}
+
+
+def _worker_shell(backend: Backend, q: dict, memo: views.Memo):
+    worker = api.opt(q, "worker")
+    if not worker:
+        raise api.BadParameter("worker is required: a worker's address")
+    ctx = views.context(backend, q, memo, worker=worker)
+    from dask_blackbox.read import workers
+
+    known = ctx.info()
+    if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id, known):
+        _, seen = backend.query(
+            f"SELECT count() FROM {backend.database}.worker_metrics WHERE cluster_id = {{c:String}} "
+            "AND worker = {w:String}", {"c": ctx.scope.cluster_id, "w": worker})
+        if not seen[0][0]:
+            raise NotFound(f"no worker {worker!r} was recorded in cluster "
+                           f"{ctx.scope.cluster_name} ({ctx.scope.cluster_id})")
+    return ctx
+
+
+def _view(backend: Backend, name: str, q: dict, memo: views.Memo) -> dict:
+    if name == "header":
+        shell = _shell(backend, q, memo)
+        ctx = shell["ctx"]
+        return {"html": templates.env().get_template("header.html").render(
+            scope=ctx.scope, head=shell["head"], web=True), "bokeh": None}
+    if name not in views.VIEWS:
+        raise NotFound(f"no panel {name!r}; the panels are {', '.join(views.VIEWS)}")
+    on_worker_page = views.VIEWS[name].page == "worker"
+    worker = api.opt(q, "worker") if on_worker_page else None
+    if on_worker_page and not worker:
+        raise api.BadParameter("worker is required: a worker's address")
+    ctx = views.context(backend, q, memo, worker=worker)
+    return views.render_view(name, ctx, _scope_query(q))
+
+
+def _run_data(backend: Backend, q: dict) -> dict:
+    f = api.filters(q)
+    if not f["cluster"]:
+        raise api.BadParameter("cluster is required: a cluster name or id")
+    return views.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
+                          slowness=True if api.opt(q, "slowness") else None)
+
+
+# ------------------------------------------------------------------- pages
+
+
+async def clusters_page(request: Request) -> str:
+    q = _params(request)
+    data = await _call(request, api.clusters, q)
+    return report.render_page("clusters.html", clusters=data["clusters"], page=_page_links(q, data),
+                              query=q, page_title="Clusters - dask-blackbox", generated=0)
+
+
+async def run_page(request: Request) -> str:
+    q = _params(request)
+    shell = await _call(request, _shell, q, request.app.state.memo)
+    ctx = shell["ctx"]
+    return report.render_page(
+        "run.html", web=True, lazy=True, views=views.RUN_VIEWS, scope=ctx.scope, query=q,
+        query_string=_scope_query(q), head=shell["head"], span_names=shell["span_names"],
+        page_kind="run", generated=0, bokeh_js=report.web_resources(_ROOT),
+        page_title=f"{ctx.scope.cluster_name} - dask-blackbox")
+
+
+async def worker_page(request: Request) -> str:
+    q = _params(request)
+    ctx = await _call(request, _worker_shell, q, request.app.state.memo)
+    return report.render_page(
+        "worker.html", web=True, views=views.WORKER_VIEWS, scope=ctx.scope, query=q,
+        worker_address=ctx.worker, page_kind="worker", generated=0,
+        bokeh_js=report.web_resources(_ROOT),
+        page_title=f"{ctx.worker} - {ctx.scope.cluster_name} - dask-blackbox")
+
+
+async def report_file(request: Request) -> Response:
+    try:
+        data = await _call(request, _run_data, _params(request))
+        page = await run_in_threadpool(report.render_run, data, False)
+        name = f"{data['scope'].cluster_name or data['scope'].cluster_id}-report.html"
+        safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+        return HTMLResponse(page, headers={"Content-Disposition": f'attachment; filename="{safe}"'})
+    except Exception as e:
+        return _error_page(e)
+
+
+async def task_page(request: Request) -> str:
+    q = _params(request)
+    data = await _call(request, api.task, q)
+    return report.render_page("task.html", t=data, query=q, generated=0,
+                              page_title=f"{data['key']} - dask-blackbox")
+
+
+async def compare_page(request: Request) -> str:
+    q = _params(request)
+    if not api.opt(q, "span") and not api.opt(q, "cluster"):
+        names = await _call(request, _all_span_names)
+        return report.render_page("compare.html", cmp=None, spans=names, query=q, generated=0,
+                                  page_title="Compare - dask-blackbox")
+    data = await _call(request, api.compare, q)
+    figures = report.compare_figures(data)
+    return report.render_page("compare.html", figures=figures, root_url=_ROOT, cmp=data,
+                              spans=[], query=q, generated=0,
+                              page_title=f"Compare {data['span'] or data['cluster']} - dask-blackbox")
+
+
+async def api_index(request: Request) -> str:
+    return report.render_page("api.html", endpoints=api.endpoints(), query={}, generated=0,
+                              page_title="JSON API - dask-blackbox")
+
+
+# -------------------------------------------------------------- JSON API
+
+
+async def api_view(request: Request):
+    return await _call(request, _view, request.path_params["name"], _params(request),
+                       request.app.state.memo)
+
+
+async def api_clusters(request: Request):
+    return await _call(request, api.clusters, _params(request))
+
+
+async def api_run(request: Request):
+    return await _call(request, api.run_panel, request.path_params["panel"], _params(request),
+                       request.app.state.memo)
+
+
+async def api_task(request: Request):
+    return await _call(request, api.task, _params(request))
+
+
+async def api_compare(request: Request):
+    return await _call(request, api.compare, _params(request))
+
+
+async def not_found(request: Request, exc) -> Response:
+    error = NotFound(f"no page {request.url.path!r}")
+    return _error_json(error) if request.url.path.startswith("/api/") else _error_page(error)
+
+
+@contextlib.asynccontextmanager
+async def _lifespan(app: Starlette):
+    yield
+    app.state.backends.close()
+
+
+ROUTES = [
+    Route("/", _html(clusters_page)),
+    Route("/run", _html(run_page)),
+    Route("/worker", _html(worker_page)),
+    Route("/report", report_file),
+    Route("/task", _html(task_page)),
+    Route("/compare", _html(compare_page)),
+    Route("/api", _html(api_index)),
+    Route("/api/clusters", _json(api_clusters)),
+    Route("/api/run/{panel}", _json(api_run)),
+    Route("/api/view/{name}", _json(api_view)),
+    Route("/api/task", _json(api_task)),
+    Route("/api/compare", _json(api_compare)),
+]
+
+
 def create_app(connect: Callable[[], Backend] | None = None, hosts=()) -> Starlette:
     """The ASGI app. ``connect`` returns the backend (default
     :func:`dask_blackbox.read.backends.connect`), called on the first request;
-    ``hosts``: names it answers to besides the loopback ones (:func:`trusted_hosts`)."""
+    ``hosts``: names it answers to besides the loopback ones (:func:`trusted_hosts`).
+    Its requests share ``app.state.backends`` (one backend, :class:`api.Backends`)
+    and ``app.state.memo`` (what the panels of a page share, :class:`views.Memo`)."""
     if connect is None:
         from dask_blackbox.read.backends import connect
-    backends = api.Backends(connect)
-    memo = views.Memo()
-
-    async def call(fn, *args):
-        return await run_in_threadpool(backends.run, lambda b: fn(b, *args))
-
-    def error_page(error: BaseException) -> HTMLResponse:
-        status = api.status_of(error)
-        if status == 500:
-            logger.exception("internal error", exc_info=error)
-        heading = {404: "Not found", 400: "Bad request", 502: "ClickHouse failed"}.get(status, "Error")
-        message = api.one_line(error) if status != 500 else \
-            f"internal error ({type(error).__name__}): {api.one_line(error)}"
-        return HTMLResponse(report.render_page("error.html", heading=heading, message=message,
-                                               page_title=f"{heading} - dask-blackbox",
-                                               query={}, generated=0), status_code=status)
-
-    def error_json(error: BaseException) -> Response:
-        status = api.status_of(error)
-        if status == 500:
-            logger.exception("internal error", exc_info=error)
-        return Response(api.dumps({"error": api.one_line(error)}), status,
-                        media_type="application/json")
-
-    def html(fn):
-        async def endpoint(request: Request) -> Response:
-            try:
-                return HTMLResponse(await fn(request))
-            except Exception as e:  # every error becomes a page naming it
-                return error_page(e)
-        return endpoint
-
-    def json(fn):
-        async def endpoint(request: Request) -> Response:
-            try:
-                return Response(api.dumps(await fn(request)), media_type="application/json")
-            except Exception as e:
-                return error_json(e)
-        return endpoint
-
-    def params(request: Request) -> dict:
-        return dict(request.query_params)
-
-    def scope_query(q: dict) -> str:
-        return urllib.parse.urlencode(
-            {k: v for k, v in q.items() if k in ("cluster", "span", "since", "until") and v})
-
-    async def clusters_page(request: Request) -> str:
-        q = params(request)
-        data = await call(api.clusters, q)
-        return report.render_page("clusters.html", clusters=data["clusters"], page=_page_links(q, data),
-                                  query=q, page_title="Clusters - dask-blackbox", generated=0)
-
-    def _shell(backend: Backend, q: dict) -> dict:
-        ctx = views.context(backend, q, memo)
-        return {"ctx": ctx, "head": views.summary(ctx), "span_names": panels.span_names(backend, ctx.scope)}
-
-    async def run_page(request: Request) -> str:
-        q = params(request)
-        shell = await call(_shell, q)
-        ctx = shell["ctx"]
-        return report.render_page(
-            "run.html", web=True, lazy=True, views=views.RUN_VIEWS, scope=ctx.scope, query=q,
-            query_string=scope_query(q), head=shell["head"], span_names=shell["span_names"],
-            page_kind="run", generated=0, bokeh_js=report.web_resources(_ROOT),
-            page_title=f"{ctx.scope.cluster_name} - dask-blackbox")
-
-    def _worker_shell(backend: Backend, q: dict):
-        worker = api.opt(q, "worker")
-        if not worker:
-            raise api.BadParameter("worker is required: a worker's address")
-        ctx = views.context(backend, q, memo, worker=worker)
-        from dask_blackbox.read import workers
-
-        known = ctx.info()
-        if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id, known):
-            _, seen = backend.query(
-                f"SELECT count() FROM {backend.database}.worker_metrics WHERE cluster_id = {{c:String}} "
-                "AND worker = {w:String}", {"c": ctx.scope.cluster_id, "w": worker})
-            if not seen[0][0]:
-                raise panels.NotFound(f"no worker {worker!r} was recorded in cluster "
-                                      f"{ctx.scope.cluster_name} ({ctx.scope.cluster_id})")
-        return ctx
-
-    async def worker_page(request: Request) -> str:
-        q = params(request)
-        ctx = await call(_worker_shell, q)
-        return report.render_page(
-            "worker.html", web=True, views=views.WORKER_VIEWS, scope=ctx.scope, query=q,
-            worker_address=ctx.worker, page_kind="worker", generated=0,
-            bokeh_js=report.web_resources(_ROOT),
-            page_title=f"{ctx.worker} - {ctx.scope.cluster_name} - dask-blackbox")
-
-    def _view(backend: Backend, name: str, q: dict) -> dict:
-        if name == "header":
-            shell = _shell(backend, q)
-            ctx = shell["ctx"]
-            return {"html": templates.env().get_template("header.html").render(
-                scope=ctx.scope, head=shell["head"], web=True), "bokeh": None}
-        if name not in views.VIEWS:
-            raise panels.NotFound(f"no panel {name!r}; the panels are {', '.join(views.VIEWS)}")
-        worker = api.opt(q, "worker") if name in {v.name for v in views.WORKER_VIEWS} else None
-        if name in {v.name for v in views.WORKER_VIEWS} and not worker:
-            raise api.BadParameter("worker is required: a worker's address")
-        ctx = views.context(backend, q, memo, worker=worker)
-        return views.render_view(name, ctx, scope_query(q))
-
-    async def api_view(request: Request):
-        return await call(_view, request.path_params["name"], params(request))
-
-    async def report_file(request: Request) -> Response:
-        try:
-            q = params(request)
-            data = await call(_run_data, q)
-            page = await run_in_threadpool(report.render_run, data, False)
-            name = f"{data['scope'].cluster_name or data['scope'].cluster_id}-report.html"
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
-            return HTMLResponse(page, headers={"Content-Disposition": f'attachment; filename="{safe}"'})
-        except Exception as e:
-            return error_page(e)
-
-    def _run_data(backend: Backend, q: dict) -> dict:
-        f = api.filters(q)
-        if not f["cluster"]:
-            raise api.BadParameter("cluster is required: a cluster name or id")
-        return views.run_data(backend, f["cluster"], f["span"], f["since"], f["until"],
-                               slowness=True if api.opt(q, "slowness") else None)
-
-    async def task_page(request: Request) -> str:
-        q = params(request)
-        data = await call(api.task, q)
-        return report.render_page("task.html", t=data, query=q, generated=0,
-                                  page_title=f"{data['key']} - dask-blackbox")
-
-    async def compare_page(request: Request) -> str:
-        q = params(request)
-        if not api.opt(q, "span") and not api.opt(q, "cluster"):
-            names = await call(_all_span_names)
-            return report.render_page("compare.html", cmp=None, spans=names, query=q, generated=0,
-                                      page_title="Compare - dask-blackbox")
-        data = await call(api.compare, q)
-        figures = report.compare_figures(data)
-        return report.render_page("compare.html", figures=figures, root_url=_ROOT, cmp=data,
-                                  spans=[], query=q, generated=0,
-                                  page_title=f"Compare {data['span'] or data['cluster']} - dask-blackbox")
-
-    async def api_index(request: Request) -> str:
-        return report.render_page("api.html", endpoints=api.ENDPOINTS, query={}, generated=0,
-                                  page_title="JSON API - dask-blackbox")
-
-    async def api_clusters(request: Request):
-        return await call(api.clusters, params(request))
-
-    async def api_run(request: Request):
-        return await call(lambda b, name, q: api.run_panel(b, name, q, memo),
-                          request.path_params["panel"], params(request))
-
-    async def api_task(request: Request):
-        return await call(api.task, params(request))
-
-    async def api_compare(request: Request):
-        return await call(api.compare, params(request))
-
-    async def not_found(request: Request, exc) -> Response:
-        error = panels.NotFound(f"no page {request.url.path!r}")
-        return error_json(error) if request.url.path.startswith("/api/") else error_page(error)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        yield
-        backends.close()
-
     app = Starlette(
         debug=False,
-        routes=[
-            Route("/", html(clusters_page)),
-            Route("/run", html(run_page)),
-            Route("/worker", html(worker_page)),
-            Route("/report", report_file),
-            Route("/task", html(task_page)),
-            Route("/compare", html(compare_page)),
-            Route("/api", html(api_index)),
-            Route("/api/clusters", json(api_clusters)),
-            Route("/api/run/{panel}", json(api_run)),
-            Route("/api/view/{name}", json(api_view)),
-            Route("/api/task", json(api_task)),
-            Route("/api/compare", json(api_compare)),
-            Mount("/static", StaticFiles(directory=_bokeh_static()), name="static"),
-        ],
+        routes=[*ROUTES, Mount("/static", StaticFiles(directory=_bokeh_static()), name="static")],
         exception_handlers={404: not_found},
-        lifespan=lifespan,
+        lifespan=_lifespan,
     )
+    app.state.backends = api.Backends(connect)
+    app.state.memo = views.Memo()
     app.add_middleware(TrustedHosts, hosts=trusted_hosts(hosts))
     return app
 

@@ -5,7 +5,10 @@ and decoded by ClickHouse -- the same for chDB and an HTTP server). The Arrow ty
 each column is derived from the ClickHouse column type read from ``system.columns``,
 so the schema has one source of truth: the SQL. Time columns arrive as float seconds
 (see sinks.tables) and become DateTime64 microseconds (or DateTime seconds) here, and
-None in a text column becomes '', in bulk.
+None in a text column becomes '', in bulk. A Coded column (a transition run's prefix,
+group and span id, an envelope's values in a block) going to a LowCardinality(String)
+column is sent as an Arrow dictionary array, as ClickHouse stores it, so that no
+string is copied once per row; every other column as plain values.
 """
 
 from __future__ import annotations
@@ -97,6 +100,10 @@ class Converter:
             self.timestamps = (1.0, pa.timestamp("s", "UTC"))
         # sinks.tables keeps None for '' in text columns; ClickHouse's String is not Nullable.
         self.empty = "" if self.raw_type == pa.string() and "Nullable(" not in ch_type else None
+        #: A LowCardinality(String) column takes a Coded column as an Arrow dictionary
+        #: array (its values, '' for None, and each row's index), as ClickHouse stores
+        #: it: no string is copied per row, here or in ClickHouse.
+        self.dictionary = self.empty is not None and ch_type.startswith("LowCardinality(")
 
     def __call__(self, values) -> pa.Array:
         return self.finish(self.raw(values))
@@ -107,12 +114,29 @@ class Converter:
             np.cumsum(np.array(values.lengths, dtype=np.int32), out=offsets[1:])
             return pa.ListArray.from_arrays(pa.array(offsets), self.element.raw(values.values))
         if isinstance(values, Coded):  # each distinct value converted once
-            return pc.take(self.raw(values.values), pa.array(values.index, pa.int32()))
+            index = pa.array(values.index, pa.int32())
+            if self.dictionary:
+                return pa.DictionaryArray.from_arrays(index, pa.array(
+                    ["" if v is None else v for v in values.values], pa.string()))
+            return pc.take(self.raw(values.values), index)
         if isinstance(values, range):
             values = np.arange(values.start, values.stop, values.step)
         return pa.array(values, type=self.raw_type)
 
+    def concat(self, arrays: list[pa.Array]) -> pa.Array:
+        """Raw arrays of this column (:meth:`raw`) as one; dictionary arrays (of Coded
+        columns) and plain ones are joined as one dictionary array, whose dictionary
+        is the distinct values of theirs."""
+        if self.dictionary and not all(type(a) is pa.DictionaryArray for a in arrays) \
+                and any(type(a) is pa.DictionaryArray for a in arrays):
+            arrays = [a if type(a) is pa.DictionaryArray
+                      else pc.dictionary_encode(pc.fill_null(a, "") if a.null_count else a)
+                      for a in arrays]
+        return pa.concat_arrays(arrays)
+
     def finish(self, array: pa.Array) -> pa.Array:
+        if type(array) is pa.DictionaryArray:  # its dictionary is finished (no null)
+            return array
         if self.element is not None:
             values = self.element.finish(array.values)
             return array if values is array.values else pa.ListArray.from_arrays(array.offsets, values)
@@ -188,7 +212,7 @@ class TableSchema:
         if len(chunks) == 1 and type(chunks[0]) is not ArrowChunk:
             return self.table(chunks[0])
         return pa.Table.from_arrays(
-            [convert.finish(pa.concat_arrays([
+            [convert.finish(convert.concat([
                 chunk.arrays[i] if type(chunk) is ArrowChunk else convert.raw(chunk[i])
                 for chunk in chunks]))
              for i, convert in enumerate(self.converters)],

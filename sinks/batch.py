@@ -25,11 +25,17 @@ type, an unknown kind, a bad value) sends the whole envelope down the checked pa
 instead: decoded with orjson and converted event by event, value by value, to find
 out which event is wrong and why. Both give the same rows for what both accept.
 
-A packed event (``contract.PACKED``: a TRANSITION_RUN) stands for its events: the
-typed path converts its columns as the transitions' columns, the checked path
-expands it (``contract.expand_events``) and converts its events one by one, and on
-both an event's index is its index in the expanded envelope. A run whose shape is
-wrong (``contract.run_columns``) is one dead letter that says why.
+A raw message is MessagePack (envelope version 3) or JSON (1, 2): ``contract.is_msgpack``
+tells, and each path decodes either (the typed path with msgspec's decoder of that
+format; the checked path with ``contract.decode_envelope``, MessagePack checked for
+depth on what it decoded, a level at a time, JSON on its bytes before decoding).
+
+A packed event (``contract.PACKED``: a TRANSITION_RUN or a CAPTURE) stands for its
+events: the typed path converts its columns as the transitions' columns, the checked
+path expands it (``contract.expand_events``) and converts its events one by one, and on
+both an event's index is its index in the expanded envelope. A packed event whose shape
+is wrong (``contract.run_shape``, ``contract.capture_shape``) is one dead letter that
+says why.
 """
 
 from __future__ import annotations
@@ -47,8 +53,8 @@ from dask_blackbox import contract, nesting
 from dask_blackbox.sinks import checks
 from dask_blackbox.sinks.checks import Invalid
 from dask_blackbox.sinks.events import (
-    EVENT_CONVERTERS, EVENT_LAYOUTS, RUN_STRUCT, STRUCT_KINDS, TRANSITION_STRUCT, decode_envelope,
-    layout_row, transition_blocks, typed_columns,
+    EVENT_CONVERTERS, EVENT_LAYOUTS, PACKED_STRUCTS, STRUCT_KINDS, TRANSITION_STRUCT,
+    decode_envelope, decode_msgpack_envelope, layout_row, transition_blocks, typed_columns,
 )
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
 from dask_blackbox.sinks import arrow
@@ -70,8 +76,7 @@ def fingerprint(message: Message) -> tuple[int, int]:
 
 
 def _raw_text(message: Message) -> str:
-    return message.value[:4 * contract.DEAD_LETTER_PAYLOAD_MAX].decode("utf-8", "replace")[
-        :contract.DEAD_LETTER_PAYLOAD_MAX]
+    return contract.payload_text(message.value, contract.DEAD_LETTER_PAYLOAD_MAX)
 
 
 def _event_text(event: Any, message: Message) -> str:
@@ -85,14 +90,14 @@ def _event_text(event: Any, message: Message) -> str:
 
 def payload_of(message: Message, event: int | None) -> str:
     """The text to keep in a dead letter for ``message`` / its event ``event``."""
-    if event is not None and len(message.value) <= MAX_MESSAGE_BYTES \
-            and not nesting.too_deep(message.value):
+    if event is not None and len(message.value) <= MAX_MESSAGE_BYTES and (
+            contract.is_msgpack(message.value) or not nesting.too_deep(message.value)):
         try:
-            decoded = orjson.loads(message.value)
+            decoded = contract.decode_envelope(message.value, nesting.MAX_DEPTH)
             items = contract.expand_events(decoded["events"]) if type(decoded) is dict \
                 else decoded
             return _event_text(items[event], message)
-        except (orjson.JSONDecodeError, KeyError, IndexError, TypeError):
+        except (contract.InvalidEnvelope, KeyError, IndexError, TypeError):
             pass
     return _raw_text(message)
 
@@ -144,13 +149,22 @@ class Batch:
             return
         if message.topic == contract.RAW and self._add_typed(message, now):
             return
-        depth = nesting.too_deep(message.value)
-        if depth:
-            self.dead_letter(message, None, f"nested {depth} deep; the sink decodes at most "
+        msgpack = message.topic == contract.RAW and contract.is_msgpack(message.value)
+        try:
+            depth = 0 if msgpack else nesting.too_deep(message.value)
+            if depth:
+                raise contract.TooDeep(depth, nesting.MAX_DEPTH)
+            if msgpack:
+                decoded = contract.decode_envelope(message.value, nesting.MAX_DEPTH)
+            else:
+                decoded = orjson.loads(message.value)
+        except contract.TooDeep as e:
+            self.dead_letter(message, None, f"{e}; the sink decodes at most "
                              f"{nesting.MAX_DEPTH} levels of arrays and objects", now)
             return
-        try:
-            decoded = orjson.loads(message.value)
+        except contract.InvalidEnvelope as e:
+            self.dead_letter(message, None, str(e), now)
+            return
         except orjson.JSONDecodeError as e:
             self.dead_letter(message, None, f"not JSON: {e}", now)
             return
@@ -200,10 +214,13 @@ class Batch:
         time. False, with nothing added, when anything in it is irregular (a wrong
         type, an unknown kind, not JSON, ...): the checked path finds out what."""
         try:
-            # msgspec skips unknown keys without checking their UTF-8; the checked path
-            # (orjson) refuses the message: both paths must agree on what is JSON.
-            message.value.decode()
-            wire = decode_envelope(message.value)
+            if contract.is_msgpack(message.value):
+                wire = decode_msgpack_envelope(message.value)
+            else:
+                # msgspec skips unknown keys without checking their UTF-8; the checked
+                # path (orjson) refuses the message: both paths must agree on what is JSON.
+                message.value.decode()
+                wire = decode_envelope(message.value)
             env = Envelope(wire.cluster_id, wire.source, wire.producer_id, wire.seq)
             positions = _positions(wire.events)
             converted = list(self._typed_rows(message, env, wire.events, positions, now))
@@ -229,8 +246,8 @@ class Batch:
         """(table, row or Block, event index or indexes) of typed ``events``, a kind at
         a time, ``positions`` their indexes in the expanded envelope
         (:func:`_positions`). With TRANSITION_RUNs, the transitions come first: a block
-        per run, or, with single TRANSITION events among them, one block in the
-        envelope's order."""
+        per run or capture, or, with single TRANSITION events among them, one block in
+        the envelope's order."""
         kinds = list(map(type, events))
         distinct = set(kinds)
         one_kind = len(distinct) == 1
@@ -241,13 +258,19 @@ class Batch:
             mask = list(map(operator.is_, kinds, itertools.repeat(struct)))
             return list(itertools.compress(positions, mask)), list(itertools.compress(events, mask))
 
-        if RUN_STRUCT in distinct:
-            firsts, runs = select(RUN_STRUCT)
+        packed = distinct.intersection(PACKED_STRUCTS)
+        if packed:
+            if len(packed) == 1:
+                firsts, runs = select(*packed)
+            else:  # runs and captures: in the envelope's order
+                mask = [k in packed for k in kinds]
+                firsts = list(itertools.compress(positions, mask))
+                runs = list(itertools.compress(events, mask))
             indexes, structs = select(TRANSITION_STRUCT) if TRANSITION_STRUCT in distinct \
                 else ([], [])
             for columns, indexes in transition_blocks(env, structs, indexes, runs, firsts, now):
                 yield "transitions", Block(columns, len(indexes)), indexes
-            distinct -= {RUN_STRUCT, TRANSITION_STRUCT}
+            distinct -= {*PACKED_STRUCTS, TRANSITION_STRUCT}
         for struct in distinct:
             kind = STRUCT_KINDS[struct]
             indexes, selected = select(struct)
@@ -312,8 +335,8 @@ class Batch:
                 elif kind in EVENT_CONVERTERS:
                     for table, data, at in list(_converted(kind, env, event, idx, now)):
                         self._put(table, data, message, at)
-                elif kind == contract.TRANSITION_RUN:  # left packed: say why it cannot be read
-                    contract.unpack_run(event)
+                elif kind == contract.TRANSITION_RUN or kind == contract.CAPTURE:
+                    contract.unpack(event)  # left packed: say why it cannot be read
                     raise Invalid("could not be expanded")
                 else:
                     self.dead_letter(message, idx, f"unknown event kind {kind[:100]!r}", now,
@@ -362,11 +385,11 @@ def _subset(column, rows: list[int]):
 
 def _positions(events: list):
     """The index in the expanded envelope (``contract.expand_events``) of each typed
-    event, and after them the number of events: a TRANSITION_RUN stands for as many
-    as it has keys."""
-    if not any(map(RUN_STRUCT.__instancecheck__, events)):
+    event, and after them the number of events: a TRANSITION_RUN or a CAPTURE stands
+    for as many as it has keys."""
+    if not any(type(ev) in PACKED_STRUCTS for ev in events):
         return range(len(events) + 1)
-    sizes = [len(ev.key) if type(ev) is RUN_STRUCT else 1 for ev in events]
+    sizes = [len(ev.key) if type(ev) in PACKED_STRUCTS else 1 for ev in events]
     return [0, *itertools.accumulate(sizes)]
 
 

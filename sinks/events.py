@@ -4,7 +4,7 @@ Most kinds are one row per event, described by a layout (:data:`EVENT_LAYOUTS`):
 column, an event field with its kind (sinks.typed) or a value of the envelope. Those
 are converted a column at a time on the typed path (:func:`typed_columns`) and event
 by event on the checked path (:func:`layout_row`), with the same result. The other
-kinds (graphs with their tasks, spans, worker digests, drops) have a converter of
+kinds (graphs with their tasks, spans, worker digests, drops, profiles, stacks) have a converter of
 their own (:data:`EVENT_CONVERTERS`), which checks its event field by field.
 
 What is read is checked against the contract at import (:func:`check_against_contract`):
@@ -208,6 +208,56 @@ def _drops(env: Envelope, ev: dict, now: float):
     )
 
 
+def _profile(env: Envelope, ev: dict, now: float):
+    """A profile cycle of one prefix: a ``profiles`` row per stack (none for none)."""
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    worker = checks.text(ev.get("worker"), "worker")
+    prefix = checks.text(ev.get("prefix"), "prefix")
+    stacks = checks.list_(ev.get("stacks"), "stacks")
+    counts = checks.list_(ev.get("counts"), "counts")
+    if len(stacks) != len(counts):
+        raise Invalid(f"stacks and counts: {len(stacks)} stacks for {len(counts)} counts")
+    if not _types(stacks) <= {str}:
+        stacks = [checks.required(checks.text)(s, f"stacks[{i}]") for i, s in enumerate(stacks)]
+    if not _types(counts) <= {int} or (counts and not 0 <= min(counts) <= max(counts) < 2**32):
+        counts = [checks.count(c, f"counts[{i}]") for i, c in enumerate(counts)]
+    n = len(stacks)
+    if n:
+        yield "profiles", Block([[env.cluster_id] * n, [worker] * n, [prefix] * n, [ts] * n,
+                                 stacks, counts], n)
+
+
+def _stacks(env: Envelope, ev: dict, now: float):
+    """A nanny's reading of its worker process's threads: a ``stacks`` row per thread
+    (one without a thread, holding the error, when it read none)."""
+    ts = checks.event_time(ev.get("ts"), "ts", now)
+    head = (env.cluster_id, checks.text(ev.get("worker"), "worker"),
+            checks.count(ev.get("pid"), "pid"), ts,
+            checks.required(checks.text)(ev.get("reason"), "reason"),
+            checks.int_or_none(ev.get("memory"), "memory"),
+            checks.int_or_none(ev.get("memory_limit"), "memory_limit"),
+            checks.float_or_none(ev.get("silent"), "silent"),
+            checks.text(ev.get("error"), "error"))
+    columns = [checks.list_(ev.get(name), name)
+               for name in ("threads", "thread_ids", "stacks", "active", "gil")]
+    n = len(columns[0])
+    if any(len(c) != n for c in columns):
+        raise Invalid(f"threads, thread_ids, stacks, active, gil: lengths "
+                      f"{[len(c) for c in columns]} differ")
+    threads, ids, stacks, active, gil = columns
+    for i in range(n):
+        if type(active[i]) is not bool or type(gil[i]) is not bool:
+            raise Invalid(f"active[{i}], gil[{i}]: each must be true or false")
+        if not 0 <= checks.int_(ids[i], f"thread_ids[{i}]") < 2**64:
+            raise Invalid(f"thread_ids[{i}]: {ids[i]!r} is not a thread id")
+        yield "stacks", (*head, checks.text(threads[i], f"threads[{i}]"), ids[i],
+                         int(active[i]), int(gil[i]),
+                         checks.required(checks.text)(stacks[i], f"stacks[{i}]"),
+                         env.producer_id)
+    if not n:
+        yield "stacks", (*head, None, 0, 0, 0, None, env.producer_id)
+
+
 @dataclasses.dataclass(frozen=True)
 class Converter:
     """An event kind's own conversion: the contract fields it reads, and a generator
@@ -226,6 +276,10 @@ EVENT_CONVERTERS: dict[str, Converter] = {
     contract.WORKER_DIGESTS: Converter(("ts", "worker", "digests"), _worker_digests),
     contract.DROPS: Converter(("ts", "dropped_events", "dropped_bytes", "since", "until"),
                               _drops),
+    contract.PROFILE: Converter(("ts", "worker", "prefix", "stacks", "counts"), _profile),
+    contract.STACKS: Converter(("ts", "worker", "pid", "reason", "memory", "memory_limit",
+                                "silent", "threads", "thread_ids", "stacks", "active", "gil",
+                                "error"), _stacks),
 }
 
 #: Contract fields the sink does not store, per event kind, with the reason.
@@ -274,9 +328,15 @@ check_against_contract()
 
 #: The typed struct of a TRANSITION_RUN (its values typed as TRANSITION's fields).
 RUN_STRUCT = typed.run_struct(FIELDS[contract.TRANSITION])
-#: Decodes and types a whole envelope; the event kind of each event struct.
-decode_envelope, STRUCT_KINDS = typed.envelope_decoder(
-    FIELDS, EVENT_CONVERTERS, {contract.TRANSITION_RUN: RUN_STRUCT})
+#: The typed struct of a CAPTURE (the same).
+CAPTURE_STRUCT = typed.capture_struct(FIELDS[contract.TRANSITION])
+#: The typed structs of packed events.
+PACKED_STRUCTS = (RUN_STRUCT, CAPTURE_STRUCT)
+#: Decode and type a whole envelope, JSON or MessagePack; the event kind of each event
+#: struct.
+decode_envelope, decode_msgpack_envelope, STRUCT_KINDS = typed.envelope_decoder(
+    FIELDS, EVENT_CONVERTERS, {contract.TRANSITION_RUN: RUN_STRUCT,
+                               contract.CAPTURE: CAPTURE_STRUCT})
 #: The typed struct of a TRANSITION event.
 TRANSITION_STRUCT = next(s for s, kind in STRUCT_KINDS.items() if kind == contract.TRANSITION)
 
@@ -301,26 +361,84 @@ def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], no
     return _columns(kind, env, by_field, indexes, now)
 
 
+def _packed_length(packed) -> int:
+    return len(packed.key)
+
+
+_NO_NAMES = (None, None, None)
+_KWARGS_NONE = (None,) * len(contract.TRANSITION_KWARGS)
+_ERROR_NONE = (None,) * len(contract.CAPTURE_ERROR)
+
+
+def _common_shape(packed) -> tuple[int, list]:
+    """``contract._common_shape`` of a typed run or capture, less what its struct's
+    types already checked (every column a list, each names entry three values or
+    null, each name an integer from 0): its length and its names table; raises
+    Irregular."""
+    n = len(packed.key)
+    if not n or not (len(packed.time) == len(packed.start) == len(packed.finish)
+                     == len(packed.stimulus_id) == len(packed.name) == n):
+        raise Irregular
+    names = packed.names
+    if None in names:
+        names = [_NO_NAMES if entry is None else entry for entry in names]
+    if max(packed.name) >= len(names):
+        raise Irregular
+    return n, names
+
+
+def _entries(values: list | None, none: tuple, n: int) -> list:
+    """``contract._entries`` of a typed capture's ``kwargs`` or ``error`` (each entry
+    a tuple of exactly its width, or null): a column per position."""
+    if values is None:
+        return [[None] * n] * len(none)
+    if len(values) != n:
+        raise Irregular
+    if None in values:
+        values = [none if entry is None else entry for entry in values]
+    return [list(column) for column in zip(*values)]
+
+
+def _shape(packed) -> tuple[int, list, list, dict]:
+    """(n, names table, key texts, optional columns) of a typed run or capture, as
+    ``contract.run_shape``/``capture_shape`` find them (checking only what the struct's
+    types leave to check); raises Irregular if its shape is wrong."""
+    n, names = _common_shape(packed)
+    if type(packed) is CAPTURE_STRUCT:
+        try:
+            keys = contract.key_texts(packed.key)
+        except contract.InvalidEvent as e:
+            raise Irregular(str(e)) from None
+        optional = dict(zip(contract.TRANSITION_KWARGS, _entries(packed.kwargs, _KWARGS_NONE, n)))
+        optional.update(zip(contract.CAPTURE_ERROR, _entries(packed.error, _ERROR_NONE, n)))
+        return n, names, keys, optional
+    optional = {}
+    for column in contract.RUN_OPTIONAL_COLUMNS:
+        values = getattr(packed, column)
+        if values is not None and len(values) != n:
+            raise Irregular
+        optional[column] = values
+    return n, names, packed.key, optional
+
+
 def transition_blocks(env: Envelope, structs: list, indexes: list[int], runs: list,
                       firsts: list[int], now: float) -> list[tuple[list, Sequence[int]]]:
     """The ``transitions`` blocks of an envelope: (columns in layout order, the
     rows' indexes in the expanded envelope) of typed TRANSITION events (``structs``
-    at ``indexes``) and of the events typed TRANSITION_RUNs stand for (``runs``, the
-    first of each at ``firsts``). Without single events, a block per run, its
-    columns the run's own lists (prefix, group and span id :class:`~sinks.tables.
-    Coded` from its names); with them, one block in the envelope's order. Raises
-    Irregular if a run's shape is wrong (``contract.run_shape``) or a column needs
-    the checked path."""
+    at ``indexes``) and of the events typed TRANSITION_RUNs and CAPTUREs stand for
+    (``runs``, the first of each at ``firsts``). Without single events, a block per
+    run, its columns the run's own lists (prefix, group and span id
+    :class:`~sinks.tables.Coded` from its names; a capture's keys as text, its kwargs
+    and error spread into their fields); with them, one block in the envelope's
+    order. Raises Irregular if a run's shape is wrong (``contract.run_shape``,
+    ``contract.capture_shape``) or a column needs the checked path."""
     if not structs:
         blocks = []
         for run, first in zip(runs, firsts):
-            try:
-                n, names, optional = contract.run_shape(msgspec.structs.asdict(run))
-            except contract.InvalidEvent as e:
-                raise Irregular(str(e)) from None
-            by_field = {"ts": run.time, "key": run.key, "start": run.start,
+            n, names, keys, optional = _shape(run)
+            by_field = {"ts": run.time, "key": keys, "start": run.start,
                         "finish": run.finish, "stimulus_id": run.stimulus_id}
-            index = np.array(run.name, np.int32)  # checked by run_shape: in range
+            index = np.array(run.name, np.int32)  # checked by the shape: in range
             for position, name in enumerate(("prefix", "group", "span_id")):
                 by_field[name] = Coded([entry[position] for entry in names], index)
             for name, values in optional.items():
@@ -334,13 +452,16 @@ def transition_blocks(env: Envelope, structs: list, indexes: list[int], runs: li
         by_field[name] += values
     indexes = list(indexes)
     for run, first in zip(runs, firsts):
-        try:
-            columns = contract.run_columns(msgspec.structs.asdict(run))
-        except contract.InvalidEvent as e:
-            raise Irregular(str(e)) from None
+        n, table, keys, optional = _shape(run)
+        prefix, group, span_id = zip(*map(table.__getitem__, run.name))
+        columns = {"ts": run.time, "key": keys, "prefix": prefix, "group": group,
+                   "span_id": span_id, "start": run.start, "finish": run.finish,
+                   "stimulus_id": run.stimulus_id}
+        for name, values in optional.items():
+            columns[name] = [None] * n if values is None else values
         for name, values in columns.items():
             by_field[name] += values
-        indexes += range(first, first + len(run.key))
+        indexes += range(first, first + n)
     if runs:  # interleaved: in the envelope's order
         order = sorted(range(len(indexes)), key=indexes.__getitem__)
         by_field = {name: list(map(values.__getitem__, order)) for name, values in by_field.items()}

@@ -67,8 +67,9 @@ class Companion(Protocol):
 
 
 #: Builds the companion from (a client of the sink's own ClickHouse, the port setting,
-#: the token that guards it); may raise OSError (port in use).
-CompanionFactory = Callable[[object, int, str], Companion]
+#: the token that guards it, and ``open_client=``: a callable opening one more such
+#: client); may raise OSError (port in use).
+CompanionFactory = Callable[..., Companion]
 
 
 async def serve(companion: CompanionFactory | None = None) -> None:
@@ -85,7 +86,8 @@ async def serve(companion: CompanionFactory | None = None) -> None:
         if companion is not None and config.chdb_path(s.dsn) is not None:
             reader = clickhouse.open_client(s.dsn, owned=True, database=s.target.database)
             try:
-                server = companion(reader, s.query_port, token)
+                server = companion(reader, s.query_port, token, open_client=lambda: (
+                    clickhouse.open_client(s.dsn, owned=True, database=s.target.database)))
             except OSError as e:
                 raise config.ConfigError(
                     f"blackbox.sink.query-port: cannot listen on 127.0.0.1:{s.query_port}: "

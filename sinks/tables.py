@@ -76,6 +76,11 @@ COLUMNS: dict[str, tuple[str, ...]] = {
         "cluster_id", "producer_id", "source", "ts", "dropped_events", "dropped_bytes",
         "since", "until",
     ),
+    "profiles": ("cluster_id", "worker", "prefix", "ts", "stack", "count"),
+    "stacks": (
+        "cluster_id", "worker", "pid", "ts", "reason", "memory", "memory_limit", "silent",
+        "error", "thread", "thread_id", "active", "gil", "stack", "producer_id",
+    ),
     "span_state": (
         "cluster_id", "cluster_name", "span_id", "name", "parent_id", "version",
         "enqueued", "start", "stop", "duration", "nbytes_total", "states",

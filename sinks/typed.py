@@ -185,9 +185,35 @@ def run_struct(transition_fields: tuple[Field, ...]) -> type:
     ], tag_field="kind", tag=contract.TRANSITION_RUN, kw_only=True, gc=False)
 
 
+#: A key as a capture holds it (``contract.key_text``): a tuple key is an array (a
+#: bytes key, which JSON cannot type apart from text, takes the checked path).
+CapturedKey = Union[str, int, float, list[Any]]
+
+
+def capture_struct(transition_fields: tuple[Field, ...]) -> type:
+    """The struct of a ``CAPTURE`` (``contract.Capture``) whose column values have the
+    types ``transition_fields`` give the TRANSITION fields they hold (its shape is
+    ``contract.capture_shape``'s to check; ``kwargs`` and ``error`` left out are
+    None)."""
+    typed = {f.name: f.typed for f in transition_fields}
+    names = tuple[tuple(typed[name] for name in ("prefix", "group", "span_id"))]
+    kwargs = tuple[tuple(typed[name] for name in contract.TRANSITION_KWARGS)]
+    error = tuple[tuple(typed[name] for name in contract.CAPTURE_ERROR)]
+    return msgspec.defstruct(f"Typed_{contract.CAPTURE}", [
+        ("ts", typed["ts"]), ("time", list[typed["ts"]]), ("key", list[CapturedKey]),
+        ("start", list[typed["start"]]), ("finish", list[typed["finish"]]),
+        ("stimulus_id", list[typed["stimulus_id"]]),
+        ("names", list[Union[names, None]]),
+        ("name", list[Count]),
+        ("kwargs", Union[list[Union[kwargs, None]], None], None),
+        ("error", Union[list[Union[error, None]], None], None),
+    ], tag_field="kind", tag=contract.CAPTURE, kw_only=True, gc=False)
+
+
 def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds,
                      packed: dict[str, type]):
-    """A decoder of whole envelopes and the event kind of each event struct it makes.
+    """Decoders of whole envelopes, JSON and MessagePack, and the event kind of each
+    event struct they make.
 
     Events of a kind in ``typed_fields`` become structs with those fields typed (in
     that order); events of ``untyped_kinds`` take any JSON value in their contract
@@ -214,4 +240,4 @@ def envelope_decoder(typed_fields: dict[str, tuple[Field, ...]], untyped_kinds,
         ("cluster_name", str), ("source", NonEmpty), ("producer_id", NonEmpty), ("seq", Count),
         ("sent_at", Time), ("events", list[Union[tuple(kinds)]]),
     ], gc=False)
-    return msgspec.json.Decoder(envelope).decode, kinds
+    return msgspec.json.Decoder(envelope).decode, msgspec.msgpack.Decoder(envelope).decode, kinds

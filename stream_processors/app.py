@@ -81,6 +81,10 @@ def app_settings(settings: ProcessorSettings) -> dict:
         "consumer_max_fetch_size": 16 * 1024 * 1024,
         # span snapshots, prefix partials and the checkpoint journal, like raw
         "producer_compression_type": settings.kafka.compression,
+        # The worker's web server (/metrics, /blackbox/stats/, and faust's own
+        # /router/, /table/) listens on loopback unless told otherwise (faust worker
+        # --web-bind): --web-host is only the name it advertises.
+        "web_bind": "127.0.0.1",
     }
 
 

@@ -42,7 +42,8 @@ import time
 from typing import NamedTuple
 
 from dask_blackbox.contract import (
-    LIFECYCLE, SPAN, TRANSITION, TRANSITION_RUN, WORKER_DIGESTS, InvalidEvent, run_columns,
+    CAPTURE, LIFECYCLE, SPAN, TRANSITION, TRANSITION_RUN, WORKER_DIGESTS, InvalidEvent,
+    packed_columns,
 )
 
 from .checkpoint import check_format as _check_format
@@ -72,9 +73,14 @@ class Applied(NamedTuple):
     rejected: list[Rejection]
 
 
+#: The event kinds :meth:`ClusterState.apply` reads more of than ``kind`` and ``ts``.
+APPLIED_KINDS = frozenset({TRANSITION, TRANSITION_RUN, CAPTURE, SPAN, WORKER_DIGESTS,
+                           LIFECYCLE})
+
 #: What applying a malformed event raises: each refuses the event (:func:`_refusal`).
 _REFUSED = (InvalidEvent, KeyError, TypeError, ValueError, AttributeError, ArithmeticError)
-#: The columns of a run (``contract.run_columns``) its transitions are applied from.
+#: The columns of a run or capture (``contract.packed_columns``) its transitions are
+#: applied from.
 _RUN_READ = ("ts", "key", "start", "finish", "group", "prefix", "span_id", "startstops",
              "nbytes")
 
@@ -143,9 +149,10 @@ class ClusterState:
         nothing).
 
         Its packed events may be expanded (``contract.expand_events``) or not: a
-        :data:`~dask_blackbox.contract.TRANSITION_RUN` is applied as the events it
-        stands for, each with its index in the expanded list, straight from its
-        columns; a run that cannot be unpacked is refused as one event."""
+        :data:`~dask_blackbox.contract.TRANSITION_RUN` or
+        :data:`~dask_blackbox.contract.CAPTURE` is applied as the events it stands
+        for, each with its index in the expanded list, straight from its columns; one
+        that cannot be unpacked is refused as one event."""
         producer_id = envelope["producer_id"]
         source = envelope["source"]
         seq = envelope["seq"]
@@ -173,9 +180,9 @@ class ClusterState:
             kind = ev["kind"]
             i = n
             n += 1
-            if kind == TRANSITION_RUN:
+            if kind == TRANSITION_RUN or kind == CAPTURE:
                 try:
-                    columns = run_columns(ev)
+                    columns = packed_columns(ev)
                 except _REFUSED as e:
                     rejected.append(_refusal(i, kind, e))
                     continue

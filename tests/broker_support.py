@@ -1,11 +1,11 @@
 """Local brokers for tests that run their own (to kill and restart them): Tansu or
-Apache Kafka behind one interface (:class:`dask_blackbox.cli.brokers.LocalBroker`)."""
+Apache Kafka behind one interface (:class:`dask_blackbox.deploy.brokers.LocalBroker`)."""
 
 from __future__ import annotations
 
 import os
 
-from dask_blackbox.cli.brokers import KafkaBroker, LocalBroker, TansuBroker, kafka_home
+from dask_blackbox.deploy.brokers import KafkaBroker, LocalBroker, TansuBroker, kafka_home
 
 
 def broker_for(kind: str, data_dir, port: int = 0) -> LocalBroker:

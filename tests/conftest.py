@@ -10,19 +10,24 @@ and sets it); without it the Kafka runs are skipped, saying how to get it. Its h
 bounded (``DASK_BLACKBOX__LOCAL__KAFKA_HEAP``, default 384MiB here). Tests that run
 brokers of their own (restarted, killed) take ``own_broker_factory``, or
 :func:`broker_for` with ``broker_kind``.
+
+Two tiers, by folder: ``tests/unit/`` (fast: no broker, cluster or pipeline) and
+``tests/integration/`` (real processes; marked ``integration`` here). The support
+modules they share stay at ``tests/``, importable by name from either.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
+import pathlib
 import uuid
 
 import dask.config
 import pytest
 
 from dask_blackbox import kafka
-from dask_blackbox.cli.brokers import MAVEN_COMMAND, BrokerError, TansuBroker
+from dask_blackbox.deploy.brokers import MAVEN_COMMAND, BrokerError, TansuBroker
 
 from broker_support import broker_for, kafka_home
 
@@ -103,7 +108,7 @@ def broker_kind(request) -> str:
 @pytest.fixture
 def own_broker_factory(broker_kind, tmp_path):
     """Make restartable brokers of this test's kind on ports of the test's choosing:
-    ``own_broker_factory(port=0)`` -> a :class:`~dask_blackbox.cli.brokers.LocalBroker`
+    ``own_broker_factory(port=0)`` -> a :class:`~dask_blackbox.deploy.brokers.LocalBroker`
     (not started; ``start()``, ``kill()``, ``stop()``, ``start()`` again: a restarted
     Tansu is empty, a restarted Kafka keeps its data, see ``.persistent``). Every one
     is killed at the end of the test."""
@@ -188,8 +193,9 @@ def otel_collector(tmp_path):
     free loopback ports: ``otel_collector()`` -> a started
     :class:`otel_support.Collector` (``http_endpoint``, ``grpc_endpoint``,
     ``spans()``, ``logs()``); ``otel_collector(start=False, http_port=P)`` one to
-    start later. Each is stopped at the end of the test. Without the built collector
-    the test is skipped (CI: fails), saying how to build it."""
+    start later, ``signals=("traces",)`` one without a logs pipeline. Each is
+    stopped at the end of the test. Without the built collector the test is skipped
+    (CI: fails), saying how to build it."""
     from otel_support import BUILD, Collector, collector_binary
 
     binary = collector_binary()
@@ -198,8 +204,8 @@ def otel_collector(tmp_path):
         pytest.fail(reason) if os.environ.get("CI") else pytest.skip(reason)
     made = []
 
-    def make(start: bool = True, **ports):
-        collector = Collector(binary, tmp_path / f"collector-{len(made)}", **ports)
+    def make(start: bool = True, **options):
+        collector = Collector(binary, tmp_path / f"collector-{len(made)}", **options)
         made.append(collector)
         return collector.start() if start else collector
 
@@ -208,24 +214,35 @@ def otel_collector(tmp_path):
         collector.stop()
 
 
-#: Modules of the fast tier: no cluster, pipeline or broker of their own (a test in
-#: them that asks for a broker is still integration).
-FAST_MODULES = frozenset({
-    "test_layers", "test_formatting", "test_span_state", "test_prefix_windows",
-    "test_sink_rows", "test_sink_schema", "test_config", "test_infra", "test_fuzz_sink",
-    "test_cli_errors", "test_packed_runs", "test_buffer", "test_grafana",
-    "test_export_journal", "test_slowness_input", "test_causes", "test_page_aggregates",
-    "test_rollups", "test_cluster_schema", "test_duplicates", "test_palette",
-    "test_graph_levels", "test_faust_transport",
-})
+UNIT = pathlib.Path(__file__).resolve().parent / "unit"
+#: What a unit test may not ask for: a broker (and with it a pipeline or a cluster).
+NOT_UNIT = frozenset({"broker", "tansu_broker", "kafka_broker", "broker_kind",
+                      "own_broker_factory", "bb_config", "recorded_run", "otel_collector"})
 
 
 def pytest_collection_modifyitems(items):
-    """Tests that run real processes (a broker, faust, the sink, Dask clusters) are
-    the ``integration`` tier; ``python -m pytest -m "not integration"`` runs the fast
-    one."""
+    """The folder is the tier. tests/unit/ is the fast one (``python -m pytest -m "not
+    integration"``): no broker, cluster or pipeline, real chDB and files only. Every
+    other test (tests/integration/, or a new module not yet filed) is ``integration``:
+    it runs real processes (a broker, faust, the sink, Dask clusters). A unit test that
+    asks for a broker, or is marked slow, stops the collection, naming it."""
+    misfiled = []
     for item in items:
-        module = item.module.__name__.rpartition(".")[2]
-        if (module not in FAST_MODULES or "broker" in getattr(item, "fixturenames", ())
-                or item.get_closest_marker("slow")):
+        if UNIT not in item.path.parents:
             item.add_marker(pytest.mark.integration)
+            continue
+        wants = NOT_UNIT & set(getattr(item, "fixturenames", ()))
+        if wants or item.get_closest_marker("slow"):
+            misfiled.append(f"{item.nodeid} ({', '.join(sorted(wants)) or 'slow'})")
+    if misfiled:
+        raise pytest.UsageError("tests/unit/ is the fast tier; move these to tests/integration/: "
+                                + "; ".join(misfiled))
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """A headless Chromium (tests/ui_support.py), one a module."""
+    from ui_support import chromium
+
+    with chromium() as b:
+        yield b

@@ -86,9 +86,13 @@ def as_version_1(values: list[bytes]) -> list[bytes]:
     producer sent them: schema 1, every run expanded (readers still take both)."""
     out = []
     for value in values:
-        if not value.startswith(b'{"schema":%d' % contract.SCHEMA_VERSION):
+        try:
+            envelope = contract.decode_envelope(value)
+        except contract.InvalidEnvelope:
             continue
-        envelope = orjson.loads(value)
+        if type(envelope) is not dict or envelope.get("schema") not in (2, 3) \
+                or type(envelope.get("events")) is not list:
+            continue
         events = contract.expand_events(envelope["events"])
         if events is not envelope["events"]:
             out.append(orjson.dumps({**envelope, "schema": 1, "events": events}))

@@ -14,7 +14,7 @@ import socket
 import subprocess
 import time
 
-from dask_blackbox.cli.brokers import free_port
+from dask_blackbox.deploy.brokers import free_port
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 VERSION = re.search(r'Version:\s*"([^"]+)"', (ROOT / "infra" / "otel" / "main.go").read_text())[1]
@@ -52,8 +52,11 @@ class Collector:
     """One collector process; ``spans()`` / ``logs()`` read what it received so far."""
 
     def __init__(self, binary: pathlib.Path, workdir: pathlib.Path,
-                 grpc_port: int | None = None, http_port: int | None = None) -> None:
+                 grpc_port: int | None = None, http_port: int | None = None,
+                 signals: tuple[str, ...] = ("traces", "logs")) -> None:
         self.binary = binary
+        #: the pipelines it runs: a Collector without "logs" answers 404 on /v1/logs
+        self.signals = signals
         self.workdir = workdir
         workdir.mkdir(parents=True, exist_ok=True)
         self.grpc_port = grpc_port or free_port()
@@ -78,8 +81,8 @@ class Collector:
                 "http": {"endpoint": f"127.0.0.1:{self.http_port}"}}}},
             "exporters": {"file": {"path": str(self.out), "flush_interval": "50ms"}},
             "service": {"telemetry": {"metrics": {"level": "none"}},
-                        "pipelines": {"traces": {"receivers": ["otlp"], "exporters": ["file"]},
-                                      "logs": {"receivers": ["otlp"], "exporters": ["file"]}}},
+                        "pipelines": {signal: {"receivers": ["otlp"], "exporters": ["file"]}
+                                      for signal in self.signals}},
         }))
         with open(self.log, "ab") as log:
             self.proc = subprocess.Popen([str(self.binary), "--config", str(config)],

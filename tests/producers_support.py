@@ -14,11 +14,11 @@ import dask.config
 from dask_blackbox import kafka
 from dask_blackbox.contract import TRANSITION, expand_events, validate_envelope
 from broker_support import broker_for
-from dask_blackbox.cli.brokers import free_port
+from dask_blackbox.deploy.brokers import free_port
 from dask_blackbox.producers.rows import Ready
 from dask_blackbox.producers.transport import Transport
-from kafka_reader import read_json
-from polling import wait_for
+from dask_blackbox.testing.kafka_reader import read_json
+from dask_blackbox.testing.polling import wait_for
 
 
 #: Producer overrides of the fault tests: quick flushes and reconnects, no metrics.

@@ -22,11 +22,11 @@ import dask.array as da
 from distributed import Client, LocalCluster, span, wait
 
 from dask_blackbox import kafka, producers
-from dask_blackbox.cli.supervisor import wait_drained
+from dask_blackbox.deploy.supervisor import wait_drained
 
 from conftest import pipeline_settings, subprocess_env
-from polling import wait_for
-from processors_support import FaustWorker
+from dask_blackbox.testing.polling import wait_for
+from dask_blackbox.testing.processors import FaustWorker
 from sink_support import SinkProcess
 from cluster_support import live_workers
 
@@ -89,6 +89,8 @@ def record(broker: str, workdir) -> dict:
             wait_for(lambda: len(client.processing(workers=[doomed])[doomed]) == 2, 30,
                      "both tasks on the doomed worker", interval=0.1)
             time.sleep(0.3)
+            # what Dask says the worker is running as it is killed
+            out["running_at_death"] = sorted(client.processing(workers=[doomed])[doomed])
             os.kill(pid, signal.SIGKILL)
             wait_for(lambda: doomed not in live_workers(client), 30,
                      "the scheduler to remove the killed worker", interval=0.1)

@@ -26,8 +26,8 @@ from dask_blackbox.sinks.tables import TABLES, Message
 TOPICS = contract.TOPICS
 
 from conftest import subprocess_env
-from kafka_reader import read_records
-from polling import wait_for
+from dask_blackbox.testing.kafka_reader import read_records
+from dask_blackbox.testing.polling import wait_for
 
 
 def envelope(events: list[dict], *, cluster_id: str = "c1", cluster_name: str = "test-cluster",
@@ -182,6 +182,12 @@ def lag() -> int:
     per_topic = asyncio.run(kafka.consumer_lag(config.get("sink.group-id"),
                                                [config.topic(t) for t in TOPICS]))
     return sum(per_topic.values())
+
+
+def wait_loaded(timeout: float = 120.0, what: str = "the sink to load everything") -> None:
+    """Until the sink's group has committed every message, and still has half a
+    second later (a producer's last envelopes may still be on their way)."""
+    wait_for(lambda: lag() == 0 and (time.sleep(0.5) or lag() == 0), timeout, what)
 
 
 def wait_consumed(sink: "SinkProcess", timeout: float = 90.0) -> None:

@@ -5,7 +5,7 @@ Grafana ClickHouse data source plugin (grafana-clickhouse-datasource).
     python infra/grafana/dashboards.py      # writes infra/grafana/dashboards/*.json
 
 The JSON files are committed (infra/docker-compose.yml's grafana service provisions
-them, see provisioning/); tests/test_grafana.py checks they are what this script
+them, see provisioning/); tests/unit/test_grafana.py checks they are what this script
 builds, and runs every panel's SQL against a recorded run.
 
 Every dashboard has a ``datasource`` variable (any ClickHouse data source; the

@@ -1,12 +1,13 @@
 """Every panel of dask-blackbox's Grafana dashboards, and its SQL: the one place where
 a panel's query is written. ``dashboards.py`` builds the dashboards from these
-(Grafana Foundation SDK), and tests/test_grafana.py runs each query, its macros
+(Grafana Foundation SDK), and tests/integration/test_grafana_queries.py runs each query, its macros
 expanded, against a recorded run in chDB.
 
 The SQL is for the Grafana ClickHouse data source plugin (grafana-clickhouse-
 datasource): its macros (``$__timeFilter(column)``, ``$__fromTime``, ``$__toTime``,
 ``$__timeInterval(column)``, ``$__interval_s``) and Grafana's template variables
-(``${cluster:singlequote}``). Tables are those of the ``blackbox`` database.
+(``${cluster:percentencode}``, see :data:`CLUSTER_VALUE`). Tables are those of the
+``blackbox`` database.
 """
 
 from __future__ import annotations
@@ -41,9 +42,17 @@ class Dashboard(NamedTuple):
 CLUSTERS_VARIABLE = ("SELECT cluster_name FROM blackbox.clusters "
                      "ORDER BY last_seen DESC LIMIT 1000")
 
+#: The ``cluster`` variable as a ClickHouse string. A cluster's name is whatever its
+#: owner chose, so it reaches the SQL percent-encoded (Grafana's ``percentencode``
+#: leaves only ``A-Za-z0-9-_.~%``, none of which a string literal or ClickHouse's
+#: backslash escapes can misread) and is decoded by ClickHouse. Grafana's
+#: ``singlequote`` would not do: it turns ``'`` into ``\'`` and leaves a backslash
+#: as it is, so a name ending in ``\`` closes the literal.
+CLUSTER_VALUE = "decodeURLComponent('${cluster:percentencode}')"
+
 #: The runs named by the ``cluster`` variable (a name, or a scheduler id).
 _CLUSTER = ("cluster_id IN (SELECT cluster_id FROM blackbox.clusters "
-            "WHERE cluster_name = ${cluster:singlequote} OR cluster_id = ${cluster:singlequote})")
+            f"WHERE cluster_name = {CLUSTER_VALUE} OR cluster_id = {CLUSTER_VALUE})")
 
 _UNEXPECTED_REMOVAL = ("action = 'worker_removed' "
                        "AND JSONExtract(detail, 'expected', 'Nullable(Bool)') = false")

@@ -9,7 +9,7 @@ the raw topic too, so that the processors publish a dead letter of their own.
 
 The file holds ``{"raw": [...], "span-state": [...], ...}``: each message's value as
 text (UTF-8, as published), in publication order per topic. The fuzzing tier
-(tests/test_fuzz_sink.py) and bench/fuzz.py read it; run this again after a contract
+(tests/unit/test_fuzz_sink.py) and bench/fuzz.py read it; run this again after a contract
 change to record what producers send now.
 """
 
@@ -32,9 +32,9 @@ import dask.array as da  # noqa: E402
 from distributed import Client, LocalCluster, span, wait  # noqa: E402
 
 from dask_blackbox import contract, kafka, producers  # noqa: E402
-from dask_blackbox.cli.brokers import TansuBroker, free_port  # noqa: E402
-from kafka_reader import read_records  # noqa: E402
-from processors_support import FaustWorker, env_for  # noqa: E402
+from dask_blackbox.deploy.brokers import TansuBroker, free_port  # noqa: E402
+from dask_blackbox.testing.kafka_reader import read_records  # noqa: E402
+from dask_blackbox.testing.processors import FaustWorker, env_for  # noqa: E402
 from sink_support import produce  # noqa: E402
 
 OUT = HERE / "sink_corpus.json"
