@@ -114,11 +114,9 @@ class Converter:
             np.cumsum(np.array(values.lengths, dtype=np.int32), out=offsets[1:])
             return pa.ListArray.from_arrays(pa.array(offsets), self.element.raw(values.values))
         if isinstance(values, Coded):  # each distinct value converted once
-            index = pa.array(values.index, pa.int32())
             if self.dictionary:
-                return pa.DictionaryArray.from_arrays(index, pa.array(
-                    ["" if v is None else v for v in values.values], pa.string()))
-            return pc.take(self.raw(values.values), index)
+                return _dictionary_array(values)
+            return pc.take(self.raw(values.values), pa.array(values.index, pa.int32()))
         if isinstance(values, range):
             values = np.arange(values.start, values.stop, values.step)
         return pa.array(values, type=self.raw_type)
@@ -150,6 +148,20 @@ class Converter:
                 ticks = pc.round(pc.multiply(array, factor))
             return pc.cast(pc.cast(ticks, pa.int64()), unit)
         return array
+
+
+def _dictionary_array(values: Coded) -> pa.DictionaryArray:
+    """``values`` as a dictionary array of distinct strings ('' for None). A Coded
+    column's values need not be distinct (a capture's names table holds distinct
+    (prefix, group, span id) triples: two groups of one prefix repeat the prefix),
+    and ClickHouse refuses a dictionary with a value twice."""
+    texts = ["" if v is None else v for v in values.values]
+    index = np.asarray(values.index, np.int32)
+    if len(set(texts)) < len(texts):
+        first: dict[str, int] = {}
+        remap = np.array([first.setdefault(t, len(first)) for t in texts], np.int32)
+        texts, index = list(first), remap[index]
+    return pa.DictionaryArray.from_arrays(pa.array(index, pa.int32()), pa.array(texts, pa.string()))
 
 
 def converter(ch_type: str) -> Converter:

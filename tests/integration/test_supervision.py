@@ -16,7 +16,7 @@ scheduler and compared with ClickHouse, through the CLI's own backend:
   states, all_durations, done and cumulative_worker_metrics;
 - prefixes: per prefix, the ``prefix_stats`` partials (FINAL) sum to
   ``TaskPrefix.state_counts`` and ``all_durations``;
-- no gap and no drop recorded for the cluster.
+- no gap and no drop recorded for the cluster, and no dead letter.
 
 Then a SIGTERM stops `up`, which drains and exits 0.
 """
@@ -191,6 +191,9 @@ def test_every_child_but_the_broker_dies_mid_workload_and_nothing_is_lost(tmp_pa
             assert len(log) > 3000
             assert wait_drained(timeout=90), (
                 f"the pipeline did not drain: {asyncio.run(pipeline_lag())}\n{''.join(up.output)}")
+            _, letters = backend.query(  # the data dir is this test's own
+                f"SELECT topic, reason FROM {backend.database}.dead_letters LIMIT 3", {})
+            assert letters == [], letters  # what the producers sent, the sink takes
             assert transition_differences(backend, cluster_id, log) == []
             _, rows = queries.gaps_and_drops(backend, cluster_id)
             # missing, gaps reported, events dropped: none, for every producer

@@ -150,3 +150,26 @@ def test_what_the_typed_path_refuses_is_loaded_or_dead_lettered_as_the_checked_p
     assert any("is not part of a Dask key" in r for r in reasons)
     # The wider kwargs: the contract reads their first values, as the checked path does.
     assert 2 in {r["offset"] for r in rows(typed, "envelopes")}
+
+
+def test_a_capture_alone_whose_groups_share_a_prefix_and_a_span_loads(client, schemas,
+                                                                      monkeypatch):
+    """A batch of one large capture, its groups two of one prefix in one span and one in
+    none: its dictionary arrays go to ClickHouse unjoined, each value once (ClickHouse
+    refuses a dictionary holding a value twice), and load the checked path's rows."""
+    groups = (_Group("x", "x-1", "S"), _Group("x", "x-2", "S"), _Group("w", "w-3", None))
+    items = [TransitionItem(f"{groups[i % 3].name}-{i}", "released", "waiting", f"s{i}",
+                            NOW + i / 1000, groups[i % 3]) for i in range(CHUNK_MIN_ROWS + 10)]
+    messages = [Message(contract.RAW, "t.raw", 0, 0, b"c1", _envelope(3, items), 1000)]
+    typed, checked = _batches(messages, schemas, monkeypatch)
+    assert typed.n_checked == 0 and len(typed.tables["dead_letters"]) == 0
+    typed_tables, checked_tables = _tables(typed, schemas), _tables(checked, schemas)
+    prefix = typed_tables["transitions"].column("prefix")
+    assert pa.types.is_dictionary(prefix.type)
+    for chunk in prefix.chunks:
+        assert len(set(chunk.dictionary.to_pylist())) == len(chunk.dictionary)
+    assert typed_tables["transitions"].to_pylist() == checked_tables["transitions"].to_pylist()
+    for database in ("typed", "checked"):
+        client.command(f"TRUNCATE TABLE {database}.transitions")
+    assert _loaded(client, "typed", {"transitions": typed_tables["transitions"]}) == \
+        _loaded(client, "checked", {"transitions": checked_tables["transitions"]})
