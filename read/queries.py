@@ -111,12 +111,6 @@ def dask_tasks(backend: Backend, cluster_id: str, span_ids: list[str] | None = N
     return int(sum(n for _, parent, n in rows if not parent or parent not in ids))
 
 
-#: A cluster's worker removals: each one's stimulus (which the transitions of the tasks
-#: it released name) and the worker removed; ``{also}`` adds conditions (`` AND ...``).
-WORKER_REMOVALS = ("SELECT stimulus_id, worker FROM {lifecycle} WHERE cluster_id = {{c:String}} "
-                   "AND action = 'worker_removed'{also}")
-
-
 def span_name(backend: Backend, cluster_id: str, span_id: str) -> str:
     """The name of span ``span_id`` of ``cluster_id`` as the scheduler announced it,
     its parts joined by "/" ("" when no such span was recorded)."""

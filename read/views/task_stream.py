@@ -15,11 +15,12 @@ span to see single tasks again.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from dask_blackbox.read import aggregates, history, palette, queries
+from dask_blackbox.read import aggregates, history, palette
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.templates import fmt_s
 from dask_blackbox.read.views.page import Context
@@ -61,7 +62,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     (one per worker thread, "worker thread N"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks,
     and ``died``: worker, row, key, prefix, start, stop of each task that was running
-    when its worker died (:func:`running_at_deaths`; in bars mode, bars of action
+    when its worker died (:func:`.died_tasks.died_tasks`; in bars mode, bars of action
     :data:`DIED`).
     ``worker``: that worker's rows only; ``known``: the run's :func:`workers.info`, if
     already known.
@@ -113,70 +114,13 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
 DIED = "running when its worker died"
 
 
-class DiedRunning(NamedTuple):
-    """A task that was processing on a worker when the scheduler removed it without
-    expecting it: from its last entry into processing there (``start``) to the
-    removal (``stop``), seconds since the epoch."""
-
-    worker: str
-    key: str
-    prefix: str | None
-    start: float
-    stop: float
-
-
-#: The removals :data:`.queries.WORKER_REMOVALS` reads for :func:`running_at_deaths`:
-#: those Dask did not expect, in the window ``t0``..``t1``.
-UNEXPECTED_IN_WINDOW = (" AND JSONExtract(detail, 'expected', 'Nullable(Bool)') IS DISTINCT FROM true "
-                        "AND ts >= toDateTime64({t0:Float64}, 6, 'UTC') "
-                        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')")
-
-#: The tasks the removals ``stimuli`` took out of processing, each with its prefix,
-#: that removal and when (``{where}``: the scope).
-LEFT_AT_DEATHS = ("SELECT key, any(prefix), stimulus_id, toFloat64(min(ts)) FROM {transitions} "
-                  "{where} AND source = 'scheduler' AND start = 'processing' "
-                  "AND stimulus_id IN {{stimuli:Array(String)}} GROUP BY key, stimulus_id")
-
-#: When each of the tasks ``keys`` went into processing (``{where}``: the scope).
-ENTERED_PROCESSING = ("SELECT key, groupArray(toFloat64(ts)) FROM {transitions} {where} "
-                      "AND source = 'scheduler' AND finish = 'processing' "
-                      "AND key IN {{keys:Array(String)}} GROUP BY key")
-
-
-def running_at_deaths(backend: Backend, scope: Scope, worker: str | None = None) -> list[DiedRunning]:
-    """The tasks that were running when their worker died, in the scope (and on
-    ``worker`` only, if given): they reported no startstops, so Dask's own task
-    stream has no bar for them."""
-    where, p = _where(scope, time_column="", span=True)
-    _, removals = backend.query(
-        queries.WORKER_REMOVALS.format(lifecycle=_t(backend, "lifecycle"), also=UNEXPECTED_IN_WINDOW),
-        {"c": scope.cluster_id, "t0": scope.t0, "t1": scope.t1})
-    died_on = {s: w for s, w in removals if worker is None or w == worker}
-    if not died_on:
-        return []
-    p = {**p, "stimuli": sorted(died_on)}
-    transitions = _t(backend, "transitions")
-    _, left = backend.query(LEFT_AT_DEATHS.format(transitions=transitions, where=where), p)
-    if not left:
-        return []
-    p = {k: v for k, v in p.items() if k != "stimuli"}
-    p["keys"] = sorted({k for k, *_ in left})
-    _, entries = backend.query(ENTERED_PROCESSING.format(transitions=transitions, where=where), p)
-    entered = {k: sorted(ts) for k, ts in entries}
-    out = []
-    for key, prefix, stimulus_id, removed in left:
-        before = [t for t in entered.get(key, ()) if t <= removed]
-        if before:
-            out.append(DiedRunning(died_on[stimulus_id], key, prefix,
-                                   max(before[-1], scope.t0), removed))
-    return out
-
-
 def _running_at_deaths(backend: Backend, scope: Scope, worker: str | None = None) -> list[tuple]:
-    """:func:`running_at_deaths` as bars (rows as :func:`_lay_out` reads them), action
-    :data:`DIED`."""
-    return [(d.worker, d.key, d.prefix, DIED, d.start, d.stop, "", False, d.stop, None)
-            for d in running_at_deaths(backend, scope, worker)]
+    """The tasks running when their worker died (:func:`.died_tasks.died_tasks`) as
+    bars (rows as :func:`_lay_out` reads them), action :data:`DIED`, from their last
+    entry into processing (or the window's start) to the removal."""
+    return [(d.worker, d.key, d.prefix, DIED, max(d.entered, scope.t0), d.left, "", False,
+             d.left, None)
+            for d in died_tasks(backend, scope, worker)]
 
 
 def _lay_out(rows: list[tuple]) -> dict:
@@ -274,7 +218,7 @@ def _binned(backend: Backend, scope: Scope, cells: list[tuple], worker: str | No
         peak[w] = max(peak[w], busy / scope.bucket)
         first_cell[w] = min(first_cell.get(w, b), b)
     workers = sorted(first_cell, key=lambda w: (first_cell[w], w))  # by first seen
-    died = running_at_deaths(backend, scope, worker)
+    died = died_tasks(backend, scope, worker)
     workers += sorted({d.worker for d in died} - set(first_cell))  # died before any bar
     index = {w: i for i, w in enumerate(workers)}
     counts.setdefault("bars_recorded", sum(c[5] for c in cells))
@@ -286,7 +230,7 @@ def _binned(backend: Backend, scope: Scope, cells: list[tuple], worker: str | No
          "prefix": what, "tasks": computes}
         for w, b, busy, what, computes, _ in cells
     ], died=[{"worker": d.worker, "row": index[d.worker], "key": d.key, "prefix": d.prefix,
-              "start": d.start, "stop": d.stop}
+              "start": max(d.entered, scope.t0), "stop": d.left}
              for d in died])
 
 

@@ -1,0 +1,26 @@
+"""Named statements several modules of read/ run, below all of them (this module
+imports nothing): :mod:`.queries` re-exports them. Each is a ``str.format`` template:
+``{lifecycle}``, ``{transitions}`` the tables, ``{where}``/``{also}`` the conditions
+its caller narrows it with.
+"""
+
+#: A cluster's worker removals: each one's stimulus (which the transitions of the tasks
+#: it released name) and the worker removed; ``{also}`` adds conditions (`` AND ...``).
+WORKER_REMOVALS = ("SELECT stimulus_id, worker FROM {lifecycle} WHERE cluster_id = {{c:String}} "
+                   "AND action = 'worker_removed'{also}")
+
+#: The scheduler's transitions of tasks out of processing by the stimuli ``stimuli`` (a
+#: worker's removal names its own): per cluster, stimulus and task, the task's prefix,
+#: group and span, where it went and when (float seconds), in that order; ``{where}``:
+#: ``WHERE`` the clusters (and spans).
+TAKEN_OUT_OF_PROCESSING = (
+    "SELECT cluster_id, stimulus_id, key, any(prefix), any(task_group), any(span_id), "
+    "any(finish), toFloat64(min(ts)) FROM {transitions} {where} AND source = 'scheduler' "
+    "AND start = 'processing' AND stimulus_id IN {{stimuli:Array(String)}} "
+    "GROUP BY cluster_id, stimulus_id, key ORDER BY min(ts), key")
+
+#: When the tasks ``keys`` entered processing: cluster, key and time (float seconds),
+#: in time order; ``{where}``: ``WHERE`` the clusters (and spans).
+ENTERED_PROCESSING = ("SELECT cluster_id, key, toFloat64(ts) FROM {transitions} {where} "
+                      "AND source = 'scheduler' AND finish = 'processing' "
+                      "AND key IN {{keys:Array(String)}} ORDER BY ts")
