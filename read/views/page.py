@@ -19,6 +19,7 @@ from dask_blackbox.read import critical_path as paths
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.log_search import LEVELS
 from dask_blackbox.read.params import BadParameter, filters
 from dask_blackbox.read.views.scope import Scope, resolve
 from dask_blackbox.read.views.scope import where as _where
@@ -29,8 +30,6 @@ MEMO_SECONDS = 30.0
 #: The Run page computes the critical path and the cost of a scope of at most this
 #: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
 SLOWNESS_MAX_TASKS = 20_000
-#: Log levels, lowest first: a level filter keeps that level and above.
-LEVELS = queries.LEVELS
 
 
 class Memo:
