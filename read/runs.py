@@ -18,6 +18,7 @@ import orjson
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.statements import LIFECYCLE
 from dask_blackbox.read.views.scope import resolve
 
 
@@ -111,10 +112,8 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
         for field in ("span_id", "worker", "typename", "exception", "traceback", "cause"):
             tr[field] = tr[field] or None
         transitions.append(tr)
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker, client, reason, stimulus_id, detail "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} ORDER BY ts",
-        {"c": p["c"]})
+    _, rows = backend.query(LIFECYCLE.format(lifecycle=_t(backend, "lifecycle"), also=""),
+                            {"c": p["c"]})
     lifecycle = [{"kind": "lifecycle", "ts": ts, "action": action, "worker": worker or None,
                   "client": client or None, "reason": reason or None,
                   "stimulus_id": stimulus_id or None, "detail": _json(detail)}

@@ -24,3 +24,10 @@ TAKEN_OUT_OF_PROCESSING = (
 ENTERED_PROCESSING = ("SELECT cluster_id, key, toFloat64(ts) FROM {transitions} {where} "
                       "AND source = 'scheduler' AND finish = 'processing' "
                       "AND key IN {{keys:Array(String)}} ORDER BY ts")
+
+#: A cluster's lifecycle (the scheduler's start and close, workers added and removed,
+#: restarts, ...) in time order: when (float seconds), what, the worker, the client, the
+#: reason, the stimulus and the detail (JSON text); ``{also}`` adds conditions
+#: (`` AND ...``).
+LIFECYCLE = ("SELECT toFloat64(ts), action, worker, client, reason, stimulus_id, detail "
+             "FROM {lifecycle} WHERE cluster_id = {{c:String}}{also} ORDER BY ts")

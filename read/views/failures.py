@@ -15,6 +15,10 @@ from dask_blackbox.read.views.scope import Scope
 #: Erred tasks whose story the failures panel (and the report) shows.
 STORIES = 20
 
+#: The tasks of the spans ``ids`` that erred.
+ERRED_IN_SPANS = ("SELECT DISTINCT key FROM {transitions} WHERE cluster_id = {{c:String}} "
+                  "AND span_id IN {{ids:Array(String)}} AND finish = 'erred'")
+
 
 def data(ctx: Context) -> dict:
     fail = failures(ctx.backend, ctx.scope)
@@ -38,10 +42,8 @@ def failures(backend: Backend, scope: Scope) -> dict:
                               until=scope.until)
     out = {name: [dict(zip(columns, row)) for row in rows] for name, (columns, rows) in result.items()}
     if scope.span_ids is not None:
-        _, in_span = backend.query(
-            f"SELECT DISTINCT key FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-            "AND span_id IN {ids:Array(String)} AND finish = 'erred'",
-            {"c": scope.cluster_id, "ids": scope.span_ids})
+        _, in_span = backend.query(ERRED_IN_SPANS.format(transitions=_t(backend, "transitions")),
+                                   {"c": scope.cluster_id, "ids": scope.span_ids})
         keys = {k for k, in in_span}
         out["erred_tasks"] = [r for r in out["erred_tasks"] if r["key"] in keys]
     return out

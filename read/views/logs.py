@@ -14,6 +14,11 @@ from dask_blackbox.read.views.scope import Scope
 from dask_blackbox.read.views.scope import ts as _ts
 
 
+#: The workers a cluster's log records name (the choices of the worker filter).
+LOG_WORKERS = ("SELECT DISTINCT worker FROM {logs} WHERE cluster_id = {{c:String}} "
+               "AND worker != '' ORDER BY worker")
+
+
 def data(ctx: Context) -> dict:
     q = ctx.params
     level = q.get("level") or None
@@ -34,9 +39,7 @@ def logs(backend: Backend, scope: Scope, level: str | None = None, worker: str |
               "worker": worker, "level": level, "logger": logger, "text": text}
     _, rows = log_search.logs(backend, limit=limit, **window)
     total = log_search.logs_count(backend, **window)
-    _, workers = backend.query(
-        f"SELECT DISTINCT worker FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-        "AND worker != '' ORDER BY worker", {"c": scope.cluster_id})
+    _, workers = backend.query(LOG_WORKERS.format(logs=_t(backend, "logs")), {"c": scope.cluster_id})
     return {
         "total": total, "limit": limit, "processes": [r[0] for r in workers],
         "filters": {"level": level.upper() if level else None, "worker": worker, "text": text,

@@ -49,6 +49,42 @@ def data(ctx: Context) -> dict:
 #: At most this many task-stream bars are shipped to a page; above, the stream is binned.
 MAX_BARS = 20_000
 
+#: What the bars of a stream are read from: the scheduler's transitions' startstops
+#: (``ss``) of the scope (``{where}``) over the window ``t0``..``t1``.
+STARTSTOPS = ("FROM {transitions} ARRAY JOIN startstops AS ss {where} "
+              "AND source = 'scheduler' AND ss.stop >= toDateTime64({{t0:Float64}}, 6, 'UTC') "
+              "AND ss.start <= toDateTime64({{t1:Float64}}, 6, 'UTC')")
+#: The bars of :data:`STARTSTOPS` and the computes among them.
+BARS_COUNTED = "SELECT count(), countIf(ss.action = 'compute') {startstops}"
+#: The bars of :data:`STARTSTOPS` (as :func:`_lay_out` reads them), by worker and time.
+BARS = ("SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
+        "ss.source, finish = 'erred', toFloat64(ts), thread {startstops} ORDER BY worker, ts, key")
+#: The binned stream of :data:`STARTSTOPS`: per worker and bucket ``b`` (``n`` buckets of
+#: ``w`` seconds from ``t0``), busy seconds per prefix (or action), then the dominant one
+#: and the total, and the computes and bars begun in it.
+CELLS = (
+    "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
+    " SELECT worker, what, b, sum(least(e, {{t0:Float64}} + (b + 1) * {{w:Float64}}) "
+    "   - greatest(s, {{t0:Float64}} + b * {{w:Float64}})) AS busy, "
+    "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
+    "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
+    "   ss.action = 'compute' AS is_compute, "
+    "   greatest(toFloat64(ss.start), {{t0:Float64}}) AS s, least(toFloat64(ss.stop), {{t1:Float64}}) AS e, "
+    "   toUInt32(least(floor((s - {{t0:Float64}}) / {{w:Float64}}), {{n:Float64}} - 1)) AS first_b, "
+    "   toUInt32(least(floor((e - {{t0:Float64}}) / {{w:Float64}}), {{n:Float64}} - 1)) AS last_b "
+    "  {startstops}) ARRAY JOIN range(first_b, last_b + 1) AS b "
+    " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b")
+#: The binned stream from the roll-ups (``{where}``: the cluster, window and spans): per
+#: worker and bucket ``b`` of ``w`` seconds from ``t0``, compute seconds, the prefix that
+#: took most of them, and the tasks finished.
+ROLLUP_CELLS = (
+    "SELECT worker, b, sum(compute), argMax(prefix, compute), sum(n) FROM ("
+    " SELECT worker, prefix, toUInt32(intDiv(toUInt32(minute) - toUInt32({{t0:Float64}}), "
+    " toUInt32({{w:Float64}}))) AS b, sumMap(durations)['compute'] AS compute, "
+    " sum(into['memory']) + sum(into['erred']) AS n "
+    " FROM {task_minutes} {where} "
+    " GROUP BY worker, prefix, b) GROUP BY worker, b ORDER BY worker, b")
+
 
 def nthreads(backend: Backend, scope: Scope, known: dict | None = None) -> dict[str, int]:
     return worker_data.nthreads(backend, scope.cluster_id, known)
@@ -84,9 +120,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     if worker is not None:
         where += " AND worker = {worker:String}"
         p["worker"] = worker
-    base = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss {where} "
-            "AND source = 'scheduler' AND ss.stop >= toDateTime64({t0:Float64}, 6, 'UTC') "
-            "AND ss.start <= toDateTime64({t1:Float64}, 6, 'UTC')")
+    base = STARTSTOPS.format(transitions=_t(backend, "transitions"), where=where)
     out: dict[str, Any] = {"max_bars": max_bars}
     n_bars = None
     use_aggregates = worker is None and scope.since is None and scope.until is None
@@ -94,13 +128,11 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
         n_bars, n_compute = aggregates.bars(backend, scope)
         out.update(bars_recorded=n_bars, computes_recorded=n_compute)
     elif finished is None or finished <= max_bars:
-        _, counted = backend.query(f"SELECT count(), countIf(ss.action = 'compute') {base}", p)
+        _, counted = backend.query(BARS_COUNTED.format(startstops=base), p)
         n_bars, n_compute = counted[0]
         out.update(bars_recorded=n_bars, computes_recorded=n_compute)
     if n_bars is not None and n_bars <= max_bars:
-        _, rows = backend.query(
-            "SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
-            f"ss.source, finish = 'erred', toFloat64(ts), thread {base} ORDER BY worker, ts, key", p)
+        _, rows = backend.query(BARS.format(startstops=base), p)
         rows = list(rows) + _running_at_deaths(backend, scope, worker)
         out.update(mode="bars", **_lay_out(rows))
         return out
@@ -188,21 +220,8 @@ def _cells(backend: Backend, scope: Scope, base: str, p: dict, use_aggregates: b
     startstops of ``base`` (the statement's FROM and WHERE)."""
     if use_aggregates:
         return aggregates.stream_cells(backend, scope, _n_buckets(scope))
-    # Binned: per worker and bucket, busy seconds per prefix (or action), then the
-    # dominant one and the total, all in ClickHouse.
     p.update(w=scope.bucket, n=BUCKETS)
-    _, cells = backend.query(
-        "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
-        " SELECT worker, what, b, sum(least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
-        "   - greatest(s, {t0:Float64} + b * {w:Float64})) AS busy, "
-        "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
-        "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
-        "   ss.action = 'compute' AS is_compute, "
-        "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
-        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS first_b, "
-        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
-        f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
-        " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
+    _, cells = backend.query(CELLS.format(startstops=base), p)
     return cells
 
 
@@ -245,13 +264,9 @@ def from_rollups(backend: Backend, scope: Scope, threads: dict[str, int]) -> dic
     if w.span_ids is not None:
         where.append("span_id IN {ids:Array(String)}")
         p["ids"] = w.span_ids
-    _, rows = backend.query(
-        "SELECT worker, b, sum(compute), argMax(prefix, compute), sum(n) FROM ("
-        " SELECT worker, prefix, toUInt32(intDiv(toUInt32(minute) - toUInt32({t0:Float64}), "
-        " toUInt32({w:Float64}))) AS b, sumMap(durations)['compute'] AS compute, "
-        " sum(into['memory']) + sum(into['erred']) AS n "
-        f" FROM {history.rollup_table(backend, 'task_minutes')} WHERE {' AND '.join(where)} "
-        " GROUP BY worker, prefix, b) GROUP BY worker, b ORDER BY worker, b", p)
+    _, rows = backend.query(ROLLUP_CELLS.format(
+        task_minutes=history.rollup_table(backend, "task_minutes"),
+        where="WHERE " + " AND ".join(where)), p)
     workers = sorted({r[0] for r in rows})
     return {
         "max_bars": 0, "bars_recorded": int(sum(r[4] for r in rows)),
