@@ -13,12 +13,14 @@ entry into processing before the removal to the removal.
 from __future__ import annotations
 
 import dataclasses
+from typing import TYPE_CHECKING, Any
 
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.statements import ENTERED_PROCESSING, TAKEN_OUT_OF_PROCESSING, WORKER_REMOVALS
-from dask_blackbox.read.views.scope import Scope
-from dask_blackbox.read.views.scope import where as _where
+
+if TYPE_CHECKING:  # below the views: importing read.views imports every view, the task stream's too
+    from dask_blackbox.read.views.scope import Scope
 
 #: The removals of :data:`.statements.WORKER_REMOVALS` that are deaths: those Dask did not
 #: expect.
@@ -59,17 +61,24 @@ def died_tasks(backend: Backend, scope: Scope, worker: str | None = None) -> lis
     its workers took out of processing (only those of ``worker``, if given), in the
     order they left it. A scope narrowed to a window (``since``/``until``) keeps the
     removals in that window; a task that entered processing before it still counts."""
-    also, rp = UNEXPECTED, {"c": scope.cluster_id}
+    also = UNEXPECTED
+    rp: dict[str, Any] = {"c": scope.cluster_id}
     if scope.since is not None:
-        also, rp["since"] = also + SINCE, scope.since
+        also += SINCE
+        rp["since"] = scope.since
     if scope.until is not None:
-        also, rp["until"] = also + UNTIL, scope.until
+        also += UNTIL
+        rp["until"] = scope.until
     _, removals = backend.query(
         WORKER_REMOVALS.format(lifecycle=_t(backend, "lifecycle"), also=also), rp)
     died_on = {s: w for s, w in removals if s and (worker is None or w == worker)}
     if not died_on:
         return []
-    where, p = _where(scope, time_column="", span=True)
+    where = "WHERE cluster_id = {c:String}"  # and its spans
+    p: dict[str, Any] = {"c": scope.cluster_id}
+    if scope.span_ids is not None:
+        where += " AND span_id IN {ids:Array(String)}"
+        p["ids"] = scope.span_ids
     transitions = _t(backend, "transitions")
     _, left = backend.query(TAKEN_OUT_OF_PROCESSING.format(transitions=transitions, where=where),
                             {**p, "stimuli": sorted(died_on)})
