@@ -11,6 +11,13 @@ from dask_blackbox.read.filters import Filter, TimeBound, build, table
 #: Log levels, lowest first: a level filter keeps that level and above.
 LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
+#: The newest ``limit`` log records matching ``{where}``, newest first.
+LOG_RECORDS = ("SELECT ts, level, source, worker, logger, key, message, exc_text, cluster_id, "
+               "producer_id, seq, idx FROM {logs} {where} "
+               "ORDER BY ts DESC, seq DESC, idx DESC LIMIT {{limit:UInt32}}")
+#: How many log records match ``{where}``.
+LOG_COUNT = "SELECT count() FROM {logs} {where}"
+
 
 def _logs_filter(backend: Backend, cluster: str | None, since: TimeBound, until: TimeBound,
                  worker: str | None, level: str | None, logger: str | None,
@@ -54,9 +61,7 @@ def logs(backend: Backend, cluster: str | None = None, since: TimeBound = None,
     f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
     f.parameters["limit"] = limit
     columns, rows = backend.query(
-        "SELECT ts, level, source, worker, logger, key, message, exc_text, cluster_id, producer_id, "
-        f"seq, idx FROM {table(backend, 'logs')} {f.where()} "
-        "ORDER BY ts DESC, seq DESC, idx DESC LIMIT {limit:UInt32}", f.parameters)
+        LOG_RECORDS.format(logs=table(backend, "logs"), where=f.where()), f.parameters)
     return columns, rows[::-1]
 
 
@@ -65,5 +70,6 @@ def logs_count(backend: Backend, cluster: str | None = None, since: TimeBound = 
                logger: str | None = None, text: str | None = None) -> int:
     """How many log records match :func:`logs`'s filters."""
     f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
-    _, rows = backend.query(f"SELECT count() FROM {table(backend, 'logs')} {f.where()}", f.parameters)
+    _, rows = backend.query(LOG_COUNT.format(logs=table(backend, "logs"), where=f.where()),
+                            f.parameters)
     return rows[0][0]
