@@ -37,7 +37,7 @@ from dask_blackbox.read import held_memory, last_stacks
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.death_evidence import LOG_LINES, _death_evidence, _timeline
 from dask_blackbox.read.filters import TimeBound, cluster_ids, clusters_condition, epoch, table
-from dask_blackbox.read.statements import ENTERED_PROCESSING, TAKEN_OUT_OF_PROCESSING
+from dask_blackbox.read.statements import ENTERED_PROCESSING, ERRED, TAKEN_OUT_OF_PROCESSING
 
 
 class Death(NamedTuple):
@@ -279,10 +279,10 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     if stop is not None:
         where += " AND ts < toDateTime64({until:Float64}, 6, 'UTC')"
         p["until"] = stop
-    _, erred = backend.query(
-        "SELECT cluster_id, key, prefix, toFloat64(ts), exception "
-        f"FROM {table(backend, 'transitions')} WHERE {where} AND source = 'scheduler' "
-        "AND finish = 'erred' AND startsWith(exception, 'KilledWorker') ORDER BY ts", p)
+    _, rows = backend.query(ERRED.format(
+        transitions=table(backend, "transitions"),
+        where=f"WHERE {where} AND startsWith(exception, 'KilledWorker')"), p)
+    erred = [(c, k, prefix, ts, exception) for c, k, prefix, _, ts, _, exception in rows]
     if not erred:
         return []
     found = deaths(backend, sorted({r[0] for r in erred})) if found is None else found

@@ -31,3 +31,10 @@ ENTERED_PROCESSING = ("SELECT cluster_id, key, toFloat64(ts) FROM {transitions} 
 #: (`` AND ...``).
 LIFECYCLE = ("SELECT toFloat64(ts), action, worker, client, reason, stimulus_id, detail "
              "FROM {lifecycle} WHERE cluster_id = {{c:String}}{also} ORDER BY ts")
+
+#: The scheduler's transitions into erred (``{where}``: ``WHERE`` the clusters, spans,
+#: keys or exceptions), as they happened: cluster, key, prefix, worker, when (float
+#: seconds, and whole microseconds) and the exception.
+ERRED = ("SELECT cluster_id, key, prefix, worker, toFloat64(ts), "
+         "toInt64(toUnixTimestamp64Micro(ts)), exception FROM {transitions} {where} "
+         "AND source = 'scheduler' AND finish = 'erred' ORDER BY ts, seq, idx")

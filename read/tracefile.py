@@ -61,6 +61,7 @@ from dask_blackbox.read import critical_path, diagnosis
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.runs import has_column
+from dask_blackbox.read.statements import ERRED
 from dask_blackbox.read.views.scope import resolve
 from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.views.task_stream import DIED
@@ -166,10 +167,10 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
         "arraySum(mapValues(states)), duration "
         f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
-    _, erred = backend.query(
-        "SELECT toInt64(toUnixTimestamp64Micro(ts)), key, prefix, worker, exception "
-        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-        f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
+    _, rows = backend.query(ERRED.format(transitions=_t(backend, "transitions"),
+                                         where="WHERE cluster_id = {c:String}" + in_span), p)
+    erred = [(us, key, prefix, worker, exception)
+             for _, key, prefix, worker, _, us, exception in rows]
     removals = [d for d in diagnosis.deaths(backend, [scope.cluster_id]) if d.is_death]
     died_running = died_tasks(backend, scope)
     try:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from dask_blackbox.read import queries
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.statements import ERRED
 from dask_blackbox.read.views.page import Context
 from dask_blackbox.read.views.registry import View, register
 from dask_blackbox.read.views.scope import Scope
@@ -14,10 +15,6 @@ from dask_blackbox.read.views.scope import Scope
 
 #: Erred tasks whose story the failures panel (and the report) shows.
 STORIES = 20
-
-#: The tasks of the spans ``ids`` that erred.
-ERRED_IN_SPANS = ("SELECT DISTINCT key FROM {transitions} WHERE cluster_id = {{c:String}} "
-                  "AND span_id IN {{ids:Array(String)}} AND finish = 'erred'")
 
 
 def data(ctx: Context) -> dict:
@@ -42,9 +39,11 @@ def failures(backend: Backend, scope: Scope) -> dict:
                               until=scope.until)
     out = {name: [dict(zip(columns, row)) for row in rows] for name, (columns, rows) in result.items()}
     if scope.span_ids is not None:
-        _, in_span = backend.query(ERRED_IN_SPANS.format(transitions=_t(backend, "transitions")),
-                                   {"c": scope.cluster_id, "ids": scope.span_ids})
-        keys = {k for k, in in_span}
+        _, in_span = backend.query(ERRED.format(
+            transitions=_t(backend, "transitions"),
+            where="WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}"),
+            {"c": scope.cluster_id, "ids": scope.span_ids})
+        keys = {row[1] for row in in_span}
         out["erred_tasks"] = [r for r in out["erred_tasks"] if r["key"] in keys]
     return out
 
