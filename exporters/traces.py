@@ -133,9 +133,10 @@ def task_spans(cluster_id: str, tr: Mapping[str, Any]) -> list[SpanData]:
 
 
 class LeftProcessing(NamedTuple):
-    """A task that left processing without finishing (a scheduler transition from
-    processing to anything but memory or erred: a worker's removal, a steal, a
-    cancellation), and when it last entered processing."""
+    """A task that left processing without finishing in memory (a scheduler transition
+    from processing to anything else: a worker's removal, sending it back to released
+    or, its last allowed failure, to erred; a steal, a cancellation), and when it last
+    entered processing."""
 
     key: str
     prefix: str
@@ -147,8 +148,9 @@ class LeftProcessing(NamedTuple):
     left: float
 
 
-#: What a scheduler transition out of processing into one of these is not: a finish.
-FINISHED = frozenset({"memory", "erred"})
+#: What a scheduler transition out of processing into one of these is: a finish (a
+#: transition into erred may be a death's doing: a KilledWorker).
+FINISHED = frozenset({"memory"})
 DIED = "died"
 
 

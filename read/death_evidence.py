@@ -10,6 +10,7 @@ from collections import defaultdict
 
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import clusters_condition, table
+from dask_blackbox.read.statements import TAKEN_OUT_OF_PROCESSING
 
 #: Log lines shown per death: about its process (nanny, scheduler), and its own last
 #: warnings and errors.
@@ -49,13 +50,11 @@ def _death_evidence(backend: Backend, found: list, lines: int) -> dict:
     clusters = sorted({d.cluster_id for d in found})
     cwhere, cp = clusters_condition(clusters)
     stimuli = sorted({d.stimulus_id for d in found if d.stimulus_id})
-    _, tasks = backend.query(
-        "SELECT cluster_id, stimulus_id, key, prefix, finish "
-        f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
-        "AND start = 'processing' AND stimulus_id IN {s:Array(String)} ORDER BY ts, seq, idx",
-        {**cp, "s": stimuli})
+    _, tasks = backend.query(TAKEN_OUT_OF_PROCESSING.format(
+        transitions=table(backend, "transitions"), where=f"WHERE {cwhere}"),
+        {**cp, "stimuli": stimuli})
     tasks_of: dict[tuple[str, str], list] = defaultdict(list)
-    for c, stimulus_id, k, prefix, finish in tasks:
+    for c, stimulus_id, k, prefix, _, _, finish, _ in tasks:
         tasks_of[(c, stimulus_id)].append({"key": k, "prefix": prefix, "finish": finish})
     logs, metrics = _logs_about(backend, found, lines), _last_metrics(backend, found)
     return {(d.cluster_id, d.stimulus_id, d.worker): {

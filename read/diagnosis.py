@@ -37,6 +37,7 @@ from dask_blackbox.read import held_memory, last_stacks
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.death_evidence import LOG_LINES, _death_evidence, _timeline
 from dask_blackbox.read.filters import TimeBound, cluster_ids, clusters_condition, epoch, table
+from dask_blackbox.read.statements import ENTERED_PROCESSING, ERRED, TAKEN_OUT_OF_PROCESSING
 
 
 class Death(NamedTuple):
@@ -278,10 +279,10 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     if stop is not None:
         where += " AND ts < toDateTime64({until:Float64}, 6, 'UTC')"
         p["until"] = stop
-    _, erred = backend.query(
-        "SELECT cluster_id, key, prefix, toFloat64(ts), exception "
-        f"FROM {table(backend, 'transitions')} WHERE {where} AND source = 'scheduler' "
-        "AND finish = 'erred' AND startsWith(exception, 'KilledWorker') ORDER BY ts", p)
+    _, rows = backend.query(ERRED.format(
+        transitions=table(backend, "transitions"),
+        where=f"WHERE {where} AND startsWith(exception, 'KilledWorker')"), p)
+    erred = [(c, k, prefix, ts, exception) for c, k, prefix, _, ts, _, exception in rows]
     if not erred:
         return []
     found = deaths(backend, sorted({r[0] for r in erred})) if found is None else found
@@ -302,14 +303,12 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
             chains[(c, k)].append(death)
     stimuli = sorted({d.stimulus_id for chain in chains.values() for d in chain}
                      | {d.stimulus_id for d in counted.values() if d.is_death})
-    _, present = backend.query(
-        "SELECT cluster_id, stimulus_id, key, prefix, toFloat64(ts) "
-        f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
-        "AND start = 'processing' AND stimulus_id IN {stimuli:Array(String)}",
+    _, present = backend.query(TAKEN_OUT_OF_PROCESSING.format(
+        transitions=table(backend, "transitions"), where=f"WHERE {cwhere}"),
         {**cp, "stimuli": stimuli})
     # death -> key -> (prefix, when the death released it from processing)
     running: dict[tuple[str, str], dict[str, tuple[str, float]]] = defaultdict(dict)
-    for c, stimulus_id, k, prefix, released in present:
+    for c, stimulus_id, k, prefix, _, _, _, released in present:
         running[(c, stimulus_id)][k] = (prefix, released)
     deaths_of_key: dict[tuple[str, str], int] = defaultdict(int)
     deaths_of_prefix: dict[tuple[str, str], int] = defaultdict(int)
@@ -334,11 +333,8 @@ def _entered_processing(backend: Backend, clusters: list[str], keys: list[str]) 
     if not keys:
         return {}
     cwhere, cp = clusters_condition(clusters)
-    _, rows = backend.query(
-        "SELECT cluster_id, key, toFloat64(ts) "
-        f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
-        "AND key IN {keys:Array(String)} AND finish = 'processing' ORDER BY ts",
-        {**cp, "keys": keys})
+    _, rows = backend.query(ENTERED_PROCESSING.format(
+        transitions=table(backend, "transitions"), where=f"WHERE {cwhere}"), {**cp, "keys": keys})
     out: dict[tuple[str, str], list[float]] = defaultdict(list)
     for c, k, ts in rows:
         out[(c, k)].append(ts)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dask_blackbox.read import diagnosis, queries, regressions
+from dask_blackbox.read import diagnosis, queries, regressions, statements
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import Filter
 from dask_blackbox.read.filters import epoch as _epoch
@@ -151,7 +151,7 @@ def _story(backend: Backend, cluster_id: str, columns: list[str], rows: list) ->
     worker it ran on (inferred where Dask did not pass it: ``worker_inferred``)."""
     # Which worker: Dask passes it with the transitions out of processing (to memory
     # or erred); a task released because its worker died names the removal's stimulus.
-    _, removals = backend.query(queries.WORKER_REMOVALS.format(
+    _, removals = backend.query(statements.WORKER_REMOVALS.format(
         lifecycle=_t(backend, "lifecycle"), also=" AND stimulus_id != ''"), {"c": cluster_id})
     removed_by = dict(removals)
     story = []

@@ -22,14 +22,12 @@ from dask_blackbox.read.backends import Backend, QueryError, QueryRejected, Resu
 from dask_blackbox.read.failures import failures
 from dask_blackbox.read.filters import (Filter, TimeBound, UnknownCluster, build, cluster_ids,
                                         cluster_names, epoch, table)
+from dask_blackbox.read.log_search import LEVELS, logs, logs_count
 
 __all__ = ["Backend", "QueryError", "QueryRejected", "Result", "TimeBound", "UnknownCluster",
            "connect", "cluster_ids", "story", "spans", "prefixes", "metrics", "clusters", "failures",
            "compare", "table_counts", "gaps_and_drops", "recording_summary",
            "SPAN_COST_COLUMNS", "PREFIX_COST_COLUMNS", "logs", "logs_count", "LEVELS"]
-
-#: Log levels, lowest first: a level filter keeps that level and above.
-LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 #: The cost columns ``spans`` and ``prefixes`` add (see :mod:`dask_blackbox.read.cost`).
 SPAN_COST_COLUMNS = ["cpu_s", "busy_s", "offered_s", "idle_s", "who_idle_s",
@@ -109,12 +107,6 @@ def dask_tasks(backend: Backend, cluster_id: str, span_ids: list[str] | None = N
         return None
     ids = {span_id for span_id, _, _ in rows}
     return int(sum(n for _, parent, n in rows if not parent or parent not in ids))
-
-
-#: A cluster's worker removals: each one's stimulus (which the transitions of the tasks
-#: it released name) and the worker removed; ``{also}`` adds conditions (`` AND ...``).
-WORKER_REMOVALS = ("SELECT stimulus_id, worker FROM {lifecycle} WHERE cluster_id = {{c:String}} "
-                   "AND action = 'worker_removed'{also}")
 
 
 def span_name(backend: Backend, cluster_id: str, span_id: str) -> str:
@@ -453,60 +445,3 @@ def recording_summary(backend: Backend) -> Result:
         "FROM (SELECT cluster_id, producer_id, count() AS n, "
         "max(seq) - min(seq) + 1 - uniqExact(seq) AS missing "
         f"FROM {table(backend, 'envelopes')} GROUP BY cluster_id, producer_id)")
-
-
-def _logs_filter(backend: Backend, cluster: str | None, since: TimeBound, until: TimeBound,
-                 worker: str | None, level: str | None, logger: str | None,
-                 text: str | None) -> Filter:
-    f = build(backend, cluster, since, until, "ts")
-    if worker == "scheduler":
-        f.add("source = 'scheduler' AND worker = ''")
-    elif worker:
-        # a worker's records and its nanny's (both name it); a process id, as recorded
-        f.add("(worker = {worker:String} OR process = {worker:String})", worker=worker)
-    if level:
-        level = level.upper()
-        if level not in LEVELS:
-            raise ValueError(f"level must be one of {', '.join(LEVELS)}, not {level!r}")
-        f.add("level IN {levels:Array(String)}", levels=list(LEVELS[LEVELS.index(level):]))
-    if logger:
-        f.add("(logger = {logger:String} OR startsWith(logger, {logger_dot:String}))",
-              logger=logger, logger_dot=logger + ".")
-    if text:
-        f.add("positionCaseInsensitiveUTF8(concat(message, ' ', exc_text), {text:String}) > 0",
-              text=text)
-    return f
-
-
-def logs(backend: Backend, cluster: str | None = None, since: TimeBound = None,
-         until: TimeBound = None, worker: str | None = None, level: str | None = None,
-         logger: str | None = None, text: str | None = None, limit: int = 500) -> Result:
-    """The central log search: the newest ``limit`` log records matching every filter,
-    oldest first -- ``ts``, ``level``, ``source`` (scheduler, worker or nanny),
-    ``worker`` (the worker a record concerns: its own and its nanny's records name
-    it), ``logger``, ``key`` (the task a worker thread was running), ``message``,
-    ``exc_text``, then ``cluster_id``, ``producer_id``, ``seq``, ``idx`` (together
-    they identify a record).
-
-    ``worker``: a worker's address (its records and its nanny's), "scheduler" (the
-    scheduler's), or a process id; ``level``: that level and above; ``logger``: that
-    logger and its children (``distributed`` takes ``distributed.worker``); ``text``:
-    a case-insensitive substring of the message or the exception text."""
-    if not isinstance(limit, int) or limit < 1:
-        raise ValueError(f"limit must be a positive integer, not {limit!r}")
-    f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
-    f.parameters["limit"] = limit
-    columns, rows = backend.query(
-        "SELECT ts, level, source, worker, logger, key, message, exc_text, cluster_id, producer_id, "
-        f"seq, idx FROM {table(backend, 'logs')} {f.where()} "
-        "ORDER BY ts DESC, seq DESC, idx DESC LIMIT {limit:UInt32}", f.parameters)
-    return columns, rows[::-1]
-
-
-def logs_count(backend: Backend, cluster: str | None = None, since: TimeBound = None,
-               until: TimeBound = None, worker: str | None = None, level: str | None = None,
-               logger: str | None = None, text: str | None = None) -> int:
-    """How many log records match :func:`logs`'s filters."""
-    f = _logs_filter(backend, cluster, since, until, worker, level, logger, text)
-    _, rows = backend.query(f"SELECT count() FROM {table(backend, 'logs')} {f.where()}", f.parameters)
-    return rows[0][0]

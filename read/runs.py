@@ -16,7 +16,9 @@ from typing import Any, NamedTuple
 import orjson
 
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.statements import LIFECYCLE
 from dask_blackbox.read.views.scope import resolve
 
 
@@ -34,8 +36,9 @@ class Run(NamedTuple):
     lifecycle: list[dict]
     #: contract.Log events, with ``source``
     logs: list[dict]
-    #: the tasks a worker's removal took out of processing unfinished, with when they
-    #: last entered it (the fields of ``exporters.traces.LeftProcessing``)
+    #: the tasks a worker's death took out of processing (:func:`.died_tasks.died_tasks`:
+    #: those it sent to erred too), with when they last entered it (the fields of
+    #: ``exporters.traces.LeftProcessing``)
     left_processing: list[dict]
 
 
@@ -109,10 +112,8 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
         for field in ("span_id", "worker", "typename", "exception", "traceback", "cause"):
             tr[field] = tr[field] or None
         transitions.append(tr)
-    _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker, client, reason, stimulus_id, detail "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} ORDER BY ts",
-        {"c": p["c"]})
+    _, rows = backend.query(LIFECYCLE.format(lifecycle=_t(backend, "lifecycle"), also=""),
+                            {"c": p["c"]})
     lifecycle = [{"kind": "lifecycle", "ts": ts, "action": action, "worker": worker or None,
                   "client": client or None, "reason": reason or None,
                   "stimulus_id": stimulus_id or None, "detail": _json(detail)}
@@ -133,37 +134,5 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
                         "source": source}
                        for ts, logger, level, message, process, exc, worker, key, source in rows]
     return Run(scope.cluster_id, scope.cluster_name, spans, transitions, lifecycle, log_records,
-               _left_processing(backend, p, in_span, lifecycle))
+               [t.left_processing() for t in died_tasks(backend, scope)])
 
-
-def _left_processing(backend: Backend, p: dict[str, Any], in_span: str,
-                     lifecycle: list[dict]) -> list[dict]:
-    """The tasks each worker's removal took out of processing (the scheduler's
-    transitions out of it, not into memory or erred, with the removal's stimulus), and
-    when each last entered processing before that."""
-    stimuli = sorted({lc["stimulus_id"] for lc in lifecycle
-                      if lc["action"] == "worker_removed" and lc["stimulus_id"]})
-    if not stimuli:
-        return []
-    where = (f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-             f"AND source = 'scheduler'{in_span}")
-    _, left = backend.query(
-        f"SELECT key, prefix, task_group, span_id, stimulus_id, toFloat64(ts) {where} "
-        "AND start = 'processing' AND finish NOT IN ('memory', 'erred') "
-        "AND stimulus_id IN {stimuli:Array(String)} ORDER BY ts, seq, idx",
-        {**p, "stimuli": stimuli})
-    if not left:
-        return []
-    _, rows = backend.query(
-        f"SELECT key, groupArray(toFloat64(ts)) {where} AND finish = 'processing' "
-        "AND key IN {keys:Array(String)} GROUP BY key",
-        {**p, "keys": sorted({row[0] for row in left})})
-    entered = {key: sorted(times) for key, times in rows}
-    out = []
-    for key, prefix, group, span_id, stimulus_id, ts in left:
-        before = [t for t in entered.get(key, ()) if t <= ts]
-        if before:
-            out.append({"key": key, "prefix": prefix, "group": group or "",
-                        "span_id": span_id or None, "stimulus_id": stimulus_id,
-                        "entered": before[-1], "left": ts})
-    return out

@@ -61,8 +61,10 @@ from dask_blackbox.read import critical_path, diagnosis
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.runs import has_column
+from dask_blackbox.read.statements import ERRED
 from dask_blackbox.read.views.scope import resolve
-from dask_blackbox.read.views.task_stream import DIED, running_at_deaths
+from dask_blackbox.read.died_tasks import died_tasks
+from dask_blackbox.read.views.task_stream import DIED
 
 #: The process of the spans' rows.
 SPANS_PID = 0
@@ -165,12 +167,12 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
         "arraySum(mapValues(states)), duration "
         f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
-    _, erred = backend.query(
-        "SELECT toInt64(toUnixTimestamp64Micro(ts)), key, prefix, worker, exception "
-        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-        f"AND source = 'scheduler' AND finish = 'erred'{in_span} ORDER BY ts", p)
+    _, rows = backend.query(ERRED.format(transitions=_t(backend, "transitions"),
+                                         where="WHERE cluster_id = {c:String}" + in_span), p)
+    erred = [(us, key, prefix, worker, exception)
+             for _, key, prefix, worker, _, us, exception in rows]
     removals = [d for d in diagnosis.deaths(backend, [scope.cluster_id]) if d.is_death]
-    died_running = running_at_deaths(backend, scope)
+    died_running = died_tasks(backend, scope)
     try:
         path = critical_path.critical_path(backend, scope.cluster_id, scope.span_ids,
                                            span=span, check_graph=False)
@@ -184,7 +186,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
     starts = ([s[0] for s in spans] + [e[0] for e in erred]
               + [round(d.ts * 1e6) for d in removals] + [first for _, _, first in per_worker]
-              + [round(d.start * 1e6) for d in died_running])
+              + [round(d.entered * 1e6) for d in died_running])
     epoch = min(starts) if starts else 0
 
     workers = sorted({w for w, _, _ in per_worker} | {d.worker for d in removals if d.worker}
@@ -198,9 +200,9 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     append = slices.append
     # tasks running when their worker died: no startstops, a row of their own
     died_lanes: dict[str, _Lanes] = {}
-    for d in sorted(died_running, key=lambda d: (d.worker, d.start)):
+    for d in sorted(died_running, key=lambda d: (d.worker, d.entered)):
         pid = pid_of[d.worker]
-        start, stop = round(d.start * 1e6) - epoch, round(d.stop * 1e6) - epoch
+        start, stop = round(d.entered * 1e6) - epoch, round(d.left * 1e6) - epoch
         tid = DIED_TID + died_lanes.setdefault(d.worker, _Lanes()).place(start, stop)
         thread_names.setdefault((pid, tid), f"{DIED} #{tid - DIED_TID}")
         append(orjson.dumps({"name": d.prefix or d.key, "cat": "died", "ph": "X", "ts": start,

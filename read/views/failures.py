@@ -7,6 +7,7 @@ from __future__ import annotations
 from dask_blackbox.read import queries
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.statements import ERRED
 from dask_blackbox.read.views.page import Context
 from dask_blackbox.read.views.registry import View, register
 from dask_blackbox.read.views.scope import Scope
@@ -38,11 +39,11 @@ def failures(backend: Backend, scope: Scope) -> dict:
                               until=scope.until)
     out = {name: [dict(zip(columns, row)) for row in rows] for name, (columns, rows) in result.items()}
     if scope.span_ids is not None:
-        _, in_span = backend.query(
-            f"SELECT DISTINCT key FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-            "AND span_id IN {ids:Array(String)} AND finish = 'erred'",
+        _, in_span = backend.query(ERRED.format(
+            transitions=_t(backend, "transitions"),
+            where="WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}"),
             {"c": scope.cluster_id, "ids": scope.span_ids})
-        keys = {k for k, in in_span}
+        keys = {row[1] for row in in_span}
         out["erred_tasks"] = [r for r in out["erred_tasks"] if r["key"] in keys]
     return out
 

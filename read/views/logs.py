@@ -1,10 +1,10 @@
 """The logs view: the newest log records of the run matching the filters (level,
-worker, logger, text), with their count (:func:`.queries.logs`); a worker's page's
+worker, logger, text), with their count (:func:`.log_search.logs`); a worker's page's
 logs are its records and its nanny's (:mod:`.worker_logs`)."""
 
 from __future__ import annotations
 
-from dask_blackbox.read import queries
+from dask_blackbox.read import log_search
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.params import BadParameter
@@ -12,6 +12,11 @@ from dask_blackbox.read.views.page import LEVELS, Context
 from dask_blackbox.read.views.registry import View, number, register
 from dask_blackbox.read.views.scope import Scope
 from dask_blackbox.read.views.scope import ts as _ts
+
+
+#: The workers a cluster's log records name (the choices of the worker filter).
+LOG_WORKERS = ("SELECT DISTINCT worker FROM {logs} WHERE cluster_id = {{c:String}} "
+               "AND worker != '' ORDER BY worker")
 
 
 def data(ctx: Context) -> dict:
@@ -28,15 +33,13 @@ def logs(backend: Backend, scope: Scope, level: str | None = None, worker: str |
          text: str | None = None, limit: int = 500, logger: str | None = None) -> dict:
     """The newest ``limit`` log records in the window (oldest first), with the total
     matching count and the workers seen (for the worker filter); the filters of
-    :func:`queries.logs` (``worker``: a worker's address keeps its own records and
+    :func:`.log_search.logs` (``worker``: a worker's address keeps its own records and
     its nanny's, "scheduler" the scheduler's)."""
     window = {"cluster": scope.cluster_id, "since": scope.t0, "until": scope.t1 + 1e-6,
               "worker": worker, "level": level, "logger": logger, "text": text}
-    _, rows = queries.logs(backend, limit=limit, **window)
-    total = queries.logs_count(backend, **window)
-    _, workers = backend.query(
-        f"SELECT DISTINCT worker FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-        "AND worker != '' ORDER BY worker", {"c": scope.cluster_id})
+    _, rows = log_search.logs(backend, limit=limit, **window)
+    total = log_search.logs_count(backend, **window)
+    _, workers = backend.query(LOG_WORKERS.format(logs=_t(backend, "logs")), {"c": scope.cluster_id})
     return {
         "total": total, "limit": limit, "processes": [r[0] for r in workers],
         "filters": {"level": level.upper() if level else None, "worker": worker, "text": text,

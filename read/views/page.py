@@ -19,7 +19,9 @@ from dask_blackbox.read import critical_path as paths
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.log_search import LEVELS
 from dask_blackbox.read.params import BadParameter, filters
+from dask_blackbox.read.statements import LIFECYCLE
 from dask_blackbox.read.views.scope import Scope, resolve
 from dask_blackbox.read.views.scope import where as _where
 
@@ -29,8 +31,6 @@ MEMO_SECONDS = 30.0
 #: The Run page computes the critical path and the cost of a scope of at most this
 #: many tasks by itself (a few seconds beyond); a bigger one offers a link that does.
 SLOWNESS_MAX_TASKS = 20_000
-#: Log levels, lowest first: a level filter keeps that level and above.
-LEVELS = queries.LEVELS
 
 
 class Memo:
@@ -57,6 +57,15 @@ class Memo:
         return value
 
 
+#: Per prefix of the scheduler's transitions (``{where}``: the scope): distinct keys (by
+#: their 64-bit hash: exact but for collisions, ~1e-8 at a million keys, and several
+#: times cheaper than comparing the strings), transitions into memory and into erred,
+#: and distinct keys that went into memory.
+PREFIX_TOTALS = ("SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
+                 "countIf(finish = 'erred'), uniqExactIf(cityHash64(key), finish = 'memory') "
+                 "FROM {transitions} {where} AND source = 'scheduler' GROUP BY prefix")
+
+
 def prefix_totals(backend: Backend, scope: Scope) -> dict[str, dict]:
     """Per prefix (``"(none)"`` for none) in the scope: ``tasks`` (distinct keys),
     ``memory`` and ``erred`` (transitions into memory, into erred) and ``recomputed``
@@ -67,12 +76,7 @@ def prefix_totals(backend: Backend, scope: Scope) -> dict[str, dict]:
         return aggregates.prefix_counts(backend, scope)
     where, p = _where(scope)
     _, totals_rows = backend.query(
-        # distinct keys by their 64-bit hash: exact but for collisions (~1e-8 at a
-        # million keys), and several times cheaper than comparing the strings
-        "SELECT prefix, uniqExact(cityHash64(key)), countIf(finish = 'memory'), "
-        "countIf(finish = 'erred'), uniqExactIf(cityHash64(key), finish = 'memory') "
-        f"FROM {_t(backend, 'transitions')} {where} "
-        "AND source = 'scheduler' GROUP BY prefix", p)
+        PREFIX_TOTALS.format(transitions=_t(backend, "transitions"), where=where), p)
     return {prefix or "(none)": {"tasks": t, "memory": m, "erred": e, "recomputed": m - k}
             for prefix, t, m, e, k in totals_rows}
 
@@ -85,18 +89,14 @@ def markers(backend: Backend, scope: Scope, found: list | None = None) -> dict:
     count as the Clusters page's workers lost and the Diagnosis panel's deaths.
     ``found``: the cluster's :func:`diagnosis.deaths`, if already computed.
     """
-    lifecycle = _t(backend, "lifecycle")
-    _, rows = backend.query(  # with the cluster's first lifecycle event, in one statement
-        f"SELECT toFloat64(ts), action, worker, (SELECT min(toFloat64(ts)) FROM {lifecycle} "
-        f"WHERE cluster_id = {{c:String}}) FROM {lifecycle} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('restart', 'worker_added') ORDER BY ts",
-        {"c": scope.cluster_id})
+    _, rows = backend.query(LIFECYCLE.format(lifecycle=_t(backend, "lifecycle"), also=""),
+                            {"c": scope.cluster_id})
     restarts, arrivals = [], []
-    first = float(rows[0][3] or 0.0) if rows else 0.0
-    for ts, action, worker, _ in rows:
+    first = float(rows[0][0] or 0.0) if rows else 0.0  # the cluster's first lifecycle event
+    for ts, action, worker, *_ in rows:
         if action == "restart":
             restarts.append({"ts": ts})
-        elif ts > first + 1.0:
+        elif action == "worker_added" and ts > first + 1.0:
             arrivals.append({"ts": ts, "worker": worker})
     found = diagnosis.deaths(backend, [scope.cluster_id]) if found is None else found
     deaths = [{"ts": d.ts, "worker": d.worker, "reason": d.verdict.cause.label,
@@ -281,12 +281,20 @@ def page_variables(ctx: Context, web: bool, query_string: str = "") -> dict:
             "levels": LEVELS, "worker_address": ctx.worker}
 
 
+#: The '/'-joined names of a cluster's spans, in order.
+SPAN_NAMES = ("SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {spans} "
+              "WHERE cluster_id = {{c:String}} ORDER BY n")
+
+
 def span_names(backend: Backend, scope: Scope) -> list[str]:
     """The '/'-joined names of the cluster's spans, for the span picker."""
-    _, rows = backend.query(
-        f"SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {_t(backend, 'spans')} "
-        "WHERE cluster_id = {c:String} ORDER BY n", {"c": scope.cluster_id})
+    _, rows = backend.query(SPAN_NAMES.format(spans=_t(backend, "spans")), {"c": scope.cluster_id})
     return [r[0] for r in rows]
+
+
+#: Per worker (``{where}``: the scope), the mean interval between its samples.
+SAMPLING_INTERVALS = ("SELECT (max(toFloat64(ts)) - min(toFloat64(ts))) / (count() - 1) "
+                      "FROM {worker_metrics} {where} GROUP BY worker HAVING count() > 1")
 
 
 def metric_cell(backend: Backend, scope: Scope, worker: str | None = None) -> float:
@@ -298,7 +306,6 @@ def metric_cell(backend: Backend, scope: Scope, worker: str | None = None) -> fl
         where += " AND worker = {worker:String}"
         p["worker"] = worker
     _, intervals = backend.query(
-        "SELECT (max(toFloat64(ts)) - min(toFloat64(ts))) / (count() - 1) "
-        f"FROM {_t(backend, 'worker_metrics')} {where} GROUP BY worker HAVING count() > 1", p)
+        SAMPLING_INTERVALS.format(worker_metrics=_t(backend, "worker_metrics"), where=where), p)
     typical = sorted(r[0] for r in intervals)[len(intervals) // 2] if intervals else 0.0
     return max(scope.bucket, 2 * typical)

@@ -70,12 +70,31 @@ class Scope:
                                for c, f, l in self.others]}
 
 
+#: The runs of a cluster name or id ``c`` (``{runs}``: :func:`.filters.cluster_ids_sql`,
+#: the runs of :func:`.filters.cluster_ids`), latest first: id, name, first and last seen.
+RUNS = ("SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
+        "FROM {clusters} WHERE cluster_id IN ({runs}) ORDER BY last_seen DESC")
+#: When the run ``c`` was last seen.
+LAST_SEEN = "SELECT toFloat64(max(last_seen)) FROM {clusters} WHERE cluster_id = {{c:String}}"
+#: The spans of the run ``c``, described or only announced: id, parent, name.
+SPAN_EDGES = ("SELECT span_id, any(parent_id), any(name) FROM (SELECT span_id, parent_id, name "
+              "FROM {span_state} WHERE cluster_id = {{c:String}} UNION ALL "
+              "SELECT span_id, parent_id, name FROM {spans} WHERE cluster_id = {{c:String}}) "
+              "GROUP BY span_id")
+#: The first and last moment of the run ``c``: its lifecycle and its envelopes.
+RUN_BOUNDS = ("SELECT min(a), max(b) FROM ("
+              "SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {lifecycle} "
+              "WHERE cluster_id = {{c:String}} UNION ALL "
+              "SELECT min(toFloat64(sent_at)), max(toFloat64(sent_at)) FROM {envelopes} "
+              "WHERE cluster_id = {{c:String}}) WHERE a > 0")
+#: The first and last moment of the spans ``ids`` of the run ``c``.
+SPAN_BOUNDS = ("SELECT min(toFloat64(enqueued)), max(toFloat64(stop)) FROM {span_state} "
+               "WHERE cluster_id = {{c:String}} AND span_id IN {{ids:Array(String)}} AND enqueued > 0")
+
+
 def _cluster(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
-    # the runs of filters.cluster_ids, in the same statement
-    _, rows = backend.query(
-        f"SELECT cluster_id, cluster_name, toFloat64(first_seen), toFloat64(last_seen) "
-        f"FROM {_t(backend, 'clusters')} WHERE cluster_id IN ({cluster_ids_sql(backend)}) "
-        "ORDER BY last_seen DESC", {"c": cluster})
+    _, rows = backend.query(RUNS.format(clusters=_t(backend, "clusters"),
+                                        runs=cluster_ids_sql(backend)), {"c": cluster})
     if not rows:
         raise NotFound(f"no recorded cluster is named {cluster!r} or has that id")
     chosen = rows[0]
@@ -90,20 +109,15 @@ def latest_run(backend: Backend, cluster: str) -> tuple[str, str, list[tuple]]:
 
 
 def last_seen(backend: Backend, cluster_id: str) -> float | None:
-    _, rows = backend.query(
-        f"SELECT toFloat64(max(last_seen)) FROM {_t(backend, 'clusters')} "
-        "WHERE cluster_id = {c:String}", {"c": cluster_id})
+    _, rows = backend.query(LAST_SEEN.format(clusters=_t(backend, "clusters")), {"c": cluster_id})
     return float(rows[0][0]) if rows and rows[0][0] else None
 
 
 def _span_ids(backend: Backend, cluster_id: str, span: str) -> list[str]:
     """The spans of ``cluster_id`` named ``span`` (a tag of the name, or the whole
     '/'-joined name) and all their descendants."""
-    _, edges = backend.query(
-        f"SELECT span_id, any(parent_id), any(name) FROM (SELECT span_id, parent_id, name "
-        f"FROM {_t(backend, 'span_state')} WHERE cluster_id = {{c:String}} UNION ALL "
-        f"SELECT span_id, parent_id, name FROM {_t(backend, 'spans')} WHERE cluster_id = {{c:String}}) "
-        "GROUP BY span_id", {"c": cluster_id})
+    _, edges = backend.query(SPAN_EDGES.format(span_state=_t(backend, "span_state"),
+                                               spans=_t(backend, "spans")), {"c": cluster_id})
     matched = [s for s, _, name in edges
                if span in name or "/".join(name) == span or " / ".join(name) == span]
     if not matched:
@@ -132,17 +146,11 @@ def resolve(backend: Backend, cluster: str, span: str | None = None, since: Time
     p = {"c": cluster_id}
     first, last, n_transitions = aggregates.bounds(backend, cluster_id, span_ids)
     if span_ids is None:
-        _, rows = backend.query(
-            "SELECT min(a), max(b) FROM ("
-            f"SELECT min(toFloat64(ts)) AS a, max(toFloat64(ts)) AS b FROM {_t(backend, 'lifecycle')} "
-            "WHERE cluster_id = {c:String} UNION ALL "
-            f"SELECT min(toFloat64(sent_at)), max(toFloat64(sent_at)) FROM {_t(backend, 'envelopes')} "
-            "WHERE cluster_id = {c:String}) WHERE a > 0", p)
+        _, rows = backend.query(RUN_BOUNDS.format(lifecycle=_t(backend, "lifecycle"),
+                                                  envelopes=_t(backend, "envelopes")), p)
     else:
         p["ids"] = span_ids
-        _, rows = backend.query(
-            f"SELECT min(toFloat64(enqueued)), max(toFloat64(stop)) FROM {_t(backend, 'span_state')} "
-            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)} AND enqueued > 0", p)
+        _, rows = backend.query(SPAN_BOUNDS.format(span_state=_t(backend, "span_state")), p)
     if first is not None:
         a, b = rows[0] if rows and rows[0][0] is not None else (first, last)
         rows = [(min(first, a or first), max(last, b or last))]

@@ -15,11 +15,12 @@ span to see single tasks again.
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import TYPE_CHECKING, Any
 
-from dask_blackbox.read import aggregates, history, palette, queries
+from dask_blackbox.read import aggregates, history, palette
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
+from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.templates import fmt_s
 from dask_blackbox.read.views.page import Context
@@ -48,6 +49,42 @@ def data(ctx: Context) -> dict:
 #: At most this many task-stream bars are shipped to a page; above, the stream is binned.
 MAX_BARS = 20_000
 
+#: What the bars of a stream are read from: the scheduler's transitions' startstops
+#: (``ss``) of the scope (``{where}``) over the window ``t0``..``t1``.
+STARTSTOPS = ("FROM {transitions} ARRAY JOIN startstops AS ss {where} "
+              "AND source = 'scheduler' AND ss.stop >= toDateTime64({{t0:Float64}}, 6, 'UTC') "
+              "AND ss.start <= toDateTime64({{t1:Float64}}, 6, 'UTC')")
+#: The bars of :data:`STARTSTOPS` and the computes among them.
+BARS_COUNTED = "SELECT count(), countIf(ss.action = 'compute') {startstops}"
+#: The bars of :data:`STARTSTOPS` (as :func:`_lay_out` reads them), by worker and time.
+BARS = ("SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
+        "ss.source, finish = 'erred', toFloat64(ts), thread {startstops} ORDER BY worker, ts, key")
+#: The binned stream of :data:`STARTSTOPS`: per worker and bucket ``b`` (``n`` buckets of
+#: ``w`` seconds from ``t0``), busy seconds per prefix (or action), then the dominant one
+#: and the total, and the computes and bars begun in it.
+CELLS = (
+    "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
+    " SELECT worker, what, b, sum(least(e, {{t0:Float64}} + (b + 1) * {{w:Float64}}) "
+    "   - greatest(s, {{t0:Float64}} + b * {{w:Float64}})) AS busy, "
+    "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
+    "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
+    "   ss.action = 'compute' AS is_compute, "
+    "   greatest(toFloat64(ss.start), {{t0:Float64}}) AS s, least(toFloat64(ss.stop), {{t1:Float64}}) AS e, "
+    "   toUInt32(least(floor((s - {{t0:Float64}}) / {{w:Float64}}), {{n:Float64}} - 1)) AS first_b, "
+    "   toUInt32(least(floor((e - {{t0:Float64}}) / {{w:Float64}}), {{n:Float64}} - 1)) AS last_b "
+    "  {startstops}) ARRAY JOIN range(first_b, last_b + 1) AS b "
+    " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b")
+#: The binned stream from the roll-ups (``{where}``: the cluster, window and spans): per
+#: worker and bucket ``b`` of ``w`` seconds from ``t0``, compute seconds, the prefix that
+#: took most of them, and the tasks finished.
+ROLLUP_CELLS = (
+    "SELECT worker, b, sum(compute), argMax(prefix, compute), sum(n) FROM ("
+    " SELECT worker, prefix, toUInt32(intDiv(toUInt32(minute) - toUInt32({{t0:Float64}}), "
+    " toUInt32({{w:Float64}}))) AS b, sumMap(durations)['compute'] AS compute, "
+    " sum(into['memory']) + sum(into['erred']) AS n "
+    " FROM {task_minutes} {where} "
+    " GROUP BY worker, prefix, b) GROUP BY worker, b ORDER BY worker, b")
+
 
 def nthreads(backend: Backend, scope: Scope, known: dict | None = None) -> dict[str, int]:
     return worker_data.nthreads(backend, scope.cluster_id, known)
@@ -61,7 +98,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     (one per worker thread, "worker thread N"), or ``mode="binned"`` (see the module
     docstring) with ``cells``: worker, row, start, stop, busy fraction, prefix, tasks,
     and ``died``: worker, row, key, prefix, start, stop of each task that was running
-    when its worker died (:func:`running_at_deaths`; in bars mode, bars of action
+    when its worker died (:func:`.died_tasks.died_tasks`; in bars mode, bars of action
     :data:`DIED`).
     ``worker``: that worker's rows only; ``known``: the run's :func:`workers.info`, if
     already known.
@@ -83,9 +120,7 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
     if worker is not None:
         where += " AND worker = {worker:String}"
         p["worker"] = worker
-    base = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss {where} "
-            "AND source = 'scheduler' AND ss.stop >= toDateTime64({t0:Float64}, 6, 'UTC') "
-            "AND ss.start <= toDateTime64({t1:Float64}, 6, 'UTC')")
+    base = STARTSTOPS.format(transitions=_t(backend, "transitions"), where=where)
     out: dict[str, Any] = {"max_bars": max_bars}
     n_bars = None
     use_aggregates = worker is None and scope.since is None and scope.until is None
@@ -93,13 +128,11 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
         n_bars, n_compute = aggregates.bars(backend, scope)
         out.update(bars_recorded=n_bars, computes_recorded=n_compute)
     elif finished is None or finished <= max_bars:
-        _, counted = backend.query(f"SELECT count(), countIf(ss.action = 'compute') {base}", p)
+        _, counted = backend.query(BARS_COUNTED.format(startstops=base), p)
         n_bars, n_compute = counted[0]
         out.update(bars_recorded=n_bars, computes_recorded=n_compute)
     if n_bars is not None and n_bars <= max_bars:
-        _, rows = backend.query(
-            "SELECT worker, key, prefix, ss.action, toFloat64(ss.start), toFloat64(ss.stop), "
-            f"ss.source, finish = 'erred', toFloat64(ts), thread {base} ORDER BY worker, ts, key", p)
+        _, rows = backend.query(BARS.format(startstops=base), p)
         rows = list(rows) + _running_at_deaths(backend, scope, worker)
         out.update(mode="bars", **_lay_out(rows))
         return out
@@ -113,70 +146,13 @@ def task_stream(backend: Backend, scope: Scope, max_bars: int = MAX_BARS,
 DIED = "running when its worker died"
 
 
-class DiedRunning(NamedTuple):
-    """A task that was processing on a worker when the scheduler removed it without
-    expecting it: from its last entry into processing there (``start``) to the
-    removal (``stop``), seconds since the epoch."""
-
-    worker: str
-    key: str
-    prefix: str | None
-    start: float
-    stop: float
-
-
-#: The removals :data:`.queries.WORKER_REMOVALS` reads for :func:`running_at_deaths`:
-#: those Dask did not expect, in the window ``t0``..``t1``.
-UNEXPECTED_IN_WINDOW = (" AND JSONExtract(detail, 'expected', 'Nullable(Bool)') IS DISTINCT FROM true "
-                        "AND ts >= toDateTime64({t0:Float64}, 6, 'UTC') "
-                        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')")
-
-#: The tasks the removals ``stimuli`` took out of processing, each with its prefix,
-#: that removal and when (``{where}``: the scope).
-LEFT_AT_DEATHS = ("SELECT key, any(prefix), stimulus_id, toFloat64(min(ts)) FROM {transitions} "
-                  "{where} AND source = 'scheduler' AND start = 'processing' "
-                  "AND stimulus_id IN {{stimuli:Array(String)}} GROUP BY key, stimulus_id")
-
-#: When each of the tasks ``keys`` went into processing (``{where}``: the scope).
-ENTERED_PROCESSING = ("SELECT key, groupArray(toFloat64(ts)) FROM {transitions} {where} "
-                      "AND source = 'scheduler' AND finish = 'processing' "
-                      "AND key IN {{keys:Array(String)}} GROUP BY key")
-
-
-def running_at_deaths(backend: Backend, scope: Scope, worker: str | None = None) -> list[DiedRunning]:
-    """The tasks that were running when their worker died, in the scope (and on
-    ``worker`` only, if given): they reported no startstops, so Dask's own task
-    stream has no bar for them."""
-    where, p = _where(scope, time_column="", span=True)
-    _, removals = backend.query(
-        queries.WORKER_REMOVALS.format(lifecycle=_t(backend, "lifecycle"), also=UNEXPECTED_IN_WINDOW),
-        {"c": scope.cluster_id, "t0": scope.t0, "t1": scope.t1})
-    died_on = {s: w for s, w in removals if worker is None or w == worker}
-    if not died_on:
-        return []
-    p = {**p, "stimuli": sorted(died_on)}
-    transitions = _t(backend, "transitions")
-    _, left = backend.query(LEFT_AT_DEATHS.format(transitions=transitions, where=where), p)
-    if not left:
-        return []
-    p = {k: v for k, v in p.items() if k != "stimuli"}
-    p["keys"] = sorted({k for k, *_ in left})
-    _, entries = backend.query(ENTERED_PROCESSING.format(transitions=transitions, where=where), p)
-    entered = {k: sorted(ts) for k, ts in entries}
-    out = []
-    for key, prefix, stimulus_id, removed in left:
-        before = [t for t in entered.get(key, ()) if t <= removed]
-        if before:
-            out.append(DiedRunning(died_on[stimulus_id], key, prefix,
-                                   max(before[-1], scope.t0), removed))
-    return out
-
-
 def _running_at_deaths(backend: Backend, scope: Scope, worker: str | None = None) -> list[tuple]:
-    """:func:`running_at_deaths` as bars (rows as :func:`_lay_out` reads them), action
-    :data:`DIED`."""
-    return [(d.worker, d.key, d.prefix, DIED, d.start, d.stop, "", False, d.stop, None)
-            for d in running_at_deaths(backend, scope, worker)]
+    """The tasks running when their worker died (:func:`.died_tasks.died_tasks`) as
+    bars (rows as :func:`_lay_out` reads them), action :data:`DIED`, from their last
+    entry into processing (or the window's start) to the removal."""
+    return [(d.worker, d.key, d.prefix, DIED, max(d.entered, scope.t0), d.left, "", False,
+             d.left, None)
+            for d in died_tasks(backend, scope, worker)]
 
 
 def _lay_out(rows: list[tuple]) -> dict:
@@ -244,21 +220,8 @@ def _cells(backend: Backend, scope: Scope, base: str, p: dict, use_aggregates: b
     startstops of ``base`` (the statement's FROM and WHERE)."""
     if use_aggregates:
         return aggregates.stream_cells(backend, scope, _n_buckets(scope))
-    # Binned: per worker and bucket, busy seconds per prefix (or action), then the
-    # dominant one and the total, all in ClickHouse.
     p.update(w=scope.bucket, n=BUCKETS)
-    _, cells = backend.query(
-        "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
-        " SELECT worker, what, b, sum(least(e, {t0:Float64} + (b + 1) * {w:Float64}) "
-        "   - greatest(s, {t0:Float64} + b * {w:Float64})) AS busy, "
-        "   countIf(is_compute AND b = first_b) AS computes, countIf(b = first_b) AS bars FROM ("
-        "  SELECT worker, if(ss.action = 'compute', prefix, ss.action) AS what, "
-        "   ss.action = 'compute' AS is_compute, "
-        "   greatest(toFloat64(ss.start), {t0:Float64}) AS s, least(toFloat64(ss.stop), {t1:Float64}) AS e, "
-        "   toUInt32(least(floor((s - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS first_b, "
-        "   toUInt32(least(floor((e - {t0:Float64}) / {w:Float64}), {n:Float64} - 1)) AS last_b "
-        f"  {base}) ARRAY JOIN range(first_b, last_b + 1) AS b "
-        " GROUP BY worker, what, b) GROUP BY worker, b ORDER BY worker, b", p)
+    _, cells = backend.query(CELLS.format(startstops=base), p)
     return cells
 
 
@@ -274,7 +237,7 @@ def _binned(backend: Backend, scope: Scope, cells: list[tuple], worker: str | No
         peak[w] = max(peak[w], busy / scope.bucket)
         first_cell[w] = min(first_cell.get(w, b), b)
     workers = sorted(first_cell, key=lambda w: (first_cell[w], w))  # by first seen
-    died = running_at_deaths(backend, scope, worker)
+    died = died_tasks(backend, scope, worker)
     workers += sorted({d.worker for d in died} - set(first_cell))  # died before any bar
     index = {w: i for i, w in enumerate(workers)}
     counts.setdefault("bars_recorded", sum(c[5] for c in cells))
@@ -286,7 +249,7 @@ def _binned(backend: Backend, scope: Scope, cells: list[tuple], worker: str | No
          "prefix": what, "tasks": computes}
         for w, b, busy, what, computes, _ in cells
     ], died=[{"worker": d.worker, "row": index[d.worker], "key": d.key, "prefix": d.prefix,
-              "start": d.start, "stop": d.stop}
+              "start": max(d.entered, scope.t0), "stop": d.left}
              for d in died])
 
 
@@ -301,13 +264,9 @@ def from_rollups(backend: Backend, scope: Scope, threads: dict[str, int]) -> dic
     if w.span_ids is not None:
         where.append("span_id IN {ids:Array(String)}")
         p["ids"] = w.span_ids
-    _, rows = backend.query(
-        "SELECT worker, b, sum(compute), argMax(prefix, compute), sum(n) FROM ("
-        " SELECT worker, prefix, toUInt32(intDiv(toUInt32(minute) - toUInt32({t0:Float64}), "
-        " toUInt32({w:Float64}))) AS b, sumMap(durations)['compute'] AS compute, "
-        " sum(into['memory']) + sum(into['erred']) AS n "
-        f" FROM {history.rollup_table(backend, 'task_minutes')} WHERE {' AND '.join(where)} "
-        " GROUP BY worker, prefix, b) GROUP BY worker, b ORDER BY worker, b", p)
+    _, rows = backend.query(ROLLUP_CELLS.format(
+        task_minutes=history.rollup_table(backend, "task_minutes"),
+        where="WHERE " + " AND ".join(where)), p)
     workers = sorted({r[0] for r in rows})
     return {
         "max_bars": 0, "bars_recorded": int(sum(r[4] for r in rows)),

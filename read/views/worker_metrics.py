@@ -27,18 +27,23 @@ def data(ctx: Context) -> dict:
             "activity": activity.activity(ctx.backend, ctx.scope, ctx.worker, ctx.info())}
 
 
+#: One worker's metrics per time bucket ``b`` of ``w`` seconds from ``t0`` up to ``t1``.
+WORKER_SERIES = (
+    "SELECT toUInt32(floor((toFloat64(ts) - {{t0:Float64}}) / {{w:Float64}})) AS b, "
+    "avg(memory), max(memory), avg(memory_managed), avg(ifNull(memory_unmanaged, memory)), "
+    "avg(memory_spilled), avg(cpu), avg(executing), avg(ready), avg(in_flight) "
+    "FROM {worker_metrics} WHERE cluster_id = {{c:String}} "
+    "AND worker = {{worker:String}} AND ts >= toDateTime64({{t0:Float64}}, 6, 'UTC') "
+    "AND ts <= toDateTime64({{t1:Float64}}, 6, 'UTC') GROUP BY b ORDER BY b")
+
+
 def series(backend: Backend, scope, worker: str, buckets: int) -> dict[str, Any]:
     """One worker's metrics over the scope's window, per time bucket: ``times`` (bucket
     middles), process memory (mean and highest sample), managed, unmanaged and
     spilled (means), CPU (mean percent), executing, ready and in flight (means)."""
     w = max(scope.bucket, (scope.t1 - scope.t0) / buckets)
     _, rows = backend.query(
-        "SELECT toUInt32(floor((toFloat64(ts) - {t0:Float64}) / {w:Float64})) AS b, "
-        "avg(memory), max(memory), avg(memory_managed), avg(ifNull(memory_unmanaged, memory)), "
-        "avg(memory_spilled), avg(cpu), avg(executing), avg(ready), avg(in_flight) "
-        f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
-        "AND worker = {worker:String} AND ts >= toDateTime64({t0:Float64}, 6, 'UTC') "
-        "AND ts <= toDateTime64({t1:Float64}, 6, 'UTC') GROUP BY b ORDER BY b",
+        WORKER_SERIES.format(worker_metrics=_t(backend, "worker_metrics")),
         {"c": scope.cluster_id, "worker": worker, "t0": scope.t0, "t1": scope.t1, "w": w})
     names = ("memory", "memory_max", "managed", "unmanaged", "spilled", "cpu", "executing",
              "ready", "in_flight")

@@ -40,6 +40,7 @@ from dask_blackbox.read import aggregates, diagnosis
 from dask_blackbox.read import workers as worker_data
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
+from dask_blackbox.read.statements import LIFECYCLE
 from dask_blackbox.read.views.page import Context
 from dask_blackbox.read.views.registry import View, register
 
@@ -58,12 +59,16 @@ def rows(ctx: Context) -> dict:
                                         not ctx.count_bytes(), ctx.info()))
 
 
+#: Per worker of a cluster, over its samples: the highest memory, managed and spilled
+#: bytes, the mean CPU, the first and last sample (float seconds) and their count.
+WORKER_SAMPLES = ("SELECT worker, max(memory), max(memory_managed), max(memory_spilled), avg(cpu), "
+                  "toFloat64(min(ts)), toFloat64(max(ts)), count() "
+                  "FROM {worker_metrics} WHERE cluster_id = {{c:String}} GROUP BY worker")
+
+
 def _samples(backend: Backend, cluster_id: str) -> dict[str, tuple]:
-    _, rows = backend.query(
-        "SELECT worker, max(memory), max(memory_managed), max(memory_spilled), avg(cpu), "
-        "toFloat64(min(ts)), toFloat64(max(ts)), count() "
-        f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} GROUP BY worker",
-        {"c": cluster_id})
+    _, rows = backend.query(WORKER_SAMPLES.format(worker_metrics=_t(backend, "worker_metrics")),
+                            {"c": cluster_id})
     return {r[0]: r[1:] for r in rows}
 
 
@@ -84,10 +89,9 @@ def workers(backend: Backend, scope, found: list | None = None,
         moved = worker_data.moved_bytes(backend, cid)
     found = diagnosis.deaths(backend, [cid]) if found is None else found
     ended = {d.worker: d for d in found}
-    _, closed = backend.query(
-        f"SELECT countIf(action = 'scheduler_close') FROM {_t(backend, 'lifecycle')} "
-        "WHERE cluster_id = {c:String}", {"c": cid})
-    was_closed = bool(closed and closed[0][0])
+    _, closed = backend.query(LIFECYCLE.format(lifecycle=_t(backend, "lifecycle"),
+                                               also=" AND action = 'scheduler_close'"), {"c": cid})
+    was_closed = bool(closed)
     bytes_in: dict[str, int] = defaultdict(int)
     bytes_out: dict[str, int] = defaultdict(int)
     for (sender, receiver), n in (moved or {}).items():

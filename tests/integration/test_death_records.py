@@ -253,6 +253,26 @@ def test_a_task_running_when_its_worker_died_is_drawn_hatched(recorded):
     assert "running when their worker died" in fig.title.text
 
 
+def test_the_export_sends_a_died_span_for_each_hatched_bar(recorded):
+    """``dask-blackbox export otlp``'s trace of the run (built as the command builds
+    it, before sending) has a ``died`` span for each hatched bar: each death of each
+    planted task, the last one too (the removal that sent it to erred, the
+    KilledWorker), on the dead worker, ending at the removal."""
+    from dask_blackbox.cli.export import run_trace
+    from dask_blackbox.read.runs import read_run
+
+    backend, cid = recorded["backend"], recorded["cluster_id"]
+    stream = streams.task_stream(backend, panels.resolve(backend, cid))
+    hatched = sorted((b["key"], b["worker"], round(b["stop"] * 1e6))
+                     for b in stream["bars"] if b["action"] == streams.DIED)
+    spans = run_trace(backend, read_run(backend, cid, logs=False), 10**6)
+    died = sorted((s.attributes["dask.task.key"], s.attributes["dask.worker.address"],
+                   s.end_ns // 1000) for s in spans if s.attributes.get("dask.task.action") == "died")
+    assert died == hatched
+    for key in PLANTS:  # every allowed failure, and the fatal one
+        assert sum(1 for k, _, _ in died if k == key) == ALLOWED_FAILURES + 1, (key, died)
+
+
 def test_the_workers_table_peak_is_at_least_the_diagnosis_peak(recorded):
     """One peak per dead worker: the Workers table's is never below the one the
     Diagnosis names (its nanny's samples, or the RSS at a memory kill)."""

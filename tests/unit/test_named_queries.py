@@ -9,7 +9,9 @@ table-name placeholder (``{table(backend, 'lifecycle')}``, ``{_t(backend,
 'lifecycle')}``, a local ``{lifecycle}``, a ``.format`` field ``{lifecycle}``) read as
 ``{lifecycle}``, and any other interpolated expression by its source text. Two
 statements that then read alike but for their conditions (:func:`shape`) are one
-query written twice as well. To read what it finds:
+query written twice as well. In read/views/ every statement is a named query, the
+value of a module-level assignment (:func:`inline` finds the others). To read what it
+finds:
 ``python tests/unit/test_named_queries.py``.
 """
 
@@ -78,9 +80,24 @@ def statements() -> list[tuple[str, str, int]]:
 
 def written(source: str) -> list[tuple[str, int]]:
     """(normalized text, line) of every SQL statement written in a module's source."""
+    return [(sql, node.lineno) for node, sql in _sql_nodes(ast.parse(source))]
+
+
+def inline(source: str) -> list[tuple[str, int]]:
+    """(normalized text, line) of the SQL statements of a module's source written
+    where they are run, not as a named query (the value of a module-level
+    assignment)."""
+    tree = ast.parse(source)
+    named = {id(sub) for node in tree.body if isinstance(node, (ast.Assign, ast.AnnAssign))
+             and node.value is not None for sub in ast.walk(node.value)}
+    return [(sql, node.lineno) for node, sql in _sql_nodes(tree) if id(node) not in named]
+
+
+def _sql_nodes(tree: ast.AST) -> list[tuple[ast.expr, str]]:
+    """(node, normalized text) of every SQL statement written in a parsed module."""
     found = []
     inner: set[int] = set()  # the parts of a ``+`` already read with its whole
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(tree):
         if id(node) in inner or not isinstance(node, (ast.Constant, ast.JoinedStr, ast.BinOp)):
             continue
         text = _text(node)
@@ -90,7 +107,7 @@ def written(source: str) -> list[tuple[str, int]]:
             inner.add(id(sub))
         sql = normalize(text)
         if re.match(r"\(*\s*(SELECT|WITH)\s+\S", sql):
-            found.append((sql, node.lineno))
+            found.append((node, sql))
     return found
 
 
@@ -159,6 +176,30 @@ FROZEN = frozenset({"SELECT", "WITH"})
     assert {shape(sql) for sql in found[:3] + found[4:]} == {"SELECT key, ts FROM {transitions} ORDER BY ts"}
 
 
+def test_the_audit_tells_inline_sql_from_a_named_query():
+    source = """
+NAMED = ("SELECT key FROM {transitions} WHERE cluster_id = {{c:String}} "
+         "ORDER BY ts")
+def f(backend, t):
+    backend.query(NAMED.format(transitions=t), {})
+    backend.query(f"SELECT key FROM {_t(backend, 'transitions')} ORDER BY ts", {})
+    backend.query("SELECT count() " + t, {})
+"""
+    assert len(written(source)) == 3
+    assert [line for _, line in inline(source)] == [6, 7]
+
+
+def test_no_view_writes_its_sql_inline():
+    """A view's SQL is a named query: a module-level constant of the view (or of
+    :mod:`.queries` or :mod:`.statements` when several modules run it), formatted
+    with its tables and conditions where it is run."""
+    found = [f"{path.relative_to(ROOT)}:{line}: {sql[:100]}"
+             for path in sorted((READ / "views").rglob("*.py"))
+             for sql, line in inline(path.read_text())]
+    assert not found, "SQL written inline in read/views/ (name it a module-level query):\n" + \
+        "\n".join(found)
+
+
 def test_no_sql_statement_is_written_twice():
     dup = duplicates()
     assert not dup, "SQL statements written more than once (name one query, use it everywhere):\n" + \
@@ -178,6 +219,10 @@ if __name__ == "__main__":  # the audit, to read: python tests/unit/test_named_q
     for sql, places in sorted(duplicates().items()):
         print(" ", ", ".join(places))
         print("     ", sql)
+    print("inline in read/views/:")
+    for path in sorted((READ / "views").rglob("*.py")):
+        for sql, line in inline(path.read_text()):
+            print(f"  {path.relative_to(ROOT)}:{line}: {sql}")
     print("alike (the same columns of the same table, other conditions):")
     for sql, places in sorted(alike().items()):
         print(" ", ", ".join(places))
