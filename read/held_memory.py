@@ -23,9 +23,9 @@ Without worker transitions, replicas a worker received are not counted
 ``memory`` state holds them, on disk).
 
 :func:`at_deaths` answers for many removals at once, in three statements whatever
-their number (the named queries below), each aggregated in ClickHouse over the keys
-that ever entered memory on the removed workers (the transitions' sort key starts
-with (cluster_id, key)): no row per transition reaches Python.
+their number (the named queries below), each aggregated in ClickHouse over the
+(removal, key) pairs it concerns, a key's rows found by the transitions' sort key
+(cluster_id, key, ts): no row per transition reaches Python.
 
 Every time is float seconds since the epoch.
 """
@@ -48,24 +48,37 @@ ONE_RESULT_SHARE = 0.5
 #: Each removal's number (1-based, as ClickHouse's arrays) for the rows it concerns.
 _DEATHS = "range(1, length({{ws:Array(String)}}) + 1)"
 
+#: The latest ``ts <= `` any removal's time, as the column's type.
+_UNTIL = "toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC')"
+
+#: A transition's place in its cluster's order, ``(ts, seq, idx)`` as one Int128 (the
+#: microseconds above the 48 bits of seq and idx): argMax compares it as fast as a
+#: number, where a tuple is compared field by field.
+_ORDER = ("toInt128(toUnixTimestamp64Micro(t.ts)) * 281474976710656 "
+          "+ toInt128(t.seq) * 65536 + t.idx")
+
 #: The keys each removal's worker held at its removal: ``i`` (the removal), ``key``,
-#: ``prefix``, ``size`` (its nbytes, NULL if not recorded). The rows read are those of
-#: the keys that ever entered memory on one of the removed workers (the primary key's
-#: (cluster_id, key) prefix), each folded to its last entry or leaving by argMax.
+#: ``prefix``, ``size`` (its nbytes, NULL if not recorded). Each removal is paired with
+#: the keys that entered memory on its own worker by its time (``pairs``), and each pair
+#: reads that key's entries and leavings (the primary key's (cluster_id, key) prefix),
+#: folded to the last by argMax.
 _HELD = (
     "SELECT i, key, argMax(prefix, o) AS prefix, "
     "argMaxIf(nbytes, o, source = 'scheduler' AND finish = 'memory') AS size "
-    "FROM (SELECT i, key, toString(prefix) AS prefix, nbytes, toString(source) AS source, "
-    "toString(finish) AS finish, toString(worker) AS worker, (ts, seq, idx) AS o "
-    "FROM {transitions} ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
-    "AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] "
-    "AND ((source = 'scheduler' AND stimulus_id != {{ss:Array(String)}}[i]) "
-    "OR (source = 'worker' AND worker = {{ws:Array(String)}}[i])), " + _DEATHS + ") AS i "
-    "WHERE cluster_id IN {{cs:Array(String)}} AND (finish = 'memory' OR start = 'memory') "
-    "AND ts <= toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC') "
-    "AND key IN (SELECT key FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
-    "AND worker IN {{ws:Array(String)}} AND finish = 'memory' "
-    "AND ts <= toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC'))) "
+    "FROM (SELECT p.i AS i, t.key AS key, toString(t.prefix) AS prefix, t.nbytes AS nbytes, "
+    "toString(t.source) AS source, toString(t.finish) AS finish, toString(t.worker) AS worker, "
+    + _ORDER + " AS o "
+    "FROM {transitions} AS t INNER JOIN (SELECT i, key FROM {transitions} "
+    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
+    "AND worker = {{ws:Array(String)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], "
+    + _DEATHS + ") AS i "
+    "WHERE cluster_id IN {{cs:Array(String)}} AND worker IN {{ws:Array(String)}} "
+    "AND finish = 'memory' AND ts <= " + _UNTIL + " GROUP BY i, key) AS p ON t.key = p.key "
+    "WHERE t.cluster_id IN {{cs:Array(String)}} AND (t.finish = 'memory' OR t.start = 'memory') "
+    "AND t.ts <= " + _UNTIL + " AND t.cluster_id = {{cs:Array(String)}}[p.i] "
+    "AND toFloat64(t.ts) <= {{ts:Array(Float64)}}[p.i] "
+    "AND ((t.source = 'scheduler' AND t.stimulus_id != {{ss:Array(String)}}[p.i]) "
+    "OR (t.source = 'worker' AND t.worker = {{ws:Array(String)}}[p.i]))) "
     "GROUP BY i, key "
     "HAVING argMax(finish = 'memory' AND worker = {{ws:Array(String)}}[i], o)"
 )
@@ -88,29 +101,34 @@ HELD_TOTALS = (
 #: erred by the removal's stimulus) and each one's own result size where it reached
 #: memory at some time (before or after, on any worker): ``i, key, prefix, size,
 #: finished`` (how many times it reached memory; 0: never, so its size is unknown).
+#: Each removal is paired with the keys its stimulus took from processing, and each
+#: pair reads that key's scheduler transitions.
 RUNNING_RESULTS = (
-    "SELECT i, key, argMax(toString(prefix), ts), "
-    "maxIf(nbytes, finish = 'memory'), countIf(finish = 'memory') "
-    "FROM {transitions} ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i], "
-    + _DEATHS + ") AS i "
-    "WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' AND key IN ("
-    "SELECT key FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' "
-    "AND start = 'processing' AND stimulus_id IN {{ss:Array(String)}}) "
-    "GROUP BY i, key "
-    "HAVING countIf(start = 'processing' AND stimulus_id = {{ss:Array(String)}}[i]) > 0 "
-    "ORDER BY i, key"
+    "SELECT p.i, t.key, argMax(toString(t.prefix), t.ts), "
+    "maxIf(t.nbytes, t.finish = 'memory'), countIf(t.finish = 'memory') "
+    "FROM {transitions} AS t INNER JOIN (SELECT i, key FROM {transitions} "
+    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
+    "AND stimulus_id = {{ss:Array(String)}}[i], " + _DEATHS + ") AS i "
+    "WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' AND start = 'processing' "
+    "AND stimulus_id IN {{ss:Array(String)}} GROUP BY i, key) AS p ON t.key = p.key "
+    "WHERE t.cluster_id IN {{cs:Array(String)}} AND t.source = 'scheduler' "
+    "AND t.cluster_id = {{cs:Array(String)}}[p.i] "
+    "GROUP BY p.i, t.key "
+    "ORDER BY p.i, t.key"
 )
 
 #: Per removal: whether its cluster's scheduler transitions were recorded, and its
-#: worker's own (worker-transitions): ``i, scheduler, worker``.
+#: worker's own (worker-transitions): ``i, scheduler, worker``. Each side is a grouping
+#: of the rows of one source alone (a few rows out), not of every row by (source, worker).
 RECORDED = (
-    "SELECT i, countIf(source = 'scheduler') > 0, countIf(source = 'worker') > 0 "
-    "FROM (SELECT cluster_id, toString(source) AS source, toString(worker) AS worker "
-    "FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
-    "LIMIT 1 BY cluster_id, source, worker) "
-    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
-    "AND (source = 'scheduler' OR worker = {{ws:Array(String)}}[i]), " + _DEATHS + ") AS i "
-    "GROUP BY i"
+    "SELECT i, has((SELECT groupArray(cluster_id) FROM (SELECT toString(cluster_id) AS cluster_id "
+    "FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' "
+    "GROUP BY cluster_id)), {{cs:Array(String)}}[i]), "
+    "has((SELECT groupArray((cluster_id, worker)) FROM (SELECT toString(cluster_id) AS cluster_id, "
+    "toString(worker) AS worker FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
+    "AND source = 'worker' AND worker IN {{ws:Array(String)}} GROUP BY cluster_id, worker)), "
+    "({{cs:Array(String)}}[i], {{ws:Array(String)}}[i])) "
+    "FROM (SELECT arrayJoin(" + _DEATHS + ") AS i)"
 )
 
 
