@@ -32,6 +32,9 @@ Every time is float seconds since the epoch.
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -253,12 +256,64 @@ def _size(n: int | None) -> str:
     return format_bytes(n) if n is not None else "unknown"
 
 
+#: The state of clusters' transitions an answer was read from: ``cluster_id, rows,
+#: last batch`` (a cluster whose rows changed since is read again).
+TRANSITIONS_STATE = (
+    "SELECT toString(cluster_id), count(), max(_batch) FROM {transitions} "
+    "WHERE cluster_id IN {{cs:Array(String)}} GROUP BY cluster_id"
+)
+#: Answers kept per backend (the most recently used).
+CACHED_ANSWERS = 256
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
 def at_deaths(backend: Backend, removals: Sequence[Removed], top: int = TOP_KEYS,
               prefixes: int = TOP_PREFIXES) -> list[HeldMemory]:
     """What each removed worker held at its removal (:class:`HeldMemory`), in
-    ``removals``' order: three statements, whatever their number."""
+    ``removals``' order: three statements, whatever their number.
+
+    An answer is kept per backend and removal (:data:`CACHED_ANSWERS`), with the state
+    of its cluster's transitions (:data:`TRANSITIONS_STATE`: their rows and last batch)
+    it was read from; asked again, it is given again while that state holds (one
+    statement for all the removals), and read again once it changed."""
     if not removals:
         return []
+    tables = {"transitions": table(backend, "transitions")}
+    clusters = sorted({r.cluster_id for r in removals})
+    _, rows = backend.query(TRANSITIONS_STATE.format(**tables), {"cs": clusters})
+    state = {c: (0, 0) for c in clusters} | {c: (n, batch) for c, n, batch in rows}
+    asked = [(r.cluster_id, r.worker, float(r.ts), r.stimulus_id or "", top, prefixes)
+             for r in removals]
+    with _cache_lock:
+        kept = _cache.setdefault(backend, OrderedDict())
+        found = {}
+        for key in asked:
+            hit = kept.get(key)
+            if hit is not None and hit[0] == state[key[0]]:
+                kept.move_to_end(key)
+                found[key] = hit[1]
+    missing = [r for r, key in zip(removals, asked) if key not in found]
+    if missing:
+        read = _read(backend, missing, top, prefixes)
+        with _cache_lock:
+            for r, h in zip(missing, read):
+                key = (r.cluster_id, r.worker, float(r.ts), r.stimulus_id or "", top, prefixes)
+                found[key] = h
+                kept[key] = (state[r.cluster_id], h)
+                kept.move_to_end(key)
+            while len(kept) > CACHED_ANSWERS:
+                kept.popitem(last=False)
+    return [_copy(found[key]) for key in asked]
+
+
+def _copy(h: HeldMemory) -> HeldMemory:
+    """``h`` with lists of its own (a caller may change what it was given)."""
+    return h._replace(top=list(h.top), prefixes=list(h.prefixes), running=list(h.running))
+
+
+def _read(backend: Backend, removals: Sequence[Removed], top: int, prefixes: int) -> list[HeldMemory]:
+    """:func:`at_deaths` read from the transitions, no answer kept."""
     tables = {"transitions": table(backend, "transitions")}
     p = {"cs": [r.cluster_id for r in removals], "ws": [r.worker for r in removals],
          "ts": [float(r.ts) for r in removals], "ss": [r.stimulus_id or "" for r in removals]}
@@ -289,4 +344,4 @@ def held_memory(backend: Backend, removal: Removed, top: int = TOP_KEYS) -> Held
 
 
 __all__ = ["HeldKey", "HeldMemory", "PrefixHeld", "Removed", "Running", "at_deaths", "held_memory",
-           "HELD_TOTALS", "RUNNING_RESULTS", "RECORDED"]
+           "HELD_TOTALS", "RUNNING_RESULTS", "RECORDED", "TRANSITIONS_STATE"]
