@@ -2,7 +2,7 @@
 of a baseline revision's module against this tree's, on the same synthetic run in chDB.
 
     nice -n 5 python bench/held_memory.py [--tasks 366000] [--repeat 3] [--baseline main]
-                                          [--keep DIR]
+                                          [--keep DIR] [--quick]
 
 The run is :mod:`critical_path`'s (its generator and loader reused): ``--tasks`` tasks
 on 32 workers, five or six scheduler transitions each (366k tasks: about 1.9M
@@ -15,7 +15,8 @@ BASELINE:read/held_memory.py``, imported as a module of its own) and B (this tre
 its kept answers dropped first), B followed by ``B again`` (the same question at once:
 the answer kept, checked against the transitions' state), wall clock and this
 process's CPU (chDB runs in it); the answers of every side are compared (they must
-be the same). ``--keep DIR`` keeps the chDB directory, and loads
+be the same), prefixes of equal bytes and keys put in one order first (the baseline
+leaves theirs to ClickHouse; this tree orders them by name). ``--keep DIR`` keeps the chDB directory, and loads
 nothing when DIR already holds the run.
 """
 
@@ -77,7 +78,8 @@ def removal_sets(t0: float, last: float) -> dict[str, list[Removal]]:
 def timed(module, backend, removals) -> tuple[float, float, list | str]:
     t, c = time.perf_counter(), time.process_time()
     try:
-        answer = [h.as_dict() for h in module.at_deaths(backend, removals)]
+        answer = [h._replace(prefixes=sorted(h.prefixes, key=lambda p: (-p.nbytes, -p.keys, p.prefix)))
+                  .as_dict() for h in module.at_deaths(backend, removals)]
     except QueryError as e:
         answer = f"failed: {str(e)[:120]}"
     return time.perf_counter() - t, time.process_time() - c, answer
@@ -90,7 +92,10 @@ def main() -> None:
     parser.add_argument("--baseline", default="main")
     parser.add_argument("--seed", type=int, default=7)
     parser.add_argument("--keep", help="keep the chDB directory here (and reuse it)")
+    parser.add_argument("--quick", action="store_true", help="20k tasks, once a side")
     args = parser.parse_args()
+    if args.quick:
+        args.tasks, args.repeat = 20_000, 1
     root = pathlib.Path(args.keep or tempfile.mkdtemp(prefix="bb-held-bench-"))
     client = clickhouse.open_client(f"chdb://{root / 'chdb'}")
     migrate(client, Target("blackbox", 90 * 86400))

@@ -2,7 +2,7 @@
 seconds of the worker processes per task, A/B(/C) in one invocation.
 
     nice -n 5 python bench/profile_cost.py [--runs 3] [--tasks 12000] [--task-ms 1]
-                                           [--no-pings-route]
+                                           [--no-pings-route] [--quick]
 
 Each run is a fresh ``LocalCluster(processes=True)`` of two single-thread worker
 processes with nannies, the producers attached (``producers.attach``: scheduler, worker
@@ -193,7 +193,10 @@ def main() -> None:
     parser.add_argument("--tasks", type=int, default=12000)
     parser.add_argument("--task-ms", type=float, default=1.0)
     parser.add_argument("--no-pings-route", action="store_true")
+    parser.add_argument("--quick", action="store_true", help="1 run a route of 1,500 tasks")
     args = parser.parse_args()
+    if args.quick:
+        args.runs, args.tasks = 1, 1500
     routes = "AB" if args.no_pings_route else "ABC"
     spins = spins_for(args.task_ms)
     print(f"{args.tasks:,} tasks of {spins:,} iterations (~{args.task_ms} ms) a run; "

@@ -87,13 +87,15 @@ _HELD = (
 )
 
 #: Per removal: the keys held, their bytes (known sizes), how many of unknown size;
-#: per prefix the same, most bytes first (``{p:UInt32}`` prefixes); and its
+#: per prefix the same, most bytes first, then most keys, then by name (``{p:UInt32}``
+#: prefixes); and its
 #: ``{n:UInt32}`` largest keys (``(-size, key, prefix)``, -1 for an unknown size: the
 #: largest of each prefix, then of those): ``i, keys, bytes, unknown, prefixes, top``.
 HELD_TOTALS = (
     "SELECT i, sum(keys), sum(bytes), sum(unknown), "
-    "arraySlice(arrayReverseSort(x -> (x.3, x.2), groupArray((prefix, keys, bytes, unknown))), "
-    "1, {{p:UInt32}}), arraySlice(arraySort(arrayFlatten(groupArray(largest))), 1, {{n:UInt32}}) "
+    "arraySlice(arraySort(x -> (-x.3, -toInt64(x.2), x.1), "
+    "groupArray((prefix, keys, bytes, unknown))), 1, {{p:UInt32}}), "
+    "arraySlice(arraySort(arrayFlatten(groupArray(largest))), 1, {{n:UInt32}}) "
     "FROM (SELECT i, prefix, count() AS keys, sum(ifNull(size, 0)) AS bytes, "
     "countIf(size IS NULL) AS unknown, "
     "groupArraySorted({{n:UInt32}})((-ifNull(size, -1), key, prefix)) AS largest "
