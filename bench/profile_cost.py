@@ -8,7 +8,8 @@ Each run is a fresh ``LocalCluster(processes=True)`` of two single-thread worker
 processes with nannies, the producers attached (``producers.attach``: scheduler, worker
 and nanny plugins) and recording to a bare local Tansu broker that nothing consumes
 (:mod:`scheduler_overhead`'s broker and clocks), warmed up, then timed on ``--tasks``
-small tasks of about ``--task-ms`` of pure-Python work each, in four task prefixes
+small tasks of about ``--task-ms`` of pure-Python work each (the iterations for it
+measured once an invocation, here: the same in every run of it), in four task prefixes
 (so Dask's profiler keeps a tree per prefix), with Dask's profile defaults (a sample
 every 10 ms, a cycle every 1 s). The routes, alternating run by run:
 
