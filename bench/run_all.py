@@ -41,6 +41,8 @@ BENCHMARKS = [
     "read_guard.py",
     "fuzz.py",
     "soak.py",
+    "profile_cost.py",
+    "held_memory.py",
 ]
 
 

@@ -23,15 +23,18 @@ Without worker transitions, replicas a worker received are not counted
 ``memory`` state holds them, on disk).
 
 :func:`at_deaths` answers for many removals at once, in three statements whatever
-their number (the named queries below), each aggregated in ClickHouse over the keys
-that ever entered memory on the removed workers (the transitions' sort key starts
-with (cluster_id, key)): no row per transition reaches Python.
+their number (the named queries below), each aggregated in ClickHouse over the
+(removal, key) pairs it concerns, a key's rows found by the transitions' sort key
+(cluster_id, key, ts): no row per transition reaches Python.
 
 Every time is float seconds since the epoch.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections import OrderedDict
 from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
@@ -48,36 +51,51 @@ ONE_RESULT_SHARE = 0.5
 #: Each removal's number (1-based, as ClickHouse's arrays) for the rows it concerns.
 _DEATHS = "range(1, length({{ws:Array(String)}}) + 1)"
 
+#: The latest ``ts <= `` any removal's time, as the column's type.
+_UNTIL = "toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC')"
+
+#: A transition's place in its cluster's order, ``(ts, seq, idx)`` as one Int128 (the
+#: microseconds above the 48 bits of seq and idx): argMax compares it as fast as a
+#: number, where a tuple is compared field by field.
+_ORDER = ("toInt128(toUnixTimestamp64Micro(t.ts)) * 281474976710656 "
+          "+ toInt128(t.seq) * 65536 + t.idx")
+
 #: The keys each removal's worker held at its removal: ``i`` (the removal), ``key``,
-#: ``prefix``, ``size`` (its nbytes, NULL if not recorded). The rows read are those of
-#: the keys that ever entered memory on one of the removed workers (the primary key's
-#: (cluster_id, key) prefix), each folded to its last entry or leaving by argMax.
+#: ``prefix``, ``size`` (its nbytes, NULL if not recorded). Each removal is paired with
+#: the keys that entered memory on its own worker by its time (``pairs``), and each pair
+#: reads that key's entries and leavings (the primary key's (cluster_id, key) prefix),
+#: folded to the last by argMax.
 _HELD = (
     "SELECT i, key, argMax(prefix, o) AS prefix, "
     "argMaxIf(nbytes, o, source = 'scheduler' AND finish = 'memory') AS size "
-    "FROM (SELECT i, key, toString(prefix) AS prefix, nbytes, toString(source) AS source, "
-    "toString(finish) AS finish, toString(worker) AS worker, (ts, seq, idx) AS o "
-    "FROM {transitions} ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
-    "AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] "
-    "AND ((source = 'scheduler' AND stimulus_id != {{ss:Array(String)}}[i]) "
-    "OR (source = 'worker' AND worker = {{ws:Array(String)}}[i])), " + _DEATHS + ") AS i "
-    "WHERE cluster_id IN {{cs:Array(String)}} AND (finish = 'memory' OR start = 'memory') "
-    "AND ts <= toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC') "
-    "AND key IN (SELECT key FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
-    "AND worker IN {{ws:Array(String)}} AND finish = 'memory' "
-    "AND ts <= toDateTime64(arrayMax({{ts:Array(Float64)}}), 6, 'UTC'))) "
+    "FROM (SELECT p.i AS i, t.key AS key, toString(t.prefix) AS prefix, t.nbytes AS nbytes, "
+    "toString(t.source) AS source, toString(t.finish) AS finish, toString(t.worker) AS worker, "
+    + _ORDER + " AS o "
+    "FROM {transitions} AS t INNER JOIN (SELECT i, key FROM {transitions} "
+    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
+    "AND worker = {{ws:Array(String)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], "
+    + _DEATHS + ") AS i "
+    "WHERE cluster_id IN {{cs:Array(String)}} AND worker IN {{ws:Array(String)}} "
+    "AND finish = 'memory' AND ts <= " + _UNTIL + " GROUP BY i, key) AS p ON t.key = p.key "
+    "WHERE t.cluster_id IN {{cs:Array(String)}} AND (t.finish = 'memory' OR t.start = 'memory') "
+    "AND t.ts <= " + _UNTIL + " AND t.cluster_id = {{cs:Array(String)}}[p.i] "
+    "AND toFloat64(t.ts) <= {{ts:Array(Float64)}}[p.i] "
+    "AND ((t.source = 'scheduler' AND t.stimulus_id != {{ss:Array(String)}}[p.i]) "
+    "OR (t.source = 'worker' AND t.worker = {{ws:Array(String)}}[p.i]))) "
     "GROUP BY i, key "
     "HAVING argMax(finish = 'memory' AND worker = {{ws:Array(String)}}[i], o)"
 )
 
 #: Per removal: the keys held, their bytes (known sizes), how many of unknown size;
-#: per prefix the same, most bytes first (``{p:UInt32}`` prefixes); and its
+#: per prefix the same, most bytes first, then most keys, then by name (``{p:UInt32}``
+#: prefixes); and its
 #: ``{n:UInt32}`` largest keys (``(-size, key, prefix)``, -1 for an unknown size: the
 #: largest of each prefix, then of those): ``i, keys, bytes, unknown, prefixes, top``.
 HELD_TOTALS = (
     "SELECT i, sum(keys), sum(bytes), sum(unknown), "
-    "arraySlice(arrayReverseSort(x -> (x.3, x.2), groupArray((prefix, keys, bytes, unknown))), "
-    "1, {{p:UInt32}}), arraySlice(arraySort(arrayFlatten(groupArray(largest))), 1, {{n:UInt32}}) "
+    "arraySlice(arraySort(x -> (-x.3, -toInt64(x.2), x.1), "
+    "groupArray((prefix, keys, bytes, unknown))), 1, {{p:UInt32}}), "
+    "arraySlice(arraySort(arrayFlatten(groupArray(largest))), 1, {{n:UInt32}}) "
     "FROM (SELECT i, prefix, count() AS keys, sum(ifNull(size, 0)) AS bytes, "
     "countIf(size IS NULL) AS unknown, "
     "groupArraySorted({{n:UInt32}})((-ifNull(size, -1), key, prefix)) AS largest "
@@ -88,29 +106,34 @@ HELD_TOTALS = (
 #: erred by the removal's stimulus) and each one's own result size where it reached
 #: memory at some time (before or after, on any worker): ``i, key, prefix, size,
 #: finished`` (how many times it reached memory; 0: never, so its size is unknown).
+#: Each removal is paired with the keys its stimulus took from processing, and each
+#: pair reads that key's scheduler transitions.
 RUNNING_RESULTS = (
-    "SELECT i, key, argMax(toString(prefix), ts), "
-    "maxIf(nbytes, finish = 'memory'), countIf(finish = 'memory') "
-    "FROM {transitions} ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i], "
-    + _DEATHS + ") AS i "
-    "WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' AND key IN ("
-    "SELECT key FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' "
-    "AND start = 'processing' AND stimulus_id IN {{ss:Array(String)}}) "
-    "GROUP BY i, key "
-    "HAVING countIf(start = 'processing' AND stimulus_id = {{ss:Array(String)}}[i]) > 0 "
-    "ORDER BY i, key"
+    "SELECT p.i, t.key, argMax(toString(t.prefix), t.ts), "
+    "maxIf(t.nbytes, t.finish = 'memory'), countIf(t.finish = 'memory') "
+    "FROM {transitions} AS t INNER JOIN (SELECT i, key FROM {transitions} "
+    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
+    "AND stimulus_id = {{ss:Array(String)}}[i], " + _DEATHS + ") AS i "
+    "WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' AND start = 'processing' "
+    "AND stimulus_id IN {{ss:Array(String)}} GROUP BY i, key) AS p ON t.key = p.key "
+    "WHERE t.cluster_id IN {{cs:Array(String)}} AND t.source = 'scheduler' "
+    "AND t.cluster_id = {{cs:Array(String)}}[p.i] "
+    "GROUP BY p.i, t.key "
+    "ORDER BY p.i, t.key"
 )
 
 #: Per removal: whether its cluster's scheduler transitions were recorded, and its
-#: worker's own (worker-transitions): ``i, scheduler, worker``.
+#: worker's own (worker-transitions): ``i, scheduler, worker``. Each side is a grouping
+#: of the rows of one source alone (a few rows out), not of every row by (source, worker).
 RECORDED = (
-    "SELECT i, countIf(source = 'scheduler') > 0, countIf(source = 'worker') > 0 "
-    "FROM (SELECT cluster_id, toString(source) AS source, toString(worker) AS worker "
-    "FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
-    "LIMIT 1 BY cluster_id, source, worker) "
-    "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] "
-    "AND (source = 'scheduler' OR worker = {{ws:Array(String)}}[i]), " + _DEATHS + ") AS i "
-    "GROUP BY i"
+    "SELECT i, has((SELECT groupArray(cluster_id) FROM (SELECT toString(cluster_id) AS cluster_id "
+    "FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} AND source = 'scheduler' "
+    "GROUP BY cluster_id)), {{cs:Array(String)}}[i]), "
+    "has((SELECT groupArray((cluster_id, worker)) FROM (SELECT toString(cluster_id) AS cluster_id, "
+    "toString(worker) AS worker FROM {transitions} WHERE cluster_id IN {{cs:Array(String)}} "
+    "AND source = 'worker' AND worker IN {{ws:Array(String)}} GROUP BY cluster_id, worker)), "
+    "({{cs:Array(String)}}[i], {{ws:Array(String)}}[i])) "
+    "FROM (SELECT arrayJoin(" + _DEATHS + ") AS i)"
 )
 
 
@@ -235,12 +258,64 @@ def _size(n: int | None) -> str:
     return format_bytes(n) if n is not None else "unknown"
 
 
+#: The state of clusters' transitions an answer was read from: ``cluster_id, rows,
+#: last batch`` (a cluster whose rows changed since is read again).
+TRANSITIONS_STATE = (
+    "SELECT toString(cluster_id), count(), max(_batch) FROM {transitions} "
+    "WHERE cluster_id IN {{cs:Array(String)}} GROUP BY cluster_id"
+)
+#: Answers kept per backend (the most recently used).
+CACHED_ANSWERS = 256
+_cache: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_cache_lock = threading.Lock()
+
+
 def at_deaths(backend: Backend, removals: Sequence[Removed], top: int = TOP_KEYS,
               prefixes: int = TOP_PREFIXES) -> list[HeldMemory]:
     """What each removed worker held at its removal (:class:`HeldMemory`), in
-    ``removals``' order: three statements, whatever their number."""
+    ``removals``' order: three statements, whatever their number.
+
+    An answer is kept per backend and removal (:data:`CACHED_ANSWERS`), with the state
+    of its cluster's transitions (:data:`TRANSITIONS_STATE`: their rows and last batch)
+    it was read from; asked again, it is given again while that state holds (one
+    statement for all the removals), and read again once it changed."""
     if not removals:
         return []
+    tables = {"transitions": table(backend, "transitions")}
+    clusters = sorted({r.cluster_id for r in removals})
+    _, rows = backend.query(TRANSITIONS_STATE.format(**tables), {"cs": clusters})
+    state = {c: (0, 0) for c in clusters} | {c: (n, batch) for c, n, batch in rows}
+    asked = [(r.cluster_id, r.worker, float(r.ts), r.stimulus_id or "", top, prefixes)
+             for r in removals]
+    with _cache_lock:
+        kept = _cache.setdefault(backend, OrderedDict())
+        found = {}
+        for key in asked:
+            hit = kept.get(key)
+            if hit is not None and hit[0] == state[key[0]]:
+                kept.move_to_end(key)
+                found[key] = hit[1]
+    missing = [r for r, key in zip(removals, asked) if key not in found]
+    if missing:
+        read = _read(backend, missing, top, prefixes)
+        with _cache_lock:
+            for r, h in zip(missing, read):
+                key = (r.cluster_id, r.worker, float(r.ts), r.stimulus_id or "", top, prefixes)
+                found[key] = h
+                kept[key] = (state[r.cluster_id], h)
+                kept.move_to_end(key)
+            while len(kept) > CACHED_ANSWERS:
+                kept.popitem(last=False)
+    return [_copy(found[key]) for key in asked]
+
+
+def _copy(h: HeldMemory) -> HeldMemory:
+    """``h`` with lists of its own (a caller may change what it was given)."""
+    return h._replace(top=list(h.top), prefixes=list(h.prefixes), running=list(h.running))
+
+
+def _read(backend: Backend, removals: Sequence[Removed], top: int, prefixes: int) -> list[HeldMemory]:
+    """:func:`at_deaths` read from the transitions, no answer kept."""
     tables = {"transitions": table(backend, "transitions")}
     p = {"cs": [r.cluster_id for r in removals], "ws": [r.worker for r in removals],
          "ts": [float(r.ts) for r in removals], "ss": [r.stimulus_id or "" for r in removals]}
@@ -271,4 +346,4 @@ def held_memory(backend: Backend, removal: Removed, top: int = TOP_KEYS) -> Held
 
 
 __all__ = ["HeldKey", "HeldMemory", "PrefixHeld", "Removed", "Running", "at_deaths", "held_memory",
-           "HELD_TOTALS", "RUNNING_RESULTS", "RECORDED"]
+           "HELD_TOTALS", "RUNNING_RESULTS", "RECORDED", "TRANSITIONS_STATE"]

@@ -138,3 +138,39 @@ def test_a_removal_before_any_result_held_nothing(backend):
     [held] = held_memory.at_deaths(backend, [Removal("c-held", A, T0 + 0.5, "early")])
     assert held.keys == 0 and held.shape == "nothing" and held.top == []
     assert held.lines()[0].startswith("held no key in memory")
+
+
+class Counting:
+    """The real backend, counting the statements it is asked."""
+
+    def __init__(self, backend):
+        self.backend, self.database, self.statements = backend, backend.database, 0
+
+    def query(self, sql, parameters=None):
+        self.statements += 1
+        return self.backend.query(sql, parameters)
+
+
+def _load(backend, offset: int, producer: str, events: list[dict]) -> None:
+    batch = Batch()
+    batch.add(Message(contract.RAW, "t.raw", 0, offset, b"c-grow",
+                      _envelope("c-grow", "scheduler", producer, events), 0))
+    client = backend.backend._reader._client  # the fixture's chDB client
+    assert Loader(client, TARGET, "held").load(batch, {})
+
+
+def test_an_answer_asked_again_is_kept_until_its_clusters_transitions_change(backend):
+    counting = Counting(backend)
+    removal = Removal("c-grow", A, REMOVED, "remove-A")
+    _load(counting, 10, "p-grow-1", _scheduler())
+    first = held_memory.at_deaths(counting, [removal])
+    asked = counting.statements
+    again = held_memory.at_deaths(counting, [removal])
+    assert again == first and counting.statements == asked + 1  # the state, no reading
+    again[0].top.clear()  # what a caller was given is its own
+    assert held_memory.at_deaths(counting, [removal])[0].top == first[0].top
+    # a result computed on A before the removal arrives late: read again, it is held
+    _load(counting, 11, "p-grow-2", _computed("late-big-1", T0 + 3, A, 300 * MiB))
+    [grown] = held_memory.at_deaths(counting, [removal])
+    assert grown.keys == first[0].keys + 1 and grown.top[0].key == "late-big-1"
+    assert grown.nbytes == first[0].nbytes + 300 * MiB
