@@ -210,9 +210,13 @@ def test_pprof_output_is_read_by_go_tool_pprof(recorded, tmp_path):
     out = cli(recorded, "--cluster", "profiles-test", "-o", str(path))
     assert out.returncode == 0, out.stderr
     assert gzip.decompress(path.read_bytes())  # gzip-compressed protobuf
+    # Go's own build cache, where run-tests built pprof: a HOME of its own would build it
+    # again, for minutes on a loaded machine.
+    cache = subprocess.run([go, "env", "GOCACHE"], capture_output=True, text=True,
+                           check=True).stdout.strip()
     top = subprocess.run([go, "tool", "pprof", "-top", str(path)], capture_output=True,
-                         text=True, timeout=120, env={**os.environ, "GOTOOLCHAIN": "local",
-                                                      "HOME": str(tmp_path)})
+                         text=True, timeout=600, env={**os.environ, "GOTOOLCHAIN": "local",
+                                                      "HOME": str(tmp_path), "GOCACHE": cache})
     assert top.returncode == 0, top.stderr
     rows = [line.split() for line in top.stdout.splitlines() if "planted_hot" in line]
     assert rows, top.stdout
