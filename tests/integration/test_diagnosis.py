@@ -61,6 +61,10 @@ from cluster_support import first_time, live_workers
 
 pytestmark = pytest.mark.slow  # one recorded run of about a minute and a half
 LIMIT = 400 * 2**20
+#: Seconds without a heartbeat before the scheduler restarts a worker, while the GIL is
+#: held: far above what a worker on a loaded machine takes to heartbeat (so only the
+#: plant's worker times out), far below how long the plant holds the GIL (60 s).
+GIL_TTL = 20
 #: this module (its tasks are pickled by reference) and the support modules it imports
 HERE = pathlib.Path(__file__).resolve().parent
 TESTS = (HERE, HERE.parent)
@@ -178,9 +182,9 @@ def recorded(broker, tmp_path_factory):
     config = {**settings, "blackbox.alerts.rules": rules, "blackbox.alerts.evidence-wait": "2s",
               "optimization.fuse.active": False,
               "distributed.scheduler.allowed-failures": 1,
-              # checked every second, but set short only while the GIL is held
-              # (Dask's floor is 5s at this size); long otherwise, so that a worker
-              # slow to heartbeat on a loaded machine is not taken for a hung one
+              # checked every second; GIL_TTL while the GIL is held, an hour
+              # otherwise, so that a worker slow to heartbeat on a loaded machine
+              # is not taken for a hung one
               "distributed.scheduler.worker-ttl": "1s",
               # the cluster never closes a nanny whose worker was briefly gone
               "distributed.deploy.lost-worker-timeout": "1h",
@@ -216,11 +220,13 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         client.wait_for_workers(6, timeout=90)
         local = lambda: sorted(a for a, w in live_workers(client).items()  # noqa: E731
                                if str(w["name"]) not in ("sub-nanny", "no-nanny"))
-        # 1. The GIL held past a short worker-ttl, alone: the ttl is short (Dask's floor,
-        # 5s at this size) only while every worker heartbeats and this plant runs.
+        # 1. The GIL held past worker-ttl, alone: the ttl is GIL_TTL only while every
+        # worker heartbeats and this plant runs. A shorter one (Dask's floor is 5 s at
+        # this size) also times out a worker that a loaded machine keeps from
+        # heartbeating, and the plant's retry dies with it: a KilledWorker.
         wait_for(lambda: client.run_on_scheduler(_heartbeats_recent), 60, "every worker to heartbeat")
         victims["gil"] = local()[0]
-        client.run_on_scheduler(_set, "worker_ttl", 1)
+        client.run_on_scheduler(_set, "worker_ttl", GIL_TTL)
         future = client.submit(hold_gil, 1, key="gil", workers=[victims["gil"]], allow_other_workers=True)
         assert future.result(timeout=90) == 1
         client.run_on_scheduler(_set, "worker_ttl", 3600)
