@@ -46,8 +46,7 @@ from distributed import Client, LocalCluster
 from distributed.scheduler import KilledWorker
 
 from dask_blackbox import contract, producers
-from dask_blackbox.deploy.supervisor import LocalPipeline
-from dask_blackbox.read import api, backends, diagnosis, filters, held_memory, panels, queries, report
+from dask_blackbox.read import api, diagnosis, filters, held_memory, panels, queries, report
 from dask_blackbox.read.views import failures as failure_view
 from dask_blackbox.read.views import diagnosis as diagnosis_view
 from dask_blackbox.read.views import page
@@ -55,16 +54,13 @@ from dask_blackbox.read.views import task_stream as streams
 
 from dask_blackbox.testing.alerts import Cluster, Webhook
 from conftest import pipeline_settings
+from recording_support import recorded_through_pipeline, worker_env
 from dask_blackbox.testing.polling import wait_for
 from sink_support import produce, wait_loaded
-from cluster_support import first_time, live_workers
+from cluster_support import GIL_TTL, first_time, live_workers
 
 pytestmark = pytest.mark.slow  # one recorded run of about a minute and a half
 LIMIT = 400 * 2**20
-#: Seconds without a heartbeat before the scheduler restarts a worker, while the GIL is
-#: held: far above what a worker on a loaded machine takes to heartbeat (so only the
-#: plant's worker times out), far below how long the plant holds the GIL (60 s).
-GIL_TTL = 20
 #: this module (its tasks are pickled by reference) and the support modules it imports
 HERE = pathlib.Path(__file__).resolve().parent
 TESTS = (HERE, HERE.parent)
@@ -175,8 +171,7 @@ def recorded(broker, tmp_path_factory):
          "webhook": hook.url + "?hogs"},
     ]
     settings, bb_env = pipeline_settings(broker, "d" + uuid.uuid4().hex[:8], root / "data")
-    env = {**os.environ, **bb_env, "PYTHONPATH": os.pathsep.join(
-        [*map(str, TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = worker_env(bb_env, *TESTS)
     truth: dict = {"root": root, "env": env, "hook": hook, "commands": commands, "victims": {},
                    "settings": settings}
     config = {**settings, "blackbox.alerts.rules": rules, "blackbox.alerts.evidence-wait": "2s",
@@ -190,21 +185,24 @@ def recorded(broker, tmp_path_factory):
               "distributed.deploy.lost-worker-timeout": "1h",
               "distributed.worker.memory.terminate": 0.9}
     subprocesses: list[subprocess.Popen] = []
-    with dask.config.set(config):
-        # no stream processors: nothing here reads spans or prefix statistics
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            _record(truth, env, subprocesses)
-            wait_loaded()
-            truth["backend"] = backends.running_sink()
-            yield truth
-        finally:
-            for proc in subprocesses:
-                if proc.poll() is None:
-                    proc.kill()
-            pipeline.stop(drain_timeout=0)
-            hook.close()
+    # no stream processors: nothing here reads spans or prefix statistics
+    try:
+        with recorded_through_pipeline(broker, config,
+                                       lambda: _record(truth, env, subprocesses)) as backend:
+            truth["backend"] = backend
+            try:
+                yield truth
+            finally:
+                _kill(subprocesses)  # before the pipeline stops
+    finally:
+        _kill(subprocesses)
+        hook.close()
+
+
+def _kill(subprocesses: list[subprocess.Popen]) -> None:
+    for proc in subprocesses:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _record(truth: dict, env: dict, subprocesses: list) -> None:
