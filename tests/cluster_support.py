@@ -16,6 +16,13 @@ import pathlib
 
 from distributed import Client
 
+#: Seconds without a heartbeat before the scheduler restarts a worker, set only while
+#: a planted task holds its worker's GIL: far above what a worker on a loaded machine
+#: takes to heartbeat (Dask's own floor is 5 s for a few workers, and a retry that
+#: lands on a worker timed out with the plant's dies twice: a KilledWorker), well
+#: below how long a plant holds the GIL.
+GIL_TTL = 20
+
 
 def first_time(name: str) -> bool:
     """True the first time a task of this name runs (a flag file per name)."""

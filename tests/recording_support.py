@@ -11,6 +11,7 @@ drained: ClickHouse holds the whole run, and the topics still hold every message
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,15 +23,39 @@ import dask.array as da
 from distributed import Client, LocalCluster, span, wait
 
 from dask_blackbox import kafka, producers
-from dask_blackbox.deploy.supervisor import wait_drained
+from dask_blackbox.deploy.supervisor import LocalPipeline, wait_drained
+from dask_blackbox.read import backends
 
 from conftest import pipeline_settings, subprocess_env
 from dask_blackbox.testing.polling import wait_for
 from dask_blackbox.testing.processors import FaustWorker
-from sink_support import SinkProcess
+from sink_support import SinkProcess, wait_loaded
 from cluster_support import live_workers
 
 CLUSTER_NAME = "export-run"
+
+
+@contextlib.contextmanager
+def recorded_through_pipeline(broker: str, config: dict, record, processors: int = 0):
+    """Under ``config``: the local pipeline (``LocalPipeline`` on ``broker``: the sink on
+    chDB, ``processors`` faust workers) started, ``record()`` run, and everything it
+    sent loaded; yields the running sink's backend, and stops the pipeline on exit."""
+    with dask.config.set(config):
+        pipeline = LocalPipeline(kafka=broker, processors=processors)
+        pipeline.start(progress=lambda m: None)
+        try:
+            record()
+            wait_loaded()
+            yield backends.running_sink()
+        finally:
+            pipeline.stop(drain_timeout=0)
+
+
+def worker_env(bb_env: dict, *paths) -> dict:
+    """This process's environment with the pipeline's ``bb_env``, and ``paths`` first on
+    PYTHONPATH: for worker processes started apart, which unpickle the tests' tasks."""
+    return {**os.environ, **bb_env, "PYTHONPATH": os.pathsep.join(
+        [*map(str, paths), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
 
 
 def inc(x):

@@ -4,6 +4,7 @@ and running the real sink (``python -m dask_blackbox.cli.sink``) as a subprocess
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import pathlib
 import signal
@@ -247,14 +248,35 @@ def dump(chdb_dir: pathlib.Path, database: str = "blackbox") -> dict[str, list[s
         client.close()
 
 
-def reference_dump(messages: list[Message], directory: pathlib.Path, batch_rows: int = 10_000) -> dict:
-    """What a crash-free sink leaves for ``messages``: the sink's own loader, in this
-    process, into a fresh chDB directory."""
+@contextlib.contextmanager
+def store(directory: pathlib.Path, group: str = "g"):
+    """A chDB store in ``directory`` with the sink's schema: its client and the sink's
+    own loader into it (``group``: the loader's consumer group); closed on exit."""
     client = clickhouse_connect.get_client(dsn=f"chdb://{directory}")
     try:
         target = Target("blackbox", 90 * 86400)
         migrate(client, target)
-        loader = Loader(client, target, "reference")
+        yield client, Loader(client, target, group)
+    finally:
+        client.close()
+
+
+@contextlib.contextmanager
+def loaded(directory: pathlib.Path, messages: list[Message]):
+    """:func:`store` with ``messages`` loaded in one batch of the loader's schemas:
+    its client."""
+    with store(directory) as (client, loader):
+        batch = Batch(loader.schemas)
+        for m in messages:
+            batch.add(m)
+        assert loader.load(batch, {})
+        yield client
+
+
+def reference_dump(messages: list[Message], directory: pathlib.Path, batch_rows: int = 10_000) -> dict:
+    """What a crash-free sink leaves for ``messages``: the sink's own loader, in this
+    process, into a fresh chDB directory."""
+    with store(directory, "reference") as (client, loader):
         batch = Batch()
         for m in messages:
             batch.add(m)
@@ -263,8 +285,6 @@ def reference_dump(messages: list[Message], directory: pathlib.Path, batch_rows:
                 batch = Batch()
         if batch.n_messages:
             loader.load(batch, {})
-    finally:
-        client.close()
     return dump(directory)
 
 

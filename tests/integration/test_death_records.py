@@ -22,24 +22,22 @@ import subprocess
 import sys
 import uuid
 
-import dask.config
 import pytest
 from distributed import Client, LocalCluster
 from distributed.scheduler import KilledWorker
 
 from dask_blackbox import producers
 from dask_blackbox.causes import Exit, gather
-from dask_blackbox.deploy.supervisor import LocalPipeline
 from dask_blackbox.producers.scheduler import PLUGIN_NAME
-from dask_blackbox.read import api, backends, diagnosis, filters, panels, report
+from dask_blackbox.read import api, diagnosis, filters, panels, report
 from dask_blackbox.read.views import diagnosis as diagnosis_view
 from dask_blackbox.read.views import page
 from dask_blackbox.read.views import task_stream as streams
 
 from dask_blackbox.testing.alerts import Webhook
 from conftest import pipeline_settings
+from recording_support import recorded_through_pipeline, worker_env
 from dask_blackbox.testing.polling import wait_for
-from sink_support import wait_loaded
 from cluster_support import live_workers
 
 pytestmark = pytest.mark.slow
@@ -77,25 +75,19 @@ def recorded(broker, tmp_path_factory):
     root = tmp_path_factory.mktemp("death-records")
     hook = Webhook()
     settings, bb_env = pipeline_settings(broker, "r" + uuid.uuid4().hex[:8], root / "data")
-    env = {**os.environ, **bb_env, "PYTHONPATH": os.pathsep.join(
-        [str(TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = worker_env(bb_env, TESTS)
     config = {**settings, "optimization.fuse.active": False,
               "blackbox.alerts.rules": [{"name": "deaths", "when": "worker-died", "webhook": hook.url}],
               "blackbox.alerts.evidence-wait": "2s",
               "distributed.scheduler.allowed-failures": ALLOWED_FAILURES,
               "distributed.deploy.lost-worker-timeout": "1h"}
     truth: dict = {"env": env, "hook": hook}
-    with dask.config.set(config):
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            _record(truth)
-            wait_loaded()
-            truth["backend"] = backends.running_sink()
+    try:
+        with recorded_through_pipeline(broker, config, lambda: _record(truth)) as backend:
+            truth["backend"] = backend
             yield truth
-        finally:
-            pipeline.stop(drain_timeout=0)
-            hook.close()
+    finally:
+        hook.close()
 
 
 def _record(truth: dict) -> None:

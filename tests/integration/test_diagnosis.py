@@ -46,8 +46,7 @@ from distributed import Client, LocalCluster
 from distributed.scheduler import KilledWorker
 
 from dask_blackbox import contract, producers
-from dask_blackbox.deploy.supervisor import LocalPipeline
-from dask_blackbox.read import api, backends, diagnosis, filters, held_memory, panels, queries, report
+from dask_blackbox.read import api, diagnosis, filters, held_memory, panels, queries, report
 from dask_blackbox.read.views import failures as failure_view
 from dask_blackbox.read.views import diagnosis as diagnosis_view
 from dask_blackbox.read.views import page
@@ -55,9 +54,10 @@ from dask_blackbox.read.views import task_stream as streams
 
 from dask_blackbox.testing.alerts import Cluster, Webhook
 from conftest import pipeline_settings
+from recording_support import recorded_through_pipeline, worker_env
 from dask_blackbox.testing.polling import wait_for
 from sink_support import produce, wait_loaded
-from cluster_support import first_time, live_workers
+from cluster_support import GIL_TTL, first_time, live_workers
 
 pytestmark = pytest.mark.slow  # one recorded run of about a minute and a half
 LIMIT = 400 * 2**20
@@ -171,36 +171,38 @@ def recorded(broker, tmp_path_factory):
          "webhook": hook.url + "?hogs"},
     ]
     settings, bb_env = pipeline_settings(broker, "d" + uuid.uuid4().hex[:8], root / "data")
-    env = {**os.environ, **bb_env, "PYTHONPATH": os.pathsep.join(
-        [*map(str, TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = worker_env(bb_env, *TESTS)
     truth: dict = {"root": root, "env": env, "hook": hook, "commands": commands, "victims": {},
                    "settings": settings}
     config = {**settings, "blackbox.alerts.rules": rules, "blackbox.alerts.evidence-wait": "2s",
               "optimization.fuse.active": False,
               "distributed.scheduler.allowed-failures": 1,
-              # checked every second, but set short only while the GIL is held
-              # (Dask's floor is 5s at this size); long otherwise, so that a worker
-              # slow to heartbeat on a loaded machine is not taken for a hung one
+              # checked every second; GIL_TTL while the GIL is held, an hour
+              # otherwise, so that a worker slow to heartbeat on a loaded machine
+              # is not taken for a hung one
               "distributed.scheduler.worker-ttl": "1s",
               # the cluster never closes a nanny whose worker was briefly gone
               "distributed.deploy.lost-worker-timeout": "1h",
               "distributed.worker.memory.terminate": 0.9}
     subprocesses: list[subprocess.Popen] = []
-    with dask.config.set(config):
-        # no stream processors: nothing here reads spans or prefix statistics
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            _record(truth, env, subprocesses)
-            wait_loaded()
-            truth["backend"] = backends.running_sink()
-            yield truth
-        finally:
-            for proc in subprocesses:
-                if proc.poll() is None:
-                    proc.kill()
-            pipeline.stop(drain_timeout=0)
-            hook.close()
+    # no stream processors: nothing here reads spans or prefix statistics
+    try:
+        with recorded_through_pipeline(broker, config,
+                                       lambda: _record(truth, env, subprocesses)) as backend:
+            truth["backend"] = backend
+            try:
+                yield truth
+            finally:
+                _kill(subprocesses)  # before the pipeline stops
+    finally:
+        _kill(subprocesses)
+        hook.close()
+
+
+def _kill(subprocesses: list[subprocess.Popen]) -> None:
+    for proc in subprocesses:
+        if proc.poll() is None:
+            proc.kill()
 
 
 def _record(truth: dict, env: dict, subprocesses: list) -> None:
@@ -216,11 +218,13 @@ def _record(truth: dict, env: dict, subprocesses: list) -> None:
         client.wait_for_workers(6, timeout=90)
         local = lambda: sorted(a for a, w in live_workers(client).items()  # noqa: E731
                                if str(w["name"]) not in ("sub-nanny", "no-nanny"))
-        # 1. The GIL held past a short worker-ttl, alone: the ttl is short (Dask's floor,
-        # 5s at this size) only while every worker heartbeats and this plant runs.
+        # 1. The GIL held past worker-ttl, alone: the ttl is GIL_TTL only while every
+        # worker heartbeats and this plant runs. A shorter one (Dask's floor is 5 s at
+        # this size) also times out a worker that a loaded machine keeps from
+        # heartbeating, and the plant's retry dies with it: a KilledWorker.
         wait_for(lambda: client.run_on_scheduler(_heartbeats_recent), 60, "every worker to heartbeat")
         victims["gil"] = local()[0]
-        client.run_on_scheduler(_set, "worker_ttl", 1)
+        client.run_on_scheduler(_set, "worker_ttl", GIL_TTL)
         future = client.submit(hold_gil, 1, key="gil", workers=[victims["gil"]], allow_other_workers=True)
         assert future.result(timeout=90) == 1
         client.run_on_scheduler(_set, "worker_ttl", 3600)

@@ -27,21 +27,19 @@ import sys
 import time
 import uuid
 
-import dask.config
 import numpy as np
 import pytest
 from dask.utils import format_bytes, key_split
 from distributed import Client, LocalCluster, wait
 
 from dask_blackbox import producers
-from dask_blackbox.deploy.supervisor import LocalPipeline
-from dask_blackbox.read import backends, diagnosis, held_memory, panels, report
+from dask_blackbox.read import diagnosis, held_memory, panels, report
 from dask_blackbox.read.views import diagnosis as diagnosis_view
 from dask_blackbox.testing.polling import wait_for
 
 from cluster_support import first_time, live_workers
 from conftest import pipeline_settings
-from sink_support import wait_loaded
+from recording_support import recorded_through_pipeline, worker_env
 
 pytestmark = pytest.mark.slow  # one recorded run of about a minute
 LIMIT = 400 * 2**20
@@ -97,8 +95,7 @@ def recorded(broker, tmp_path_factory):
     flags.mkdir()
     os.environ["BLACKBOX_TEST_FLAGS"] = str(flags)
     settings, bb_env = pipeline_settings(broker, "h" + uuid.uuid4().hex[:8], root / "data")
-    env = {**os.environ, **bb_env, "PYTHONPATH": os.pathsep.join(
-        [*map(str, TESTS), os.environ.get("PYTHONPATH", "")]).rstrip(os.pathsep)}
+    env = worker_env(bb_env, *TESTS)
     config = {**settings, "optimization.fuse.active": False,
               "distributed.scheduler.allowed-failures": 100,
               "distributed.scheduler.active-memory-manager.start": False,
@@ -106,16 +103,9 @@ def recorded(broker, tmp_path_factory):
               "distributed.worker.memory.target": False, "distributed.worker.memory.spill": False,
               "distributed.worker.memory.pause": False, "distributed.worker.memory.terminate": 0.9}
     truth: dict = {"env": env}
-    with dask.config.set(config):
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            _record(truth)
-            wait_loaded()
-            truth["backend"] = backends.running_sink()
-            yield truth
-        finally:
-            pipeline.stop(drain_timeout=0)
+    with recorded_through_pipeline(broker, config, lambda: _record(truth)) as backend:
+        truth["backend"] = backend
+        yield truth
 
 
 def _record(truth: dict) -> None:

@@ -8,8 +8,8 @@ local pipeline (Tansu, the sink on chDB), four workers killed one after the othe
 - ``memory``: a planted allocator that holds its memory a little below the nanny's
   kill until its nanny has read its stacks (py-spy), then allocates past the limit:
   the nanny terminates it, and its last stack names the allocator;
-- ``gil``: a planted task holding the GIL (a C sleep through ``ctypes.PyDLL``) past a
-  short worker-ttl: Dask's profiler is stopped with the rest, its nanny reads it
+- ``gil``: a planted task holding the GIL (a C sleep through ``ctypes.PyDLL``) past
+  worker-ttl: Dask's profiler is stopped with the rest, its nanny reads it
   from outside, and its last stack names the planted function, holding the GIL.
 
 Each plant runs its harm once (a flag file): its retry elsewhere just returns. Every
@@ -28,29 +28,27 @@ import sys
 import time
 import uuid
 
-import dask.config
 import psutil
 import pytest
 from distributed import Client, LocalCluster
 
 from dask_blackbox import producers
-from dask_blackbox.deploy.supervisor import LocalPipeline
 from dask_blackbox.producers.nanny import STACKS_MEMORY_SHARE
 from dask_blackbox.read import backends, diagnosis, panels, report
 from dask_blackbox.read.views import diagnosis as diagnosis_view
 
 from conftest import pipeline_settings
-from cluster_support import first_time, live_workers
+from recording_support import recorded_through_pipeline
+from cluster_support import GIL_TTL, first_time, live_workers
 from dask_blackbox.testing.polling import wait_for
-from sink_support import wait_loaded
 
 pytestmark = pytest.mark.slow
 LIMIT = 400 * 2**20
 TERMINATE = 0.9
 #: the allocator's RSS while it waits for its nanny: past the nanny's reading, short of its kill
 HOLD_AT = int(LIMIT * TERMINATE * (1 + STACKS_MEMORY_SHARE) / 2)
-#: seconds the planted GIL holder keeps the GIL (past the ttl, Dask's floor of 5 s here)
-GIL_S = 30
+#: seconds the planted GIL holder keeps the GIL (well past GIL_TTL)
+GIL_S = 45
 HERE = pathlib.Path(__file__).resolve().parent
 
 
@@ -141,20 +139,13 @@ def recorded(broker, tmp_path_factory):
     out: dict = {"env": env, "victims": {}, "root": root}
     config = {**settings, "optimization.fuse.active": False,
               "distributed.scheduler.allowed-failures": 100,
-              # checked every second; set short only while the GIL is held
+              # checked every second; GIL_TTL only while the GIL is held
               "distributed.scheduler.worker-ttl": "1s",
               "distributed.deploy.lost-worker-timeout": "1h",
               "distributed.worker.memory.terminate": TERMINATE}
-    with dask.config.set(config):
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            _record(out, root)
-            wait_loaded()
-            out["backend"] = backends.running_sink()
-            yield out
-        finally:
-            pipeline.stop(drain_timeout=0)
+    with recorded_through_pipeline(broker, config, lambda: _record(out, root)) as backend:
+        out["backend"] = backend
+        yield out
 
 
 def _record(out: dict, root: pathlib.Path) -> None:
@@ -190,11 +181,11 @@ def _record(out: dict, root: pathlib.Path) -> None:
         wait_for(lambda: _gone(client, hog), 60, "the nanny to kill the allocator")
         assert future.result(timeout=90) == 0
         client.wait_for_workers(3, timeout=90)
-        # 4. the GIL held past a short worker-ttl
+        # 4. the GIL held past worker-ttl
         client.run(_warm)
         wait_for(lambda: client.run_on_scheduler(_heartbeats_recent), 60, "every worker to heartbeat")
         victims["gil"] = stuck = sorted(live_workers(client))[0]
-        client.run_on_scheduler(_set, "worker_ttl", 1)
+        client.run_on_scheduler(_set, "worker_ttl", GIL_TTL)
         future = client.submit(planted_hold_gil, 1, key="planted-gil-0", workers=[stuck],
                                allow_other_workers=True)
         wait_for(lambda: _gone(client, stuck), 90, "the scheduler to remove the stuck worker")

@@ -16,18 +16,16 @@ import os
 import signal
 import uuid
 
-import dask.config
 import pytest
 from distributed import Client, LocalCluster, wait
 
 from dask_blackbox import producers
-from dask_blackbox.deploy.supervisor import LocalPipeline
-from dask_blackbox.read import backends, panels, queries
+from dask_blackbox.read import panels, queries
 from dask_blackbox.read.views import failures as failure_view
 
 from conftest import pipeline_settings
+from recording_support import recorded_through_pipeline
 from dask_blackbox.testing.polling import wait_for
-from sink_support import wait_loaded
 from cluster_support import live_workers
 
 pytestmark = pytest.mark.slow
@@ -46,37 +44,34 @@ def recorded(broker, tmp_path_factory):
     root = tmp_path_factory.mktemp("blame")
     settings, _ = pipeline_settings(broker, "k" + uuid.uuid4().hex[:8], root / "data")
     out: dict = {}
-    with dask.config.set(settings):
-        pipeline = LocalPipeline(kafka=broker, processors=0)
-        pipeline.start(progress=lambda m: None)
-        try:
-            # silence_logs=False: Dask's INFO lines, the nanny's among them, are emitted
-            with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
-                              dashboard_address=None, silence_logs=False) as cluster, Client(cluster) as client:
-                out["cluster_id"] = producers.attach(
-                    client, cluster_name="blame-and-nanny",
-                    **{"producer.flush-interval": "20ms"})["cluster_id"]
-                root_future = client.submit(boom, key="raises-0")
-                dependents = [client.submit(inc, root_future, key=f"dependent-{i}")
-                              for i in range(2)]
-                wait([root_future, *dependents])
-                tasks = cluster.scheduler.tasks
-                out["raised"] = root_future.key
-                out["blame"] = {f.key: tasks[f.key].exception_blame.key for f in dependents}
-                assert {f.status for f in dependents} == {"error"}
+    with recorded_through_pipeline(broker, settings, lambda: _record(out)) as backend:
+        out["backend"] = backend
+        yield out
 
-                doomed = sorted(live_workers(client))[0]
-                pid = client.run(os.getpid, workers=[doomed])[doomed]
-                os.kill(pid, signal.SIGKILL)
-                out["doomed"], out["pid"] = doomed, pid
-                wait_for(lambda: len(live_workers(client)) == 2
-                         and doomed not in live_workers(client), 60,
-                         "the nanny to restart its worker")
-            wait_loaded()
-            out["backend"] = backends.running_sink()
-            yield out
-        finally:
-            pipeline.stop(drain_timeout=0)
+
+def _record(out: dict) -> None:
+    # silence_logs=False: Dask's INFO lines, the nanny's among them, are emitted
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=True,
+                      dashboard_address=None, silence_logs=False) as cluster, Client(cluster) as client:
+        out["cluster_id"] = producers.attach(
+            client, cluster_name="blame-and-nanny",
+            **{"producer.flush-interval": "20ms"})["cluster_id"]
+        root_future = client.submit(boom, key="raises-0")
+        dependents = [client.submit(inc, root_future, key=f"dependent-{i}")
+                      for i in range(2)]
+        wait([root_future, *dependents])
+        tasks = cluster.scheduler.tasks
+        out["raised"] = root_future.key
+        out["blame"] = {f.key: tasks[f.key].exception_blame.key for f in dependents}
+        assert {f.status for f in dependents} == {"error"}
+
+        doomed = sorted(live_workers(client))[0]
+        pid = client.run(os.getpid, workers=[doomed])[doomed]
+        os.kill(pid, signal.SIGKILL)
+        out["doomed"], out["pid"] = doomed, pid
+        wait_for(lambda: len(live_workers(client)) == 2
+                 and doomed not in live_workers(client), 60,
+                 "the nanny to restart its worker")
 
 
 def test_an_erred_dependent_names_the_task_whose_error_it_inherited(recorded):

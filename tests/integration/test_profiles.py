@@ -28,12 +28,10 @@ from distributed import Client, LocalCluster
 
 from dask_blackbox import producers
 from dask_blackbox.producers.worker import profile_events
-from dask_blackbox.deploy.supervisor import LocalPipeline
-from dask_blackbox.read import backends
 
 from conftest import pipeline_settings
+from recording_support import recorded_through_pipeline
 from dask_blackbox.testing.polling import wait_for
-from sink_support import wait_loaded
 from ui_support import Page, start_ui
 
 pytestmark = pytest.mark.slow
@@ -104,35 +102,34 @@ def recorded(broker, tmp_path_factory):
     root = tmp_path_factory.mktemp("profiles")
     settings, env = pipeline_settings(broker, "f" + uuid.uuid4().hex[:8], root / "data")
     out: dict = {"env": env, "settings": settings}
-    with dask.config.set({**settings, "optimization.fuse.active": False}):
-        pipeline = LocalPipeline(kafka=broker, processors=0)  # nothing here reads spans
-        pipeline.start(progress=lambda m: None)
-        try:
-            with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
-                              dashboard_address=":0") as cluster, Client(cluster) as client:
-                out["cluster_id"] = producers.attach(client, cluster_name="profiles-test", **{
-                    "producer.flush-interval": "20ms"})["cluster_id"]
-                x = da.ones((HOT_TASKS, 100), chunks=(1, 100))
-                # persisted alone: its tasks keep their prefix (not fused into the sum's)
-                y = client.persist(x.map_blocks(planted_task, dtype=float, name="planted"))
-                assert float(y.sum().compute()) == 2 * x.size
-                assert client.submit(odd_task, 1, key="odd-1").result() == 1
-                out["dask"] = client.profile()
-                out["dask_planted"] = client.profile(key="planted")
-                out["workers"] = sorted(client.scheduler_info()["workers"])
-            with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
-                              dashboard_address=":0") as cluster, Client(cluster) as client:
-                out["unprofiled_id"] = producers.attach(client, cluster_name="unprofiled", **{
-                    "producer.flush-interval": "20ms", "producer.record.profiles": False})[
-                    "cluster_id"]
-                assert client.submit(odd_task, 2, key="odd-2").result() == 2
-                # Dask profiled it (its profile says so once a cycle has ended)
-                wait_for(lambda: client.profile()["count"] > 0, 30, "a profile cycle")
-            wait_loaded()
-            out["backend"] = backends.running_sink()
-            yield out
-        finally:
-            pipeline.stop(drain_timeout=0)
+    # no stream processors: nothing here reads spans
+    with recorded_through_pipeline(broker, {**settings, "optimization.fuse.active": False},
+                                   lambda: _record(out)) as backend:
+        out["backend"] = backend
+        yield out
+
+
+def _record(out: dict) -> None:
+    with LocalCluster(n_workers=2, threads_per_worker=2, processes=True,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        out["cluster_id"] = producers.attach(client, cluster_name="profiles-test", **{
+            "producer.flush-interval": "20ms"})["cluster_id"]
+        x = da.ones((HOT_TASKS, 100), chunks=(1, 100))
+        # persisted alone: its tasks keep their prefix (not fused into the sum's)
+        y = client.persist(x.map_blocks(planted_task, dtype=float, name="planted"))
+        assert float(y.sum().compute()) == 2 * x.size
+        assert client.submit(odd_task, 1, key="odd-1").result() == 1
+        out["dask"] = client.profile()
+        out["dask_planted"] = client.profile(key="planted")
+        out["workers"] = sorted(client.scheduler_info()["workers"])
+    with LocalCluster(n_workers=1, threads_per_worker=1, processes=False,
+                      dashboard_address=":0") as cluster, Client(cluster) as client:
+        out["unprofiled_id"] = producers.attach(client, cluster_name="unprofiled", **{
+            "producer.flush-interval": "20ms", "producer.record.profiles": False})[
+            "cluster_id"]
+        assert client.submit(odd_task, 2, key="odd-2").result() == 2
+        # Dask profiled it (its profile says so once a cycle has ended)
+        wait_for(lambda: client.profile()["count"] > 0, 30, "a profile cycle")
 
 
 def test_the_recorded_profile_gives_the_hot_function_the_share_dask_gives_it(recorded):

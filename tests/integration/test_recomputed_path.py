@@ -73,6 +73,12 @@ def _dask_tasks(dask_scheduler=None) -> int:
                for span in dask_scheduler.extensions["spans"].root_spans)
 
 
+def _held(keys, dask_scheduler=None) -> list[str]:
+    """Those of ``keys`` whose results the scheduler still holds (or is computing)."""
+    return [k for k in keys if k in dask_scheduler.tasks
+            and dask_scheduler.tasks[k].state not in ("released", "forgotten")]
+
+
 def _finishes(dask_scheduler=None) -> dict:
     """Dask's own record: per key, the times it went processing -> memory."""
     out: dict = {}
@@ -124,6 +130,11 @@ def _record_reused() -> dict:
                                       if "c-5" in {str(k) for k in keys}), None),
                         30, "the last link to run", interval=0.05)
         other = next(w for w in live_workers(client) if w != busy)
+        # The client's releases reach the scheduler on a stream of their own, late on a
+        # loaded machine: a key submitted again while Dask still holds its result is
+        # not computed again.
+        wait_for(lambda: not client.run_on_scheduler(_held, CHAIN[:3]), 60,
+                 "the results of c-0 .. c-2 to be released", interval=0.05)
         again = _chain(client, n=3, workers=[other])  # c-0 .. c-2 again, beside it
         client.gather(again)
         del again

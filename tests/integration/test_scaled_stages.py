@@ -26,9 +26,10 @@ import clickhouse_connect
 import dask
 import orjson
 import pytest
+from aiokafka.errors import KafkaError
 
 from dask_blackbox import contract, kafka
-from dask_blackbox.deploy.supervisor import pipeline_lag, wait_drained
+from dask_blackbox.deploy.supervisor import pipeline_lag, sink_drained_groups, wait_drained
 
 from dask_blackbox.testing import replay
 from conftest import pipeline_settings, subprocess_env
@@ -40,6 +41,10 @@ pytestmark = pytest.mark.slow
 
 CORPUS = pathlib.Path(__file__).resolve().parents[1] / "data" / "sink_corpus.json"
 CLUSTERS = 16
+#: Seconds without a commit by any group, with messages left, after which a pipeline
+#: is taken for stuck: far above a rebalance on a loaded machine (a session timeout
+#: of 6 s, commits every few seconds).
+STALLED = 120.0
 RAW_TABLES = ("envelopes", "transitions", "graphs", "graph_tasks", "events", "spans",
               "lifecycle", "scheduler_metrics", "worker_metrics", "worker_digests", "logs",
               "worker_exits", "drops")
@@ -105,27 +110,50 @@ class Pipeline:
         for worker in self.faust.values():
             wait_for(lambda w=worker: w.stats() is not None, 90, "a faust worker's web page")
 
-    def drain(self, timeout: float = 60.0) -> None:
+    def drain(self) -> None:
+        """Wait until every group has committed everything, for as long as some group
+        keeps committing: a machine slow to rebalance drains late, a group that stops
+        committing with messages left never does (the processors or sinks lost them)."""
         with self.config():
-            if not wait_drained(timeout=timeout, settle=2.0):
-                lag = asyncio.run(pipeline_lag())
-                raw = asyncio.run(self.partition_lag())
-                raise AssertionError(f"{self.prefix} did not drain: {lag}; raw per partition: {raw}")
+            seen, moved = None, time.monotonic()
+            deadline = moved + 900.0  # and a pipeline that never settles fails too
+            while not wait_drained(timeout=10.0, settle=2.0):
+                try:
+                    now = asyncio.run(self.partition_lag())
+                except KafkaError as e:  # no coordinator yet, say: no commit seen either
+                    now = seen if seen is not None else repr(e)
+                if now != seen and time.monotonic() < deadline:
+                    seen, moved = now, time.monotonic()
+                elif time.monotonic() - moved > STALLED or time.monotonic() > deadline:
+                    lag = asyncio.run(pipeline_lag())
+                    workers = {name: (w.stats() if w.proc.poll() is None else "exited")
+                               for name, w in self.faust.items()}
+                    tails = "\n".join(f"--- faust {name}:\n{w.tail(30)}" for name, w in self.faust.items())
+                    raise AssertionError(
+                        f"{self.prefix} did not drain: no commit for {time.monotonic() - moved:.0f}s "
+                        f"with {lag} left; committed and end per partition: {now}; "
+                        f"processors: {workers}\n{tails}")
 
     async def partition_lag(self) -> dict:
-        """The sink group's committed offset and the end, per raw partition."""
+        """Each group's committed offsets and the ends, per partition of the topics it reads."""
         from aiokafka import AIOKafkaConsumer, TopicPartition
         settings = kafka.KafkaSettings.from_config()
         admin = await kafka.connect_admin(10, settings)
         consumer = AIOKafkaConsumer(**settings.client_kwargs(), group_id=None)
         await consumer.start()
         try:
-            tps = [TopicPartition(settings.topic(contract.RAW), p) for p in range(8)]
-            end = await consumer.end_offsets(tps)
-            committed = await admin.list_consumer_group_offsets(
-                self.settings["blackbox.sink.group-id"], partitions=tps)
-            return {tp.partition: (committed.get(tp), end[tp]) for tp in tps}
+            out = {}
+            for group, topics in sink_drained_groups().items():
+                tps = [TopicPartition(t["topic"], p["partition"])
+                       for t in await admin.describe_topics(topics) if t["error_code"] == 0
+                       for p in t["partitions"]]
+                end = await consumer.end_offsets(tps)
+                committed = await admin.list_consumer_group_offsets(group, partitions=tps)
+                out[group] = {f"{tp.topic}[{tp.partition}]": (
+                    getattr(committed.get(tp), "offset", None), end[tp]) for tp in tps}
+            return out
         finally:
+            await asyncio.sleep(0)  # aiokafka: stop() before its group task ran raises CancelledError
             await consumer.stop()
             await admin.close()
 

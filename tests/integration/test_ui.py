@@ -31,6 +31,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.parse
@@ -52,6 +53,7 @@ from dask_blackbox.read import backends
 
 from conftest import pipeline_settings
 from cluster_support import live_workers
+from dask_blackbox.testing.polling import wait_for
 from ui_support import Page, start_ui
 
 
@@ -73,8 +75,15 @@ SPILL_AT = 0.05
 NAP, NAPS = 0.25, 8
 #: Seconds the worker holding a :class:`SlowToSend` takes to send it.
 SEND_SECONDS = 2.0
-#: Seconds a ``spin`` task holds a core.
+#: Seconds of a ``spin`` task that the spinning worker's monitor samples, at least,
+#: from :data:`MONITOR_LAG` after it began (the task holds its core until then).
 SPIN = 1.5
+#: Seconds after a change of load before a worker's monitor shows it: its CPU is
+#: measured over the previous interval (``distributed.admin.system-monitor.interval``,
+#: 500 ms), sampled late on a loaded machine.
+MONITOR_LAG = 1.0
+#: Live samples of the spinning worker, at least, while its monitor shows the spin.
+SPIN_SAMPLES = 10
 
 
 def inc(x):
@@ -95,12 +104,18 @@ def nap(i):
     return i
 
 
-def spin(seconds: float) -> int:
-    """Hold one core (and the GIL) for ``seconds``."""
-    end, n = time.perf_counter() + seconds, 0
-    while time.perf_counter() < end:
+def spin(flags: str) -> tuple[float, float]:
+    """Hold one core (and the GIL) from when it writes its start time to the file
+    ``started`` in ``flags`` until the file ``stop`` is there; its start and end."""
+    start = time.time()
+    folder = pathlib.Path(flags)
+    (folder / "started.tmp").write_text(repr(start))
+    (folder / "started.tmp").rename(folder / "started")
+    stop, n = folder / "stop", 0
+    while True:
         n += 1
-    return n
+        if n % 20_000 == 0 and stop.exists():
+            return start, time.time()
 
 
 class SlowToSend:
@@ -266,7 +281,7 @@ def _planted_activity(client: Client, truth: dict) -> None:
     """Causes the Processing, CPU and transfer views must show, sampled live: both
     workers' threads all napping (restricted tasks are sent ahead, not queued), a
     transfer in flight for :data:`SEND_SECONDS` into the second worker, a core held
-    for :data:`SPIN` seconds on the first one only."""
+    on the first one only, until its monitor has been sampled for :data:`SPIN` seconds."""
     a, b = sorted(live_workers(client))
     with LiveSampler(client, [a, b]) as live:
         time.sleep(0.3)
@@ -282,9 +297,22 @@ def _planted_activity(client: Client, truth: dict) -> None:
                              allow_other_workers=False).result() == "SlowToSend"
         truth["send_window"] = (start, time.time())
         del sent
-        start = time.time()
-        client.submit(spin, SPIN, key="spin-a", workers=[a], allow_other_workers=False).result()
-        truth["spin_window"] = (start, time.time())
+        # The core is held until the spinning worker's monitor has been sampled long
+        # enough, however slowly this machine runs it.
+        flags = pathlib.Path(tempfile.mkdtemp(prefix="spin-"))
+        spun = client.submit(spin, str(flags), key="spin-a", workers=[a], allow_other_workers=False)
+        began = float(wait_for(lambda: (flags / "started").exists() and (flags / "started").read_text(),
+                               120, "the spin to begin"))
+
+        def sampled_enough() -> bool:
+            seen = [s["t"] for s in live.samples[a] if s["t"] >= began + MONITOR_LAG]
+            return len(seen) >= SPIN_SAMPLES and seen[-1] - seen[0] >= SPIN
+
+        wait_for(sampled_enough, 120, "the spinning worker's monitor to be sampled", interval=0.1)
+        (flags / "stop").write_text("")
+        truth["spin_window"] = spun.result(timeout=120)
+        del spun
+        shutil.rmtree(flags, ignore_errors=True)
         time.sleep(0.3)
     truth["live"], truth["live_workers"] = live.samples, (a, b)
 
@@ -965,7 +993,7 @@ def _groups_and_activity(browser, recorded: dict, url: str) -> None:
         _check_groups(page, recorded)
         _check_activity(page, recorded)
         # Each worker's page: its own processing, and its CPU against its monitor's live samples.
-        spin = (recorded["spin_window"][0] + 0.6, recorded["spin_window"][1])  # the monitor's lag
+        spin = (recorded["spin_window"][0] + MONITOR_LAG, recorded["spin_window"][1])
         busy = {}
         for worker in (a, b):
             page.goto(url + "worker?" + urllib.parse.urlencode({"cluster": cid, "worker": worker}),

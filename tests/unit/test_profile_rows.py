@@ -7,7 +7,6 @@ import sys
 import threading
 import time
 
-import clickhouse_connect
 import orjson
 import pytest
 from distributed import profile
@@ -15,11 +14,9 @@ from distributed import profile
 from dask_blackbox import contract
 from dask_blackbox.producers.worker import FRAME_MAX_CHARS, folded, frame_text
 from dask_blackbox.sinks.batch import Batch
-from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.tables import COLUMNS, Message
 
-from sink_support import envelope
+from sink_support import envelope, loaded
 
 NOW = time.time()
 
@@ -155,17 +152,9 @@ def test_a_bad_profile_event_is_a_dead_letter_naming_the_field(stacks, counts, r
 
 
 def test_profiles_load_into_clickhouse(tmp_path):
-    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path / 'ch'}")
-    try:
-        target = Target("blackbox", 90 * 86400)
-        migrate(client, target)
-        loader = Loader(client, target, "g")
-        batch = Batch(loader.schemas)
-        batch.add(message([profile_event("inc", ["a.py:1:<b>é</b>;b.py:2:g"], [3]),
-                           profile_event("inc", ["a.py:1:<b>é</b>;b.py:2:g"], [2], NOW - 4)]))
-        assert loader.load(batch, {})
+    with loaded(tmp_path / "ch", [message([
+            profile_event("inc", ["a.py:1:<b>é</b>;b.py:2:g"], [3]),
+            profile_event("inc", ["a.py:1:<b>é</b>;b.py:2:g"], [2], NOW - 4)])]) as client:
         assert client.query("SELECT prefix, stack, sum(count) FROM blackbox.profiles "
                             "GROUP BY prefix, stack").result_rows == [
             ("inc", "a.py:1:<b>é</b>;b.py:2:g", 5)]
-    finally:
-        client.close()

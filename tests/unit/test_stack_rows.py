@@ -5,17 +5,14 @@ from __future__ import annotations
 
 import time
 
-import clickhouse_connect
 import orjson
 import pytest
 
 from dask_blackbox import contract
 from dask_blackbox.sinks.batch import Batch
-from dask_blackbox.sinks.loader import Loader
-from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.tables import COLUMNS, Message
 
-from sink_support import envelope
+from sink_support import envelope, loaded
 
 NOW = time.time()
 
@@ -75,20 +72,11 @@ def test_a_bad_stacks_event_is_a_dead_letter_naming_the_field(changes, reason):
 
 
 def test_stacks_load_into_clickhouse(tmp_path):
-    client = clickhouse_connect.get_client(dsn=f"chdb://{tmp_path / 'ch'}")
-    try:
-        target = Target("blackbox", 90 * 86400)
-        migrate(client, target)
-        loader = Loader(client, target, "g")
-        batch = Batch(loader.schemas)
-        batch.add(message([stacks_event(), stacks_event(threads=[], thread_ids=[], stacks=[],
-                                                        active=[], gil=[], error="gone")]))
-        assert loader.load(batch, {})
+    with loaded(tmp_path / "ch", [message([stacks_event(), stacks_event(
+            threads=[], thread_ids=[], stacks=[], active=[], gil=[], error="gone")])]) as client:
         assert client.query(
             "SELECT thread, thread_id, active, gil, stack, error, silent FROM blackbox.stacks "
             "ORDER BY thread").result_rows == [
             ("", 0, 0, 0, "", "gone", 3.25), ("Dask-Default-Threads-41-0", 2**40, 1, 1,
                                               "t.py:9:run;b.py:7:<b>é</b>", "", 3.25),
             ("MainThread", 41, 0, 0, "a.py:3:main", "", 3.25)]
-    finally:
-        client.close()
