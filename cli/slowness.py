@@ -188,10 +188,17 @@ def _print_functions(functions: dict, fmt: str, width: int) -> None:
     print_result({title: function_rows(functions)}, fmt)
 
 
+def _short_location(location: str) -> str:
+    """``file:line`` with at most the file's folder before its name (the whole path is
+    in the JSON): ``integration/test_x.py:12``."""
+    path, _, line = location.rpartition(":")
+    return "/".join(path.split("/")[-2:]) + ":" + line
+
+
 def function_rows(functions: dict) -> tuple[list[str], list[list]]:
-    """The frames whose time grew (at most five), each value with its unit."""
-    columns = ["function", "location", "verdict", "own share", "own time", "change [interval]",
-               "p"]
+    """The frames whose time grew (at most five), each value with its unit (their
+    shares of the prefix's samples in the JSON and on the Compare page)."""
+    columns = ["function", "location", "verdict", "own time", "change [interval]", "p"]
     rows = []
 
     def pct(ratio: float) -> str:
@@ -204,8 +211,7 @@ def function_rows(functions: dict) -> tuple[list[str], list[list]]:
             if c["low"] == c["low"]:
                 change += f" [{pct(c['low'])}, {pct(c['high'])}]"
         rows.append([
-            c["function"], c["location"], c["verdict"],
-            f"{c['share_base']:.1%} → {c['share_new']:.1%}",
+            c["function"], _short_location(c["location"]), c["verdict"],
             f"{seconds(c['seconds_base'])} → {seconds(c['seconds_new'])}",
             change, "" if c["p_value"] != c["p_value"] else f"{c['p_value']:.2g}",
         ])

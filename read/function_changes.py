@@ -15,7 +15,8 @@ every caller of the planted function would be named with it.
 The change of a frame's time per task is a ratio, candidate / baseline, with a 95 %
 interval: its logarithm's variance is the sampling variance of both shares (the
 samples are counts: binomial, ``1/k - 1/N`` for ``k`` of ``N`` samples, by the delta
-method) plus the uncertainty of the prefix's own per-task ratio (the width of the
+method; ``k`` the samples its own rest on, fewer than they number where Dask's tree
+left them to be apportioned, :func:`samples_of`) plus the uncertainty of the prefix's own per-task ratio (the width of the
 comparison's Hodges-Lehmann interval). Its two-sided z-test enters Holm's step-down
 correction over every frame tested (at :data:`~.comparison.ALPHA` family-wise), as
 the prefixes' rank tests do. The noise band is three run-to-run standard deviations
@@ -26,8 +27,8 @@ and its seconds moved by :data:`~.comparison.MIN_SHARE` of the run's task second
 least; it is *within noise* when its interval (widened by the run-to-run noise of
 the pair) rules out a change of :data:`~.comparison.RESOLVE` (or the band) both
 ways, or when a change that large would not move the run's task seconds by
-:data:`~.comparison.MIN_SHARE`; else, and below :data:`MIN_SAMPLES` own samples in
-both runs together, *too few samples* to tell.
+:data:`~.comparison.MIN_SHARE`; else, and below :data:`MIN_SAMPLES` samples (that
+its own rest on) in both runs together, *too few samples* to tell.
 
 Without a culprit the prefix looked into is the one whose compute seconds grew most
 (a function can change beyond its noise while its prefix does not); a prefix without
@@ -53,7 +54,7 @@ from dask_blackbox.read.comparison import (ALPHA, MIN_SHARE, RESOLVE, WORK, Chan
 from dask_blackbox.read.filters import table
 from dask_blackbox.read.regressions import _resolved, holm, profile
 
-#: Fewer own samples than this in both runs together: "too few samples".
+#: Fewer samples (that a frame's own rest on) in both runs together: "too few samples".
 MIN_SAMPLES = 20
 #: Frames whose time grew shown (the most seconds grown first).
 TOP = 5
@@ -72,6 +73,8 @@ class Samples:
     own: dict[str, int]
     #: frame text -> samples in which it was on the stack
     on_stack: dict[str, int]
+    #: frame text -> the samples its own ones rest on (:func:`samples_of`)
+    info: dict[str, int]
     #: the prefix's samples
     samples: int
     #: the prefix's compute seconds (every task's) and tasks, from the comparison
@@ -87,15 +90,43 @@ class Samples:
 
 
 def samples_of(stacks: dict[str, int], compute: float, tasks: int) -> Samples:
-    """:class:`Samples` of folded stacks (stack -> samples)."""
+    """:class:`Samples` of folded stacks (stack -> samples).
+
+    Dask's worker does not count a sample in its innermost frame
+    (``Worker.trigger_profile``), only in its callers; the recorded stacks give the
+    samples a node's children do not account for to its children (``folded`` in the
+    worker plugin): to those never seen calling, equally, else in proportion to their
+    counts. So a frame's own samples rest on fewer samples than they number: on its
+    count as a caller where it calls other frames (what they were apportioned by), on
+    nothing where it shares its caller with other frames never seen calling (an equal
+    split), on themselves where it is its caller's only such frame. ``info`` holds
+    that number, which the sampling variance is taken from."""
     own: dict[str, int] = {}
     on_stack: dict[str, int] = {}
+    paths = {}
+    through: dict[tuple, int] = {}
     for stack, n in stacks.items():
-        frames = stack.split(";")
+        frames = tuple(stack.split(";"))
+        paths[frames] = n
         own[frames[-1]] = own.get(frames[-1], 0) + n
         for text in set(frames):
             on_stack[text] = on_stack.get(text, 0) + n
-    return Samples(own, on_stack, sum(stacks.values()), float(compute), int(tasks))
+        for i in range(1, len(frames)):
+            through[frames[:i]] = through.get(frames[:i], 0) + n
+    leaves: dict[tuple, int] = {}
+    for frames in paths:
+        if frames not in through:
+            leaves[frames[:-1]] = leaves.get(frames[:-1], 0) + 1
+    info: dict[str, int] = {}
+    for frames, n in paths.items():
+        if frames in through:
+            k = through[frames]
+        elif leaves[frames[:-1]] >= 2:
+            k = 0
+        else:
+            k = n
+        info[frames[-1]] = info.get(frames[-1], 0) + k
+    return Samples(own, on_stack, info, sum(stacks.values()), float(compute), int(tasks))
 
 
 class FunctionChange(NamedTuple):
@@ -142,13 +173,13 @@ def _ratio(base: Samples, new: Samples, text: str,
            prefix_change: Change | None) -> tuple[noise.Interval, float]:
     """The ratio of the frame's own time per task and its interval; the p-value of
     its z-test (on the logarithm)."""
-    k_b, k_n = base.own.get(text, 0), new.own.get(text, 0)
     # a frame absent from one run: half a sample there (a continuity correction)
-    k_b, k_n = max(k_b, 0.5), max(k_n, 0.5)
+    k_b, k_n = max(base.own.get(text, 0), 0.5), max(new.own.get(text, 0), 0.5)
     per_task_b = k_b / base.samples * base.compute / base.tasks
     per_task_n = k_n / new.samples * new.compute / new.tasks
     log_ratio = math.log(per_task_n / per_task_b)
-    variance = max(0.0, 1 / k_b - 1 / base.samples) + max(0.0, 1 / k_n - 1 / new.samples)
+    i_b, i_n = max(base.info.get(text, 0), 0.5), max(new.info.get(text, 0), 0.5)
+    variance = max(0.0, 1 / i_b - 1 / base.samples) + max(0.0, 1 / i_n - 1 / new.samples)
     z = NormalDist().inv_cdf(1 - (1 - noise.CONFIDENCE) / 2)
     if prefix_change is not None and prefix_change.low > 0 and prefix_change.high > 0:
         variance += ((math.log(prefix_change.high) - math.log(prefix_change.low)) / (2 * z)) ** 2
@@ -170,7 +201,7 @@ def compare_samples(base: Samples, new: Samples, past: Sequence[Samples] = (),
     if not base.samples or not new.samples or not base.tasks or not new.tasks:
         return []
     frames = sorted(set(base.own) | set(new.own))
-    counted = {t for t in frames if base.own.get(t, 0) + new.own.get(t, 0) >= MIN_SAMPLES}
+    counted = {t for t in frames if base.info.get(t, 0) + new.info.get(t, 0) >= MIN_SAMPLES}
     tests = {t: _ratio(base, new, t, prefix_change) for t in counted}
     rejected = holm({t: p for t, (_, p) in tests.items()}, alpha)
     nan = math.nan
@@ -178,7 +209,7 @@ def compare_samples(base: Samples, new: Samples, past: Sequence[Samples] = (),
     for text in frames:
         f = profiles.frame(text)
         seconds_b, seconds_n = base.seconds(text), new.seconds(text)
-        history = [h.per_task(text) for h in past if h.own.get(text, 0) >= MIN_SAMPLES]
+        history = [h.per_task(text) for h in past if h.info.get(text, 0) >= MIN_SAMPLES]
         fraction = noise.band(noise.run_noise(history + [base.per_task(text)]))
         common = (f.function, f.location, text)
         shares = (base.own.get(text, 0), new.own.get(text, 0),
