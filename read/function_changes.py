@@ -16,15 +16,21 @@ The change of a frame's time per task is a ratio, candidate / baseline, with a 9
 interval: its logarithm's variance is the sampling variance of both shares (the
 samples are counts: binomial, ``1/k - 1/N`` for ``k`` of ``N`` samples, by the delta
 method; ``k`` the samples its own rest on, fewer than they number where Dask's tree
-left them to be apportioned, :func:`samples_of`) plus the uncertainty of the prefix's own per-task ratio (the width of the
+left them to be apportioned, :func:`samples_of`), or, if larger, that of its own
+samples times their overdispersion from one profile cycle to the next
+(:func:`dispersion`), plus the uncertainty of the prefix's own per-task ratio (the width of the
 comparison's Hodges-Lehmann interval). Its two-sided z-test enters Holm's step-down
 correction over every frame tested (at :data:`~.comparison.ALPHA` family-wise), as
 the prefixes' rank tests do. The noise band is three run-to-run standard deviations
 of the frame's time per task over the earlier runs that have profiles and the
 baseline (:func:`.noise.run_noise`; at least :data:`~.noise.MIN_CHANGE`). A frame
 *grew* (*shrank*) when its test rejects, the whole interval lies beyond the band,
-and its seconds moved by :data:`~.comparison.MIN_SHARE` of the run's task seconds at
-least; it is *within noise* when its interval (widened by the run-to-run noise of
+its seconds moved by :data:`~.comparison.MIN_SHARE` of the run's task seconds at
+least, and its share of the prefix's samples moved the same way beyond their noise
+(the same z-test without the prefix's part, Holm-corrected too); without that last,
+it *grew with its prefix*: its time moved as the whole prefix's did (a machine busier
+that run moves every frame's time, not their shares), the prefix's verdict is the one
+to read; it is *within noise* when its interval (widened by the run-to-run noise of
 the pair) rules out a change of :data:`~.comparison.RESOLVE` (or the band) both
 ways, or when a change that large would not move the run's task seconds by
 :data:`~.comparison.MIN_SHARE`; else, and below :data:`MIN_SAMPLES` samples (that
@@ -62,7 +68,8 @@ TOP = 5
 #: ``distributed.worker.profile.cycle``, 1 s by default, and a little more).
 CYCLE_SLACK = 2.0
 
-VERDICTS = ("grew", "shrank", "within noise", "too few samples")
+VERDICTS = ("grew", "shrank", "grew with its prefix", "shrank with its prefix", "within noise",
+            "too few samples")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,6 +87,9 @@ class Samples:
     #: the prefix's compute seconds (every task's) and tasks, from the comparison
     compute: float
     tasks: int
+    #: the prefix's samples in each profile cycle (of each worker), and each frame's own
+    cycles: tuple[int, ...] = ()
+    cycle_own: dict[str, tuple[int, ...]] = dataclasses.field(default_factory=dict)
 
     def seconds(self, text: str) -> float:
         """The frame's own seconds: its share of the samples times the compute seconds."""
@@ -89,8 +99,11 @@ class Samples:
         return self.seconds(text) / self.tasks if self.tasks else 0.0
 
 
-def samples_of(stacks: dict[str, int], compute: float, tasks: int) -> Samples:
-    """:class:`Samples` of folded stacks (stack -> samples).
+def samples_of(stacks: dict[str, int], compute: float, tasks: int,
+               cycles: Sequence[dict[str, int]] = ()) -> Samples:
+    """:class:`Samples` of folded stacks (stack -> samples), and of the stacks of each
+    profile cycle (``cycles``: their sum is ``stacks``), whose spread is the samples'
+    overdispersion (:func:`dispersion`).
 
     Dask's worker does not count a sample in its innermost frame
     (``Worker.trigger_profile``), only in its callers; the recorded stacks give the
@@ -126,7 +139,38 @@ def samples_of(stacks: dict[str, int], compute: float, tasks: int) -> Samples:
         else:
             k = n
         info[frames[-1]] = info.get(frames[-1], 0) + k
-    return Samples(own, on_stack, info, sum(stacks.values()), float(compute), int(tasks))
+    totals, cycle_own = [], {}
+    for i, cycle in enumerate(cycles):
+        totals.append(sum(cycle.values()))
+        for stack, n in cycle.items():
+            leaf = stack.rsplit(";", 1)[-1]
+            counts = cycle_own.setdefault(leaf, [0] * len(cycles))
+            counts[i] += n
+    return Samples(own, on_stack, info, sum(stacks.values()), float(compute), int(tasks),
+                   tuple(totals), {t: tuple(c) for t, c in cycle_own.items()})
+
+
+def dispersion(runs: Sequence[Samples], text: str) -> float:
+    """How much more the frame's own samples vary from one profile cycle to the next
+    than counts drawn independently would (the quasi-binomial dispersion: Pearson's
+    chi-square over its degrees of freedom, each run about its own share), at least
+    1. The samples of a worker are not independent draws: on a loaded machine the
+    profiler thread wakes when it can, more often in one second than in the next, and
+    a function that runs in those seconds is sampled more; a frame's own samples
+    apportioned by its caller's count (:func:`samples_of`) move with that count."""
+    chi2, df = 0.0, 0
+    for r in runs:
+        counts = r.cycle_own.get(text)
+        if not counts or not r.samples or len(r.cycles) < 2:
+            continue
+        share = r.own.get(text, 0) / r.samples
+        if not 0 < share < 1:
+            continue
+        for k, n in zip(counts, r.cycles):
+            if n:
+                chi2 += (k - n * share) ** 2 / (n * share * (1 - share))
+        df += sum(1 for n in r.cycles if n) - 1
+    return max(1.0, chi2 / df) if df > 0 else 1.0
 
 
 class FunctionChange(NamedTuple):
@@ -136,7 +180,8 @@ class FunctionChange(NamedTuple):
     location: str
     #: the frame's text, ``file:line:function``
     frame: str
-    #: "grew", "shrank", "within noise", "too few samples"
+    #: "grew", "shrank", "grew with its prefix", "shrank with its prefix", "within
+    #: noise", "too few samples"
     verdict: str
     #: own samples, and their share of the prefix's
     samples_base: int
@@ -156,6 +201,8 @@ class FunctionChange(NamedTuple):
     p_value: float
     band: float
     history: int
+    #: the p-value of the change of its share of the prefix's samples
+    share_p_value: float = math.nan
 
     @property
     def delta(self) -> float:
@@ -170,24 +217,36 @@ class FunctionChange(NamedTuple):
 
 
 def _ratio(base: Samples, new: Samples, text: str,
-           prefix_change: Change | None) -> tuple[noise.Interval, float]:
+           prefix_change: Change | None) -> tuple[noise.Interval, float, float, float]:
     """The ratio of the frame's own time per task and its interval; the p-value of
-    its z-test (on the logarithm)."""
+    its z-test (on the logarithm); the logarithm of the ratio of its shares of the
+    prefix's samples and the p-value of its z-test."""
     # a frame absent from one run: half a sample there (a continuity correction)
     k_b, k_n = max(base.own.get(text, 0), 0.5), max(new.own.get(text, 0), 0.5)
     per_task_b = k_b / base.samples * base.compute / base.tasks
     per_task_n = k_n / new.samples * new.compute / new.tasks
     log_ratio = math.log(per_task_n / per_task_b)
     i_b, i_n = max(base.info.get(text, 0), 0.5), max(new.info.get(text, 0), 0.5)
-    variance = max(0.0, 1 / i_b - 1 / base.samples) + max(0.0, 1 / i_n - 1 / new.samples)
+    apportioned = max(0.0, 1 / i_b - 1 / base.samples) + max(0.0, 1 / i_n - 1 / new.samples)
+    spread = dispersion((base, new), text) * (max(0.0, 1 / k_b - 1 / base.samples)
+                                              + max(0.0, 1 / k_n - 1 / new.samples))
+    variance = max(apportioned, spread)
+    log_shares = math.log((k_n / new.samples) / (k_b / base.samples))
+    share_p = _p(log_shares, math.sqrt(variance))
     z = NormalDist().inv_cdf(1 - (1 - noise.CONFIDENCE) / 2)
     if prefix_change is not None and prefix_change.low > 0 and prefix_change.high > 0:
         variance += ((math.log(prefix_change.high) - math.log(prefix_change.low)) / (2 * z)) ** 2
     se = math.sqrt(variance)
     interval = noise.Interval(math.exp(log_ratio), math.exp(log_ratio - z * se),
                               math.exp(log_ratio + z * se))
-    p = math.erfc(abs(log_ratio) / se / math.sqrt(2)) if se > 0 else (0.0 if log_ratio else 1.0)
-    return interval, p
+    return interval, _p(log_ratio, se), log_shares, share_p
+
+
+def _p(log_ratio: float, se: float) -> float:
+    """Two-sided p-value of a z-test of a logarithm with standard error ``se``."""
+    if se <= 0:
+        return 0.0 if log_ratio else 1.0
+    return math.erfc(abs(log_ratio) / se / math.sqrt(2))
 
 
 def compare_samples(base: Samples, new: Samples, past: Sequence[Samples] = (),
@@ -203,7 +262,8 @@ def compare_samples(base: Samples, new: Samples, past: Sequence[Samples] = (),
     frames = sorted(set(base.own) | set(new.own))
     counted = {t for t in frames if base.info.get(t, 0) + new.info.get(t, 0) >= MIN_SAMPLES}
     tests = {t: _ratio(base, new, t, prefix_change) for t in counted}
-    rejected = holm({t: p for t, (_, p) in tests.items()}, alpha)
+    rejected = holm({t: test[1] for t, test in tests.items()}, alpha)
+    within = holm({t: test[3] for t, test in tests.items()}, alpha)
     nan = math.nan
     out = []
     for text in frames:
@@ -220,15 +280,18 @@ def compare_samples(base: Samples, new: Samples, past: Sequence[Samples] = (),
             out.append(FunctionChange(*common, "too few samples", *shares, nan, nan, nan, nan,
                                       fraction, len(past)))
             continue
-        interval, p = tests[text]
+        interval, p, log_shares, share_p = tests[text]
         side = noise.beyond(interval, fraction) if text in rejected else 0
         if abs(seconds_n - seconds_b) < floor:
             side = 0
         verdict = {1: "grew", -1: "shrank", 0: "within noise"}[side]
+        if side and not (text in within and side * log_shares > 0):
+            verdict += " with its prefix"  # its share of the prefix did not move with it
         matters = max(RESOLVE, fraction) * max(seconds_b, seconds_n) >= floor
         if side == 0 and matters and not _resolved(interval, fraction):
             verdict = "too few samples"
-        out.append(FunctionChange(*common, verdict, *shares, *interval, p, fraction, len(past)))
+        out.append(FunctionChange(*common, verdict, *shares, *interval, p, fraction, len(past),
+                                  share_p))
     out.sort(key=lambda c: (-c.delta, c.frame))
     return out
 
@@ -257,12 +320,14 @@ class FunctionComparison:
     def method(self) -> str:
         return (f"per frame of the prefix, its own samples (innermost) as a share of the "
                 f"prefix's, times the prefix's compute seconds, per task; the ratio's "
-                f"{noise.CONFIDENCE:.0%} interval from the samples' binomial variance and the "
-                f"prefix's own per-task interval, z-tests Holm-corrected over {self.tested} "
+                f"{noise.CONFIDENCE:.0%} interval from the samples' binomial variance "
+                f"(overdispersed as the profile cycles spread) and the prefix's own per-task "
+                f"interval, z-tests Holm-corrected over {self.tested} "
                 f"frames (alpha {ALPHA}); a change counts when the test rejects, the interval "
                 f"lies beyond the noise band ({noise.NOISE_SIGMAS:g} run-to-run standard "
-                f"deviations over earlier runs with profiles, at least {noise.MIN_CHANGE:.0%}) "
-                f"and it moves the run's task seconds by {MIN_SHARE:.0%}; too few samples "
+                f"deviations over earlier runs with profiles, at least {noise.MIN_CHANGE:.0%}), "
+                f"it moves the run's task seconds by {MIN_SHARE:.0%} and its share of the "
+                f"prefix's samples moved too (else: with its prefix); too few samples "
                 f"where the interval cannot rule out {RESOLVE:.0%} either way, or below "
                 f"{MIN_SAMPLES} samples")
 
@@ -304,22 +369,35 @@ def target(comparison: Comparison) -> tuple[str | None, str]:
     return best.prefix, "grew most"
 
 
-def read(backend: Backend, run: Run, prefix: str) -> dict[str, int]:
-    """The folded stacks (stack -> samples) of ``prefix`` in ``run``: its cluster's,
-    within the span's time for a span's run (the module docstring)."""
+def read(backend: Backend, run: Run, prefix: str) -> list[dict[str, int]]:
+    """The folded stacks (stack -> samples) of ``prefix`` in ``run``, one mapping per
+    profile cycle of a worker: its cluster's, within the span's time for a span's run
+    (the module docstring)."""
     where = ["cluster_id = {c:String}", "prefix = {p:String}"]
     params: dict = {"c": run.cluster_id, "p": prefix}
     if run.span_ids is not None:
         window = _window(backend, run, prefix)
         if window is None:
-            return {}
+            return []
         where += ["ts >= toDateTime64({since:Float64}, 6, 'UTC')",
                   "ts < toDateTime64({until:Float64}, 6, 'UTC')"]
         params.update(since=window[0], until=window[1] + CYCLE_SLACK)
     _, rows = backend.query(
-        f"SELECT stack, toUInt64(sum(count)) FROM {table(backend, 'profiles')} "
-        f"WHERE {' AND '.join(where)} GROUP BY stack", params)
-    return {stack: int(n) for stack, n in rows}
+        f"SELECT worker, toFloat64(ts), stack, toUInt64(sum(count)) FROM "
+        f"{table(backend, 'profiles')} WHERE {' AND '.join(where)} GROUP BY worker, ts, stack",
+        params)
+    cycles: dict[tuple, dict[str, int]] = {}
+    for worker, ts, stack, n in rows:
+        cycles.setdefault((worker, ts), {})[stack] = int(n)
+    return [cycles[k] for k in sorted(cycles)]
+
+
+def _samples(cycles: list[dict[str, int]], compute: float, tasks: int) -> Samples:
+    stacks: dict[str, int] = {}
+    for cycle in cycles:
+        for stack, n in cycle.items():
+            stacks[stack] = stacks.get(stack, 0) + n
+    return samples_of(stacks, compute, tasks, cycles)
 
 
 def _window(backend: Backend, run: Run, prefix: str) -> tuple[float, float] | None:
@@ -361,13 +439,13 @@ def of_comparison(backend: Backend, comparison: Comparison) -> FunctionCompariso
         return FunctionComparison(prefix, why, missing=(
             f"no profiles recorded for prefix {prefix!r} in {runs}: no comparison by function "
             "(blackbox.producer.record.profiles was off, or its tasks were too short to sample)"))
-    base = samples_of(stacks_b, change.total_base, change.n_base)
-    new = samples_of(stacks_n, change.total_new, change.n_new)
+    base = _samples(stacks_b, change.total_base, change.n_base)
+    new = _samples(stacks_n, change.total_new, change.n_new)
     past = []
     for run in comparison.history:
         stacks = read(backend, run, prefix)
         if stacks:
-            past.append(samples_of(stacks, *_prefix_compute(backend, run, prefix)))
+            past.append(_samples(stacks, *_prefix_compute(backend, run, prefix)))
     work = sum(c.total_base for c in comparison.changes if c.action in WORK)
     changes = compare_samples(base, new, past, MIN_SHARE * work, change)
     grown = tuple(c for c in changes if c.delta > 0)[:TOP]
