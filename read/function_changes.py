@@ -18,8 +18,8 @@ samples are counts: binomial, ``1/k - 1/N`` for ``k`` of ``N`` samples, by the d
 method; ``k`` the samples its own rest on, fewer than they number where Dask's tree
 left them to be apportioned, :func:`samples_of`), or, if larger, that of its own
 samples times their overdispersion from one profile cycle to the next
-(:func:`dispersion`), plus the uncertainty of the prefix's own per-task ratio (the width of the
-comparison's Hodges-Lehmann interval). Its two-sided z-test enters Holm's step-down
+(:func:`dispersion`), plus the uncertainty of the prefix's own per-task ratio (the
+width of the comparison's Hodges-Lehmann interval). Its two-sided z-test enters Holm's step-down
 correction over every frame tested (at :data:`~.comparison.ALPHA` family-wise), as
 the prefixes' rank tests do. The noise band is three run-to-run standard deviations
 of the frame's time per task over the earlier runs that have profiles and the
