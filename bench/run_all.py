@@ -33,6 +33,7 @@ BENCHMARKS = [
     "history.py",
     "critical_path.py",
     "regressions.py",
+    "function_regressions.py",
     "trace_file.py",
     "freshness.py",
     "alerts.py",

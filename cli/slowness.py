@@ -9,7 +9,9 @@ in path order; all of them in json/csv/wide).
 ``compare [SPAN] [--cluster NAME] [--since T] [--until T]`` compares the latest run of
 the span (or, with only ``--cluster``, or a name no span has but a cluster does, the
 whole runs of that cluster name) with the one before it (:mod:`dask_blackbox.read.regressions`): the verdicts first, in words,
-then the changes per prefix and action, then, for a span, its numbers in every run
+then the changes per prefix and action, then the frames of the culprit prefix whose
+own time grew (:mod:`dask_blackbox.read.function_changes`, at most five, each with its
+verdict; one line when no profiles were recorded), then, for a span, its numbers in every run
 side by side. Durations, bytes and shares always carry their units. With ``--alert``,
 a regression is delivered to the ``regression`` rules of ``blackbox.alerts.rules``
 (:mod:`dask_blackbox.alerts.regression`), one line per rule on stderr.
@@ -157,18 +159,63 @@ def compare(args: argparse.Namespace, backend) -> int:
         print(json.dumps({"verdict": verdict, "runs": [dict(zip(runs[0], r)) for r in runs[1]]},
                          indent=1, default=str))
         return code
-    sections = {}
-    if "error" not in verdict:
-        sections["changes per prefix and action (baseline -> candidate)"] = change_rows(verdict)
-    if runs[1]:
-        sections["the runs side by side, oldest first"] = runs
     width = terminal_width()
     title = "== verdict" if args.format in ("table", "wide") else "# verdict"
     print(title)
     print(_wrap([verdict["error"]] if "error" in verdict else verdict["sentences"], width))
     print()
-    print_result(sections, args.format)
+    if "error" not in verdict:
+        print_result({"changes per prefix and action (baseline -> candidate)":
+                      change_rows(verdict)}, args.format)
+    functions = verdict.get("functions")
+    if functions:
+        _print_functions(functions, args.format, width)
+    if runs[1]:
+        print_result({"the runs side by side, oldest first": runs}, args.format)
     return code
+
+
+def _print_functions(functions: dict, fmt: str, width: int) -> None:
+    """Under the prefix's changes: the frames of the culprit prefix whose own time
+    grew, each with its verdict; one line when there are none to compare."""
+    if functions["missing"]:
+        print(_wrap([functions["missing"]], width))
+        print()
+        return
+    head, *_ = functions["sentences"]
+    title = f"frames of prefix {functions['prefix']!r} whose own time grew (baseline -> candidate)"
+    print(_wrap([head], width))
+    print_result({title: function_rows(functions)}, fmt)
+
+
+def _short_location(location: str) -> str:
+    """``file:line`` with at most the file's folder before its name (the whole path is
+    in the JSON): ``integration/test_x.py:12``."""
+    path, _, line = location.rpartition(":")
+    return "/".join(path.split("/")[-2:]) + ":" + line
+
+
+def function_rows(functions: dict) -> tuple[list[str], list[list]]:
+    """The frames whose time grew (at most five), each value with its unit (their
+    shares of the prefix's samples in the JSON and on the Compare page)."""
+    columns = ["function", "location", "verdict", "own time", "change [interval]", "p"]
+    rows = []
+
+    def pct(ratio: float) -> str:
+        return f"{ratio - 1:+.0%}" if abs(ratio - 1) >= 0.1 else f"{ratio - 1:+.1%}"
+
+    for c in functions["grown"]:
+        change = ""
+        if c["ratio"] == c["ratio"]:
+            change = pct(c["ratio"])
+            if c["low"] == c["low"]:
+                change += f" [{pct(c['low'])}, {pct(c['high'])}]"
+        rows.append([
+            c["function"], _short_location(c["location"]), c["verdict"],
+            f"{seconds(c['seconds_base'])} → {seconds(c['seconds_new'])}",
+            change, "" if c["p_value"] != c["p_value"] else f"{c['p_value']:.2g}",
+        ])
+    return columns, rows
 
 
 def _alert(verdict: dict, span: str | None) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from dask_blackbox.read import diagnosis, queries, regressions, statements
+from dask_blackbox.read import diagnosis, function_changes, queries, regressions, statements
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import Filter
 from dask_blackbox.read.filters import epoch as _epoch
@@ -230,8 +230,9 @@ def _neighbours(backend: Backend, cluster_id: str, key: str, span_id: str) -> tu
 def compare(backend: Backend, span: str | None, cluster: str | None = None,
             since: TimeBound = None, until: TimeBound = None) -> dict:
     """The latest run against the one before it (:func:`regressions.compare`):
-    ``verdict`` (the comparison's dict, its ``sentences`` first; or ``{"error":
-    reason}`` when the runs cannot be compared), and for a span, :func:`queries.compare`
+    ``verdict`` (the comparison's dict, its ``sentences`` first, and ``functions``:
+    the frames of its culprit prefix whose time grew, :mod:`.function_changes`; or
+    ``{"error": reason}`` when the runs cannot be compared), and for a span, :func:`queries.compare`
     side by side: ``runs`` are the column labels; ``metrics`` maps a metric to one
     value per run. Without ``span``, the whole runs of the clusters named ``cluster``."""
     if not span and not cluster:
@@ -256,9 +257,12 @@ def compare(backend: Backend, span: str | None, cluster: str | None = None,
         where = f" in cluster {cluster}" if cluster else ""
         raise UnknownSpan(f"no span named {span!r} was recorded{where}")
     try:
-        verdict = regressions.compare(backend, span, cluster, since, until).as_dict()
+        comparison = regressions.compare(backend, span, cluster, since, until)
     except regressions.NotComparable as e:
         verdict = {"error": str(e)}
+    else:
+        verdict = comparison.as_dict()
+        verdict["functions"] = function_changes.of_comparison(backend, comparison).as_dict()
     runs, metrics = columns[1:], {row[0]: list(row[1:]) for row in rows}
     if "table" in verdict and all(v is None for values in metrics.values() for v in values):
         # no span snapshots (the processors did not run): the runs as their tasks tell

@@ -155,10 +155,14 @@ def _unique(labels: list[str]) -> list[str]:
 
 
 def compare_figures(data: dict) -> dict:
-    """Bokeh figures of :func:`panels.compare`: durations and compute by prefix per run."""
+    """Bokeh figures of :func:`panels.compare`: durations and compute by prefix per run, and
+    the own seconds of the culprit prefix's frames that grew."""
     runs = _unique(data["runs"])
     metrics = data["metrics"]
     figures = {}
+    functions = (data.get("verdict") or {}).get("functions") or {}
+    if functions.get("grown"):
+        figures["compare_functions"] = _functions_figure(functions)
     if not runs:
         return figures
     fig = figure(name="compare_durations", y_range=runs[::-1], height=int(80 + 40 * len(runs)),
@@ -192,6 +196,28 @@ def compare_figures(data: dict) -> dict:
         fig.add_layout(fig.legend[0], "right")
         figures["compare_compute"] = fig
     return figures
+
+
+def _functions_figure(functions: dict):
+    """The own seconds of the frames whose time grew, baseline beside candidate."""
+    from bokeh.transform import dodge
+
+    grown = functions["grown"]
+    names = _unique([f"{c['function']} ({c['location']})" for c in grown])
+    fig = figure(name="compare_functions", y_range=names[::-1], height=int(90 + 44 * len(names)),
+                 sizing_mode="stretch_width", tools="save,reset", toolbar_location="above",
+                 title=f"prefix {functions['prefix']}: own seconds of the frames that grew")
+    for i, (side, label, color) in enumerate((("seconds_base", "baseline", "#1f77b4"),
+                                              ("seconds_new", "candidate", "#ff7f0e"))):
+        source = ColumnDataSource({"frame": names, "value": [c[side] for c in grown],
+                                   "text": [fmt_s(c[side]) for c in grown],
+                                   "verdict": [c["verdict"] for c in grown]})
+        glyph = fig.hbar(y=dodge("frame", 0.18 - 0.36 * i, range=fig.y_range), right="value",
+                         height=0.34, color=color, source=source, legend_label=label)
+        fig.add_tools(HoverTool(renderers=[glyph], tooltips=[
+            ("frame", "@frame"), (label, "@text"), ("verdict", "@verdict")]))
+    fig.xaxis.axis_label = "seconds (own samples' share x the prefix's compute seconds)"
+    return fig
 
 
 def write_report(path: str | pathlib.Path, cluster: str, span: str | None = None,
