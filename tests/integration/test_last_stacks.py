@@ -74,7 +74,7 @@ def planted_allocator(go: str) -> int:
     while True:
         hoard.append(bytearray(16 * 2**20))
         time.sleep(0.02)
-        if len(hoard) * 4 * 2**20 > 4 * LIMIT:  # the nanny never came: don't hang
+        if sum(map(len, hoard)) > 4 * LIMIT:  # the nanny never came: don't hang
             os._exit(1)
 
 
