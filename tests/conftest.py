@@ -28,6 +28,7 @@ import pytest
 
 from dask_blackbox import kafka
 from dask_blackbox.deploy.brokers import MAVEN_COMMAND, BrokerError, TansuBroker
+from dask_blackbox.testing.settings import dask_env
 
 from broker_support import broker_for, kafka_home
 
@@ -137,11 +138,7 @@ def pipeline_settings(broker: str, prefix: str, data_dir) -> tuple[dict, dict[st
         "blackbox.sink.group-id": f"sink-{prefix}",
         "blackbox.alerts.group-id": f"alerts-{prefix}",
     }
-    env = {
-        "DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-        for k, v in settings.items()
-    }
-    return settings, env
+    return settings, dask_env(settings)
 
 
 @pytest.fixture

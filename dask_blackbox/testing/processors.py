@@ -21,6 +21,7 @@ from dask_blackbox import config, contract
 from dask_blackbox.deploy.brokers import free_port
 from dask_blackbox.testing.kafka_reader import read_json
 from dask_blackbox.testing.polling import wait_for
+from dask_blackbox.testing.settings import dask_env
 
 SPAN_FIELDS = ("name", "parent_id", "enqueued", "start", "stop", "duration",
                "nbytes_total", "states", "all_durations", "cumulative_worker_metrics",
@@ -280,10 +281,7 @@ def processor_settings(broker: str, prefix: str, partitions: int = 2, **processo
 
 def env_for(settings: dict) -> dict[str, str]:
     """os.environ plus ``blackbox.*`` settings as DASK_ environment variables."""
-    return {**os.environ, **{
-        "DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-        for k, v in settings.items()
-    }}
+    return {**os.environ, **dask_env(settings)}
 
 
 def committed_clusters(app_id: str) -> set[str]:

@@ -39,6 +39,7 @@ from broker_support import kafka_home
 from conftest import _no_kafka, pipeline_settings, subprocess_env
 from dask_blackbox.testing.polling import wait_for
 from dask_blackbox.testing.processors import FaustWorker, dask_truth
+from dask_blackbox.testing.settings import dask_env
 from sink_support import SinkProcess
 
 pytestmark = pytest.mark.slow
@@ -130,8 +131,7 @@ def test_rows_arrive_exactly_once_through_broker_and_controller_loss(three_broke
              "blackbox.kafka.idempotence": True,
              "blackbox.processors.snapshot-interval": "300ms"}
     settings.update(extra)
-    env.update({"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-                for k, v in extra.items()})
+    env.update(dask_env(extra))
     events: list[str] = []
 
     def faults():

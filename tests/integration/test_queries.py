@@ -28,6 +28,7 @@ from dask_blackbox import contract, kafka
 from dask_blackbox.read import queries
 
 from dask_blackbox.testing.polling import wait_for
+from dask_blackbox.testing.settings import dask_env
 from sink_support import SinkProcess, wait_consumed
 from cluster_support import live_workers
 
@@ -84,7 +85,7 @@ def recorded(broker, tmp_path_factory):
         "blackbox.data-dir": str(data_dir),
         "blackbox.sink.group-id": f"sink-{prefix}",
     }
-    env = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v) for k, v in settings.items()}
+    env = dask_env(settings)
     out: dict = {}
     with dask.config.set({**settings, "optimization.fuse.active": False}):
         asyncio.run(kafka.ensure_topics())

@@ -31,6 +31,7 @@ from dask_blackbox import kafka, runfiles
 from dask_blackbox.read import guard
 
 from conftest import subprocess_env
+from dask_blackbox.testing.settings import dask_env
 from sink_support import SinkProcess
 
 TABLE = "blackbox.envelopes"
@@ -58,9 +59,7 @@ def _settings(broker: str, data_dir) -> dict[str, str]:
     }
     with dask.config.set(settings):
         asyncio.run(kafka.ensure_topics())
-    env = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-           for k, v in settings.items()}
-    return {**env, **LIMITS, "_path": data_dir.name}
+    return {**dask_env(settings), **LIMITS, "_path": data_dir.name}
 
 
 @pytest.fixture(scope="module")
@@ -241,7 +240,7 @@ def test_file_and_url_are_refused(paths, path):
             (f"SELECT * FROM url('http://127.0.0.1:{port}/x', 'LineAsString')", "url()"),
             (f"SELECT * FROM URL('http://127.0.0.1:{port}/x', 'LineAsString')", "url()"),
             (f"SELECT * FROM remote('127.0.0.1:{port}', system.one)", "remote()"),
-            (f"SELECT * FROM cluster('default', system.one)", "cluster()"),
+            ("SELECT * FROM cluster('default', system.one)", "cluster()"),
             ("SELECT * FROM Python(sys)", "python()"),
             ("SELECT * FROM input('a String')", "input()"),
         ]

@@ -35,6 +35,7 @@ from dask_blackbox.testing import replay
 from conftest import pipeline_settings, subprocess_env
 from dask_blackbox.testing.polling import wait_for
 from dask_blackbox.testing.processors import FaustWorker
+from dask_blackbox.testing.settings import dask_env
 from sink_support import SinkProcess
 
 pytestmark = pytest.mark.slow
@@ -76,8 +77,7 @@ class Pipeline:
                  "blackbox.processors.snapshot-interval": "300ms",
                  "blackbox.sink.session-timeout": "6s"}
         self.settings.update(extra)
-        self.env = {**env, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-                              for k, v in extra.items()}}
+        self.env = {**env, **dask_env(extra)}
         self.faust: dict[str, FaustWorker] = {}
         self.sinks: dict[str, SinkProcess] = {}
         self._started: set[int] = set()

@@ -32,6 +32,7 @@ from sink_support import (
     reference_dump, topic_messages, transition, wait_consumed, workload,
 )
 from dask_blackbox.testing.polling import wait_for
+from dask_blackbox.testing.settings import dask_env
 
 NOW = time.time()
 
@@ -331,8 +332,7 @@ def test_a_sink_on_a_new_broker_loads_at_once(own_broker_factory, broker_kind, t
     settings = {"blackbox.kafka.bootstrap-servers": first.address,
                 "blackbox.kafka.topic-prefix": "fresh", "blackbox.kafka.partitions": 4,
                 "blackbox.data-dir": str(tmp_path / "data"), "blackbox.sink.group-id": "sink-fresh"}
-    env = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-           for k, v in settings.items()}
+    env = dask_env(settings)
     with dask.config.set(settings):
         first.start(timeout=120)
         asyncio.run(kafka.ensure_topics())

@@ -54,6 +54,7 @@ from dask_blackbox.read import api, cost, critical_path, regressions, report, vi
 
 from conftest import subprocess_env
 from dask_blackbox.testing.polling import wait_for
+from dask_blackbox.testing.settings import dask_env
 from sink_support import SinkProcess, wait_consumed
 
 CHAIN = [f"chain-{i}" for i in range(6)]
@@ -142,7 +143,7 @@ def recorded(broker, tmp_path_factory):
         "blackbox.data-dir": str(data_dir),
         "blackbox.sink.group-id": f"sink-{prefix}",
     }
-    env = {"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v) for k, v in settings.items()}
+    env = dask_env(settings)
     out: dict = {"env": env, "settings": settings, "data_dir": data_dir, "runs": {}}
     started = time.monotonic()
     with dask.config.set({**settings, "optimization.fuse.active": False}):
