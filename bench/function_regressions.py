@@ -3,9 +3,10 @@ wolf by function, on real clusters recorded by the real pipeline?
 
 Every run is a LocalCluster (two worker processes, one thread each, Dask's profiler
 every ``--interval``) on a local pipeline (Tansu, the sink on chDB), computing
-``--tasks`` tasks of prefix ``fnwork``; each spends ``--spin`` seconds in ``steady``
-and as long in ``slowed``, in five turns (pure-Python busy loops for an amount of
-the thread's CPU time, which call a Python helper: Dask's worker counts a sample
+``--tasks`` tasks of prefix ``fnwork`` (:mod:`dask_blackbox.testing.planted`, the
+workload ``tests/integration/test_function_changes.py`` runs too); each spends
+``--spin`` seconds in ``steady`` and as long in ``slowed``, in five turns
+(pure-Python busy loops for an amount of the thread's CPU time, which call a Python helper: Dask's worker counts a sample
 only in the frames that called another). ``--unchanged`` pairs of runs are identical; ``--planted`` pairs compare
 the first run of an unchanged pair with a run whose ``slowed`` takes ``--factor``
 times as long (default 1.3). Each pair is compared as ``dask-blackbox compare`` does
@@ -38,32 +39,7 @@ from distributed import Client, LocalCluster
 sys.path.insert(0, str(pathlib.Path(__file__).parent))
 from report import report  # noqa: E402
 
-
-def _tick(n: int) -> int:
-    for _ in range(2):
-        n += 1
-    return n
-
-
-def steady(seconds: float) -> int:
-    n, end = 0, time.thread_time() + seconds
-    while time.thread_time() < end:
-        n = _tick(n)
-    return n
-
-
-def slowed(seconds: float) -> int:
-    n, end = 0, time.thread_time() + seconds
-    while time.thread_time() < end:
-        n = _tick(n)
-    return n
-
-
-def fnwork(i: int, spin: float, factor: float, rounds: int = 5) -> int:
-    n = i
-    for _ in range(rounds):
-        n += steady(spin / rounds) + slowed(spin * factor / rounds)
-    return n
+from dask_blackbox.testing.planted import fnwork  # noqa: E402
 
 
 def record(name: str, tasks: int, spin: float, factor: float) -> str:

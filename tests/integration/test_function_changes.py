@@ -38,6 +38,7 @@ from dask_blackbox.deploy.supervisor import LocalPipeline
 from dask_blackbox.read import api, backends, function_changes, profiles, regressions, report
 
 from conftest import pipeline_settings
+from dask_blackbox.testing.planted import fnwork
 from sink_support import wait_loaded
 
 pytestmark = pytest.mark.slow
@@ -45,42 +46,6 @@ pytestmark = pytest.mark.slow
 SPIN = 0.25
 TASKS = 48
 PLANTED = 1.3
-#: turns of the two functions a task
-ROUNDS = 5
-
-
-def _tick(n: int) -> int:
-    for _ in range(2):
-        n += 1
-    return n
-
-
-def steady(seconds: float) -> int:
-    """A pure-Python busy loop for ``seconds`` of this thread's CPU. It calls a Python function: Dask's
-    worker counts a sample in the frames that called another (``Worker.trigger_profile``
-    does not count the innermost), so a loop that calls none is seen only through its
-    caller, shared with every other function it calls."""
-    n, end = 0, time.thread_time() + seconds
-    while time.thread_time() < end:
-        n = _tick(n)
-    return n
-
-
-def slowed(seconds: float) -> int:
-    """The same loop, a frame of its own (the one planted slower)."""
-    n, end = 0, time.thread_time() + seconds
-    while time.thread_time() < end:
-        n = _tick(n)
-    return n
-
-
-def fnwork(i: int, factor: float) -> int:
-    """The two functions in turns (as a loop over records calls its steps): whatever
-    else the machine runs meets both alike."""
-    n = i
-    for _ in range(ROUNDS):
-        n += steady(SPIN / ROUNDS) + slowed(SPIN * factor / ROUNDS)
-    return n
 
 
 def quick(i: int) -> int:
@@ -95,7 +60,7 @@ def _run(name: str, factor: float, processes: bool = True, **overrides) -> str:
         cluster_id = producers.attach(client, cluster_name=name, **{
             "producer.flush-interval": "20ms", **overrides})["cluster_id"]
         if processes:
-            futures = client.map(fnwork, range(TASKS), factor=factor,
+            futures = client.map(fnwork, range(TASKS), spin=SPIN, factor=factor,
                                  key=[f"fnwork-{i}" for i in range(TASKS)])
         else:
             futures = client.map(quick, range(8), key=[f"quick-{i}" for i in range(8)])
@@ -182,7 +147,7 @@ def test_compare_prints_the_grown_frames_under_the_prefix_within_120_columns(rec
     for c in grown:  # every frame listed, with its verdict, in the order of the JSON
         row = next(r for r in rows if r.startswith(c["function"] + " "))
         assert c["verdict"] in row and rows.index(row) == 3 + grown.index(c)
-    assert len([r for r in rows if "test_function_changes.py" in r or "/" in r]) <= 5
+    assert len([r for r in rows if "planted.py" in r or "/" in r]) <= 5
 
 
 def test_runs_without_profiles_say_so_in_one_line(recorded):
