@@ -5,7 +5,7 @@ two functions: real LocalClusters (two worker processes, Dask's profiler every
 Two runs of cluster ``fn-test`` compute the same tasks of prefix ``fnwork``; each
 task spends the same time in ``steady`` and in ``slowed``, in turns (pure-Python busy loops:
 the profiler samples the frames of executing Python), and in the second run
-``slowed`` spends 30 % more (its own time, the samples in which it is the
+``slowed`` spends twice as long (its own time, the samples in which it is the
 innermost frame, is the measure). The loops run for an amount of the thread's CPU time:
 the profiler samples a thread when it runs (it takes the GIL from it), so on a
 machine that runs other jobs their samples follow their CPU time, while their wall
@@ -45,7 +45,10 @@ pytestmark = pytest.mark.slow
 #: CPU seconds a task spends in each function, tasks a run, the planted factor
 SPIN = 0.25
 TASKS = 48
-PLANTED = 1.3
+#: twice the time: a planted 30 % (the size bench/function_regressions.py measures) can
+#: leave the profile's shares unmoved on a loaded machine, where load that comes and
+#: goes while the profiler samples moves them as much
+PLANTED = 2.0
 
 
 def quick(i: int) -> int:
@@ -125,7 +128,7 @@ def test_compare_names_the_function_planted_slower_and_not_the_other(recorded):
     base, slow = _shares(recorded, "base"), _shares(recorded, "slow")
     assert slow["slowed"] / base["slowed"] > 1 > slow["steady"] / base["steady"], (base, slow)
     # slowed: when the prefix's time per task did not fall (a machine less busy in the
-    # second run can hide the 30 %), the most seconds grown, and beyond the noise
+    # second run can hide the plant), the most seconds grown, and beyond the noise
     compute = next(c for c in verdict["changes"] if c["action"] == "compute")
     if compute["ratio"] >= 1:
         assert functions["grown"][0]["function"] == "slowed", said
