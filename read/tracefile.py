@@ -141,6 +141,17 @@ class TraceFile(NamedTuple):
     other: dict
 
 
+#: What :func:`trace_events` reads (with ``{where}`` from its caller).
+WORKER_FIRSTS = ("SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) "
+                 "{where} GROUP BY worker ORDER BY worker")
+#: What :func:`trace_events` reads (from ``{span_state}``; with ``{in_span}`` from its caller).
+TRACE_SPANS = ("SELECT span_id, name, parent_id, "
+               "toInt64(toUnixTimestamp64Micro(enqueued)), "
+               "toInt64(toUnixTimestamp64Micro(start)), "
+               "toInt64(toUnixTimestamp64Micro(stop)), arraySum(mapValues(states)), "
+               "duration FROM {span_state} FINAL WHERE cluster_id = {{c:String}}{in_span}")
+
+
 def trace_events(backend: Backend, cluster: str, span: str | None = None) -> TraceFile:
     """The trace of ``cluster``'s latest run (or of the span ``span`` and its
     sub-spans); NotFound for an unknown cluster or span."""
@@ -158,15 +169,10 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     where = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
              f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span}")
     # a page of workers at a time: one answer may hold at most blackbox.query.max-result-rows
-    _, per_worker = backend.query(
-        f"SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) {where} "
-        "GROUP BY worker ORDER BY worker", p)
+    _, per_worker = backend.query(WORKER_FIRSTS.format(where=where), p)
     pages = _pages(per_worker)
     _, span_rows = backend.query(
-        "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
-        "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
-        "arraySum(mapValues(states)), duration "
-        f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
+        TRACE_SPANS.format(span_state=_t(backend, 'span_state'), in_span=in_span), p)
     _, rows = backend.query(ERRED.format(transitions=_t(backend, "transitions"),
                                          where="WHERE cluster_id = {c:String}" + in_span), p)
     erred = [(us, key, prefix, worker, exception)
@@ -250,6 +256,18 @@ def _process_events(pid_of: dict[str, int]) -> list[dict]:
     return events
 
 
+#: What :func:`_task_slices` reads (with ``{thread}``, ``{thread_arg}``, ``{where}`` from its caller).
+TASK_SLICES = ("SELECT worker, {thread}, ss.action = 'compute', key, "
+               "toInt64(toUnixTimestamp64Micro(ss.start)) - {{epoch:Int64}} AS s, "
+               "toInt64(toUnixTimestamp64Micro(ss.stop)) - {{epoch:Int64}} AS e, "
+               "concat('{{\"name\":', toJSONString(if(ss.action = 'compute', prefix, "
+               "ss.action)), ',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', "
+               "toString(s), ',\"dur\":', toString(greatest(e - s, 0)), "
+               "',\"args\":{{\"key\":', toJSONString(key), if(finish = 'erred', "
+               "',\"erred\":true', ''), {thread_arg}'}}') {where} AND worker IN "
+               "{{page:Array(String)}} ORDER BY worker, ss.start, ss.stop")
+
+
 def _task_slices(backend: Backend, pages: list[list[str]], p: dict, thread: str, thread_arg: str,
                  where: str, pid_of: dict[str, int], path, on_path: dict[str, int]) -> tuple:
     """The task actions: X events, one row per worker thread, read a page of workers at
@@ -266,14 +284,7 @@ def _task_slices(backend: Backend, pages: list[list[str]], p: dict, thread: str,
         if not page:
             continue
         _, rows = backend.query(
-            f"SELECT worker, {thread}, ss.action = 'compute', key, "
-            "toInt64(toUnixTimestamp64Micro(ss.start)) - {epoch:Int64} AS s, "
-            "toInt64(toUnixTimestamp64Micro(ss.stop)) - {epoch:Int64} AS e, "
-            "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
-            "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
-            "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
-            f"if(finish = 'erred', ',\"erred\":true', ''), {thread_arg}'}}') "
-            f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
+            TASK_SLICES.format(thread=thread, thread_arg=thread_arg, where=where),
             {**p, "page": page})
         lanes: _Lanes | None = None
         current = None
