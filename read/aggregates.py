@@ -28,7 +28,8 @@ from dask_blackbox.read.filters import table as _t
 RAW_TRANSITIONS = 200_000
 
 
-#: What :func:`bounds` reads (from ``{task_seconds}``; with ``{where}`` from its caller).
+#: What :func:`bounds` reads (from ``{task_seconds}``; ``{where}`` filled in where it is
+#: run).
 BOUNDS = ("SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), sum(n) FROM "
           "{task_seconds} {where}")
 
@@ -71,7 +72,8 @@ def _buckets(p: dict, scope, n: int) -> dict:
     return p
 
 
-#: What :func:`prefix_counts` reads (from ``{group_totals}``; with ``{where}`` from its caller).
+#: What :func:`prefix_counts` reads (from ``{group_totals}``; ``{where}`` filled in where it
+#: is run).
 PREFIX_COUNTS = ("SELECT prefix, uniqExactMerge(keys), sum(memory), sum(erred), "
                  "uniqExactMerge(memory_keys) FROM {group_totals} {where} GROUP BY prefix")
 
@@ -87,7 +89,8 @@ def prefix_counts(backend: Backend, scope) -> dict[str, dict]:
             for prefix, n, m, e, k in rows}
 
 
-#: What :func:`finished_per_bucket` reads (from ``{task_seconds}``; with ``{_BUCKET}``, ``{where}`` from its caller).
+#: What :func:`finished_per_bucket` reads (from ``{task_seconds}``; ``{_BUCKET}``,
+#: ``{where}`` filled in where it is run).
 FINISHED_PER_BUCKET = ("SELECT prefix, {_BUCKET} AS b, sum(n) FROM {task_seconds} {where} "
                        "GROUP BY prefix, b ORDER BY b")
 
@@ -101,7 +104,8 @@ def finished_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, int,
     return rows
 
 
-#: What :func:`moves_per_bucket` reads (from ``{task_seconds}``; with ``{_BUCKET}``, ``{where}`` from its caller).
+#: What :func:`moves_per_bucket` reads (from ``{task_seconds}``; ``{_BUCKET}``, ``{where}``
+#: filled in where it is run).
 MOVES_PER_BUCKET = ("SELECT start, finish, {_BUCKET} AS b, sum(n) FROM {task_seconds} {where} "
                     "GROUP BY start, finish, b")
 
@@ -115,7 +119,8 @@ def moves_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, str, in
     return rows
 
 
-#: What :func:`bars` reads (from ``{stream_seconds}``; with ``{where}`` from its caller).
+#: What :func:`bars` reads (from ``{stream_seconds}``; ``{where}`` filled in where it is
+#: run).
 BARS = "SELECT sum(started), sumIf(started, action = 'compute') FROM {stream_seconds} {where}"
 
 
@@ -127,7 +132,8 @@ def bars(backend: Backend, scope) -> tuple[int, int]:
     return (int(rows[0][0] or 0), int(rows[0][1] or 0)) if rows else (0, 0)
 
 
-#: What :func:`stream_cells` reads (from ``{stream_seconds}``; with ``{_BUCKET}``, ``{where}`` from its caller).
+#: What :func:`stream_cells` reads (from ``{stream_seconds}``; ``{_BUCKET}``, ``{where}``
+#: filled in where it is run).
 STREAM_CELLS = ("SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), "
                 "sum(bars) FROM ( SELECT worker, {_BUCKET} AS b, if(action = 'compute', "
                 "prefix, action) AS what,   sum(busy) AS busy, sumIf(started, action = "
@@ -145,7 +151,8 @@ def stream_cells(backend: Backend, scope, n: int) -> list[tuple]:
     return rows
 
 
-#: What :func:`activity` reads (from ``{stream_seconds}``; with ``{_BUCKET}``, ``{where}`` from its caller).
+#: What :func:`activity` reads (from ``{stream_seconds}``; ``{_BUCKET}``, ``{where}`` filled
+#: in where it is run).
 ACTIVITY = ("SELECT action, {_BUCKET} AS b, sum(busy) FROM {stream_seconds} {where} GROUP BY "
             "action, b")
 
@@ -174,7 +181,8 @@ def activity(backend: Backend, scope, n: int, worker: str | None = None,
     return dict(out)
 
 
-#: What :func:`transfers` reads (from ``{stream_seconds}``; with ``{where}`` from its caller).
+#: What :func:`transfers` reads (from ``{stream_seconds}``; ``{where}`` filled in where it
+#: is run).
 TRANSFERS = ("SELECT sender, worker, sum(busy), sum(started) FROM {stream_seconds} {where} "
              "GROUP BY sender, worker ORDER BY sender, worker")
 
@@ -188,7 +196,8 @@ def transfers(backend: Backend, scope) -> list[tuple[str, str, float, int]]:
     return rows
 
 
-#: What :func:`per_worker` reads (from ``{stream_seconds}``; with ``{where}`` from its caller).
+#: What :func:`per_worker` reads (from ``{stream_seconds}``; ``{where}`` filled in where it
+#: is run).
 PER_WORKER = ("SELECT worker, sumIf(started, action = 'compute'), sumIf(erred, action = "
               "'compute'), sumIf(busy, action = 'compute'), sumIf(busy, action = 'transfer') "
               "FROM {stream_seconds} {where} GROUP BY worker")
@@ -203,7 +212,8 @@ def per_worker(backend: Backend, cluster_id: str, span_ids: list[str] | None = N
             for w, t, e, c, x in rows}
 
 
-#: What :func:`groups` reads (from ``{group_totals}``; with ``{where}`` from its caller).
+#: What :func:`groups` reads (from ``{group_totals}``; ``{where}`` filled in where it is
+#: run).
 GROUPS = ("SELECT task_group, anyLast(prefix), uniqExactMerge(keys), "
           "uniqExactMerge(memory_keys), sum(memory), sum(erred), sum(compute_s), "
           "sum(transfer_s), sum(nbytes), min(first_start), max(last_stop) FROM {group_totals} "
@@ -224,7 +234,8 @@ def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None)
             for g, prefix, n, k, m, e, c, x, b, s, e2 in rows]
 
 
-#: What :func:`digests` reads (from ``{digest_totals}``; with ``{where}`` from its caller).
+#: What :func:`digests` reads (from ``{digest_totals}``; ``{where}`` filled in where it is
+#: run).
 DIGESTS = ("SELECT context, prefix, activity, unit, sum(value) FROM {digest_totals} {where} "
            "GROUP BY context, prefix, activity, unit")
 

@@ -110,7 +110,8 @@ def _scope(cluster_id: str, span_ids: Sequence[str] | None, since: float | None,
 _WHOLE = "length(dependencies) >= n_dependencies"
 
 
-#: What :func:`_coverage` reads (with ``{g}``, ``{_WHOLE}``, ``{t}``, ``{scope}`` from its caller).
+#: The finished tasks of the scope ``{scope}`` (in the transitions ``{t}``), and those whose
+#: graph row (in ``{g}``) holds all its dependencies (``{_WHOLE}``).
 COVERAGE = ("SELECT count(), countIf(kh IN (SELECT cityHash64(key) FROM {g} WHERE cluster_id "
             "= {{c:String}} AND {_WHOLE})) FROM (SELECT DISTINCT cityHash64(key) AS kh FROM "
             "{t} WHERE {scope})")
@@ -351,7 +352,9 @@ def _links(path: list[int], ptr: _Pointers, tasks: dict[tuple[int, float], _Task
 # -------------------------------------------------------------------- anomalies
 
 
-#: What :func:`graph_issues` reads (with ``{t}``, ``{g}``, ``{span_filter}`` from its caller).
+#: What :func:`graph_issues` reads (the transitions ``{t}``, the graph ``{g}``;
+#: ``{span_filter}``:
+#: the spans).
 GRAPH_ISSUES = ("WITH seen AS (SELECT cityHash64(key) AS h, minIf(ts, finish = 'memory') AS "
                 "arrived, countIf(finish = 'memory') > 0 AS done FROM {t} WHERE cluster_id = "
                 "{{c:String}} AND source = 'scheduler' GROUP BY h), edges AS (SELECT key, dep "

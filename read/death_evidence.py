@@ -72,7 +72,8 @@ def _each_death(found: list) -> tuple[str, dict]:
              "ts": [float(d.ts) for d in found]})
 
 
-#: What :func:`_logs_about` reads (with ``{columns}``, ``{logs}``, ``{deaths}`` from its caller).
+#: What :func:`_logs_about` reads (``{columns}``, ``{logs}``, ``{deaths}`` filled in where
+#: it is run).
 LOGS_ABOUT = ("SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
               "cluster_id = {{cs:Array(String)}}[i] AND toFloat64(ts) >= "
               "{{ss:Array(Float64)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] + 10 "
@@ -113,7 +114,8 @@ def _logs_about(backend: Backend, found: list, lines: int) -> list[list[dict]]:
             for lines_ in per]
 
 
-#: What :func:`_last_metrics` reads (from ``{worker_metrics}``; with ``{deaths}`` from its caller).
+#: What :func:`_last_metrics` reads (from ``{worker_metrics}``; ``{deaths}`` filled in where
+#: it is run).
 LAST_METRICS = ("SELECT i, toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, "
                 "cpu, executing, ready FROM {worker_metrics} ARRAY JOIN arrayFilter(i -> "
                 "cluster_id = {{cs:Array(String)}}[i] AND worker = {{ws:Array(String)}}[i] "

@@ -142,21 +142,22 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
-#: What :func:`deaths` reads (from ``{lifecycle}``; with ``{where}`` from its caller).
+#: What :func:`deaths` reads (from ``{lifecycle}``; ``{where}`` filled in where it is run).
 LIFECYCLE_OF_WORKERS = ("SELECT cluster_id, toFloat64(ts), action, worker, reason, stimulus_id, detail FROM "
                         "{lifecycle} WHERE {where} AND action IN ('scheduler_start', 'worker_added', "
                         "'worker_removed', 'restart', 'scheduler_close') ORDER BY cluster_id, ts")
-#: What :func:`deaths` reads (from ``{worker_exits}``; with ``{where}`` from its caller).
+#: What :func:`deaths` reads (from ``{worker_exits}``; ``{where}`` filled in where it is
+#: run).
 EXITS = ("SELECT cluster_id, worker, pid, toFloat64(ts), exitcode, signal, memory, "
          "memory_peak, memory_limit, memory_terminate, host_memory, host_memory_available, "
          "nanny_status FROM {worker_exits} WHERE {where}")
-#: What :func:`deaths` reads (from ``{events}``; with ``{where}`` from its caller).
+#: What :func:`deaths` reads (from ``{events}``; ``{where}`` filled in where it is run).
 KILLS_AND_TTLS = ("SELECT cluster_id, toFloat64(ts), topic, msg FROM {events} WHERE {where} AND "
                   "(topic = 'worker-restart-memory' OR (topic = 'scheduler' AND "
                   "JSONExtractString(msg, 'action') = 'worker-ttl-timed-out') OR (topic IN "
                   "{{removed:Array(String)}} AND JSONExtractString(msg, 'action') = "
                   "'closing-worker'))")
-#: What :func:`deaths` reads (from ``{envelopes}``; with ``{where}`` from its caller).
+#: What :func:`deaths` reads (from ``{envelopes}``; ``{where}`` filled in where it is run).
 NANNY_CLUSTERS = "SELECT DISTINCT cluster_id FROM {envelopes} WHERE {where} AND source = 'nanny'"
 
 
@@ -271,7 +272,8 @@ def death_counts(backend: Backend, ids: list[str] | None = None) -> dict[str, in
 # ----------------------------------------------------------- KilledWorker
 
 
-#: What :func:`killed_workers` reads (from ``{transitions}``; with ``{cwhere}`` from its caller).
+#: What :func:`killed_workers` reads (from ``{transitions}``; ``{cwhere}`` filled in where
+#: it is run).
 KILLED_WORKERS = ("SELECT cluster_id, key, stimulus_id FROM {transitions} WHERE {cwhere} AND "
                   "source = 'scheduler' AND key IN {{keys:Array(String)}} AND start = "
                   "'processing' AND finish IN ('released', 'erred')")

@@ -369,7 +369,7 @@ def target(comparison: Comparison) -> tuple[str | None, str]:
     return best.prefix, "grew most"
 
 
-#: What :func:`read` reads (from ``{profiles}``; with ``{where}`` from its caller).
+#: What :func:`read` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
 STACKS = ("SELECT worker, toFloat64(ts), stack, toUInt64(sum(count)) FROM {profiles} WHERE "
           "{where} GROUP BY worker, ts, stack")
 

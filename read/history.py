@@ -82,7 +82,8 @@ class Detail(NamedTuple):
                 "(blackbox.clickhouse.retention): these answers come from its per-minute roll-ups")
 
 
-#: What :func:`detail` reads (from ``{transitions}``, ``{worker_metrics}``; with ``{task_minutes}``, ``{worker_minutes}`` from its caller).
+#: What :func:`detail` reads (from ``{transitions}``, ``{worker_metrics}``;
+#: ``{task_minutes}``, ``{worker_minutes}`` filled in where it is run).
 DETAIL = ("SELECT 'rollups', toFloat64(min(first_ts)), count() FROM {task_minutes} WHERE "
           "cluster_id = {{c:String}} UNION ALL SELECT 'raw', toFloat64(min(ts)), count() FROM "
           "{transitions} WHERE cluster_id = {{c:String}} AND source = 'scheduler' UNION ALL "
@@ -157,7 +158,8 @@ def _where(w: Window, spans: bool = True) -> tuple[str, dict]:
 _BUCKET = "toUInt32(intDiv(toUInt32(minute) - toUInt32({t0:Float64}), toUInt32({w:Float64})))"
 
 
-#: What :func:`finished` reads (with ``{_BUCKET}``, ``{task_minutes}``, ``{where}`` from its caller).
+#: What :func:`finished` reads (``{_BUCKET}``, ``{task_minutes}``, ``{where}`` filled in
+#: where it is run).
 FINISHED = ("SELECT prefix, {_BUCKET} AS b, sum(into['memory']), sum(into['erred']) FROM "
             "{task_minutes} {where} GROUP BY prefix, b HAVING sum(into['memory']) + "
             "sum(into['erred']) > 0")
@@ -172,7 +174,8 @@ def finished(backend: Backend, w: Window, source: str) -> dict[tuple[str, int], 
     return {(prefix, int(b)): (int(m), int(e)) for prefix, b, m, e in rows}
 
 
-#: What :func:`state_moves` reads (with ``{bucket}``, ``{task_minutes}``, ``{where}`` from its caller).
+#: What :func:`state_moves` reads (``{bucket}``, ``{task_minutes}``, ``{where}`` filled in
+#: where it is run).
 STATE_MOVES = ("SELECT state, b, sum(d) FROM (SELECT {bucket} AS b, "
                "arrayJoin(arrayConcat(arrayZip(mapKeys(into), arrayMap(v -> toInt64(v), "
                "mapValues(into))), arrayZip(mapKeys(out_of), arrayMap(v -> -toInt64(v), "
@@ -192,7 +195,8 @@ def state_moves(backend: Backend, w: Window, source: str) -> dict[tuple[str, int
     return {(state, int(b)): int(d) for state, b, d in rows}
 
 
-#: What :func:`worker_memory` reads (with ``{_BUCKET}``, ``{worker_minutes}``, ``{where}`` from its caller).
+#: What :func:`worker_memory` reads (``{_BUCKET}``, ``{worker_minutes}``, ``{where}`` filled
+#: in where it is run).
 WORKER_MEMORY = ("SELECT worker, {_BUCKET} AS b, sum(memory_managed) / sum(samples), "
                  "sum(memory_unmanaged) / sum(samples), sum(memory_spilled) / sum(samples), "
                  "sum(samples) FROM {worker_minutes} {where} GROUP BY worker, b")
@@ -229,7 +233,8 @@ def worker_totals(backend: Backend, w: Window, source: str) -> dict[str, Totals]
     return _totals(backend, w, source, "worker")
 
 
-#: What :func:`_totals` reads (with ``{by}``, ``{task_minutes}``, ``{where}`` from its caller).
+#: What :func:`_totals` reads (``{by}``, ``{task_minutes}``, ``{where}`` filled in where it
+#: is run).
 TOTALS = ("SELECT {by}, sum(into['memory']), sum(into['erred']), sumMap(durations), "
           "sum(nbytes), max(longest) FROM {task_minutes} {where} GROUP BY {by}")
 
@@ -242,7 +247,7 @@ def _totals(backend: Backend, w: Window, source: str, by: str) -> dict[str, Tota
             for key, m, e, d, n, longest in rows}
 
 
-#: What :func:`bounds` reads (with ``{task_minutes}``, ``{spans}`` from its caller).
+#: What :func:`bounds` reads (``{task_minutes}``, ``{spans}`` filled in where it is run).
 BOUNDS = ("SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), count() FROM "
           "{task_minutes} WHERE cluster_id = {{c:String}}{spans}")
 

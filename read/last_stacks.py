@@ -169,7 +169,7 @@ def of_deaths(backend: Backend, deaths: Sequence[Any]) -> list[LastStack]:
     return out
 
 
-#: What :func:`_readings` reads (from ``{stacks}``; with ``{each}`` from its caller).
+#: What :func:`_readings` reads (from ``{stacks}``; ``{each}`` filled in where it is run).
 READINGS = ("SELECT i, toFloat64(ts) AS t, reason, memory, memory_limit, silent, error, "
             "thread, thread_id, active, gil, stack FROM {stacks} ARRAY JOIN arrayFilter(i -> "
             "cluster_id = {{cs:Array(String)}}[i] AND (worker = {{ws:Array(String)}}[i] OR "
@@ -218,10 +218,11 @@ def _telling(threads: list[dict], reason: str) -> list[dict]:
     return sorted(shown, key=lambda t: (not t["gil"], not t["task"], not t["active"]))
 
 
-#: What :func:`_profiles` reads (with ``{profiles}``, ``{where}``, ``{LAST_CYCLES}`` from its caller).
+#: What :func:`_profiles` reads (``{profiles}``, ``{where}``, ``{LAST_CYCLES}`` filled in
+#: where it is run).
 LAST_CYCLES_OF = ("SELECT i, toFloat64(ts) AS t FROM {profiles} ARRAY JOIN {where} GROUP BY i, t "
                   "ORDER BY i, t DESC LIMIT {LAST_CYCLES} BY i")
-#: What :func:`_profiles` reads (with ``{profiles}``, ``{where}`` from its caller).
+#: What :func:`_profiles` reads (``{profiles}``, ``{where}`` filled in where it is run).
 STACKS_OF = ("SELECT i, prefix, stack, toUInt64(sum(count)) FROM {profiles} ARRAY JOIN "
              "{where} GROUP BY i, prefix, stack")
 

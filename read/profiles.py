@@ -101,9 +101,9 @@ class Profile:
             yield stack.split(";"), n
 
 
-#: What :func:`load` reads (from ``{profiles}``; with ``{where}`` from its caller).
+#: What :func:`load` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
 STACK_COUNTS = "SELECT stack, toUInt64(sum(count)) AS n FROM {profiles} {where} GROUP BY stack"
-#: What :func:`load` reads (with ``{grouped}`` from its caller).
+#: What :func:`load` reads (``{grouped}`` filled in where it is run).
 STACK_TOTALS = "SELECT count(), toUInt64(sum(n)) FROM ({grouped})"
 
 
@@ -137,7 +137,8 @@ def load(backend: Backend, cluster: str | None, prefix: str | None = None,
     return Profile(stacks, cluster, prefix or "", worker, left_off)
 
 
-#: What :func:`prefixes` reads (from ``{profiles}``; with ``{where}``, ``{limit}`` from its caller).
+#: What :func:`prefixes` reads (from ``{profiles}``; ``{where}``, ``{limit}`` filled in
+#: where it is run).
 PREFIXES = ("SELECT prefix, toUInt64(sum(count)) AS n FROM {profiles} {where} GROUP BY prefix "
             "ORDER BY n DESC, prefix LIMIT {limit}")
 
@@ -156,7 +157,7 @@ def prefixes(backend: Backend, cluster: str | None, worker: str | None = None,
     return [(p, int(n)) for p, n in rows]
 
 
-#: What :func:`_nothing` reads (from ``{profiles}``; with ``{where}`` from its caller).
+#: What :func:`_nothing` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
 NOTHING = "SELECT DISTINCT prefix FROM {profiles} {where} ORDER BY prefix LIMIT 11"
 
 

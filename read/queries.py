@@ -68,7 +68,8 @@ def story(backend: Backend, key: str, cluster: str | None = None, since: TimeBou
                          f.parameters)
 
 
-#: What :func:`_span_rows` reads (from ``{span_state}``, ``{spans}``; with ``{where}``, ``{and_}`` from its caller).
+#: What :func:`_span_rows` reads (from ``{span_state}``, ``{spans}``; ``{where}``,
+#: ``{and_}`` filled in where it is run).
 SPAN_ROWS = ("SELECT cluster_id, span_id, name, parent_id, enqueued, start, stop, duration, "
              "nbytes_total, arraySum(mapValues(states)) AS tasks, all_durations, done FROM "
              "{span_state} FINAL {where} UNION ALL SELECT cluster_id, span_id, any(name), "
@@ -194,7 +195,8 @@ def _span_cost(c: costs.SpanCost | None) -> tuple:
             m.spilled_bytes, m.memory_byte_s)
 
 
-#: What :func:`_span_match` reads (from ``{span_state}``, ``{spans}``; with ``{condition}`` from its caller).
+#: What :func:`_span_match` reads (from ``{span_state}``, ``{spans}``; ``{condition}``
+#: filled in where it is run).
 SPAN_MATCH = ("(SELECT span_id FROM {span_state} WHERE {condition} UNION DISTINCT SELECT "
               "span_id FROM {spans} WHERE {condition})")
 
@@ -209,15 +211,17 @@ def _span_match(backend: Backend, f: Filter, span: str) -> str:
     return (SPAN_MATCH.format(span_state=table(backend, 'span_state'), condition=condition, spans=table(backend, 'spans')))
 
 
-#: What :func:`prefixes` reads (from ``{prefix_stats}``; with ``{where}`` from its caller).
+#: What :func:`prefixes` reads (from ``{prefix_stats}``; ``{where}`` filled in where it is
+#: run).
 PREFIXES = ("SELECT prefix, sum(durations['compute']) AS compute_s, sumMap(durations) AS "
             "by_action, sum(finished['memory']) AS tasks, sum(n_erred) AS erred, sum(nbytes) "
             "AS nbytes, max(max_duration) AS longest_s, uniqExact(cluster_id) AS clusters "
             "FROM {prefix_stats} FINAL {where} GROUP BY prefix ORDER BY compute_s DESC, "
             "prefix LIMIT {{limit:UInt32}}")
-#: What :func:`prefixes` reads (from ``{prefix_stats}``; with ``{where}`` from its caller).
+#: What :func:`prefixes` reads (from ``{prefix_stats}``; ``{where}`` filled in where it is
+#: run).
 CLUSTERS_OF_PREFIXES = "SELECT DISTINCT cluster_id FROM {prefix_stats} {where}"
-#: What :func:`prefixes` reads (with ``{span_match}`` from its caller).
+#: What :func:`prefixes` reads (``{span_match}`` filled in where it is run).
 MATCHED_SPANS = "SELECT span_id FROM {span_match}"
 
 
@@ -262,7 +266,8 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
         for row in rows]
 
 
-#: What :func:`metrics` reads (from ``{worker_digests}``; with ``{where}`` from its caller).
+#: What :func:`metrics` reads (from ``{worker_digests}``; ``{where}`` filled in where it is
+#: run).
 METRICS = ("SELECT context, prefix, activity, unit, sum(value) AS total, uniqExact(worker) AS "
            "workers FROM {worker_digests} {where} GROUP BY context, prefix, activity, unit "
            "ORDER BY unit, total DESC, context, prefix, activity LIMIT {{limit:UInt32}}")
@@ -286,7 +291,8 @@ def metrics(backend: Backend, context: str | None = None, limit: int = 50,
         METRICS.format(worker_digests=table(backend, 'worker_digests'), where=f.where()), f.parameters)
 
 
-#: What :func:`clusters` reads (from ``{clusters}``, ``{lifecycle}``; with ``{database}``, ``{where}`` from its caller).
+#: What :func:`clusters` reads (from ``{clusters}``, ``{lifecycle}``; ``{database}``,
+#: ``{where}`` filled in where it is run).
 #: The workers that reported metrics, from their roll-up (it outlives the metrics)
 CLUSTERS = ("SELECT cluster_name, cluster_id, first_seen, last_seen, ifNull(w.workers, 0) AS "
             "workers, tasks_computed AS tasks, tasks_erred AS errors, ifNull(r.removed, 0) AS "

@@ -86,7 +86,8 @@ def _tree_ids(backend: Backend, cluster_id: str, root: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
-#: What :func:`span_runs` reads (from ``{spans}``; with ``{where}``, ``{and_}`` from its caller).
+#: What :func:`span_runs` reads (from ``{spans}``; ``{where}``, ``{and_}`` filled in where
+#: it is run).
 SPAN_RUNS = ("SELECT cluster_id, span_id, toFloat64(min(enqueued)) AS began FROM {spans} "
              "{where} {and_} (arrayStringConcat(name, '/') = {{span:String}} OR "
              "arrayStringConcat(name, ' / ') = {{span:String}} OR name[-1] = {{span:String}}) "
@@ -126,7 +127,8 @@ def cluster_runs(backend: Backend, cluster: str, since: TimeBound = None,
 # -------------------------------------------------------------------- profiles
 
 
-#: What :func:`profile` reads (from ``{transitions}``; with ``{fin}``, ``{where}``, ``{compute}``, ``{transfer}``, ``{disk}``, ``{before}`` from its caller).
+#: What :func:`profile` reads (from ``{transitions}``; ``{fin}``, ``{where}``,
+#: ``{compute}``, ``{transfer}``, ``{disk}``, ``{before}`` filled in where it is run).
 PROFILE = ("SELECT prefix, a.1 AS action, count(), sum(a.2), groupArraySample({{n:UInt32}}, "
            "1)(a.2), min(first), max(last) FROM (SELECT key, argMaxIf(prefix, ts, {fin}) AS "
            "prefix, argMaxIf(startstops.action, ts, {fin}) AS acts, argMaxIf(arrayMap(x -> "

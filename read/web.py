@@ -163,7 +163,7 @@ def _shell(backend: Backend, q: dict, memo: views.Memo) -> dict:
     return {"ctx": ctx, "head": views.summary(ctx), "span_names": span_names(backend, ctx.scope)}
 
 
-#: What :func:`_worker_shell` reads (with ``{database}`` from its caller).
+#: What :func:`_worker_shell` reads (``{database}`` filled in where it is run).
 WORKER_SHELL = ("SELECT count() FROM {database}.worker_metrics WHERE cluster_id = "
                 "{{c:String}} AND worker = {{w:String}}")
 
@@ -367,7 +367,7 @@ def _page_links(q: dict, data: dict) -> dict:
             "next": link(offset + limit) if offset + limit < total else None}
 
 
-#: What :func:`_all_span_names` reads (with ``{database}`` from its caller).
+#: What :func:`_all_span_names` reads (``{database}`` filled in where it is run).
 ALL_SPAN_NAMES = ("SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {database}.spans "
                   "ORDER BY n")
 

@@ -91,9 +91,9 @@ def nthreads(backend: Backend, cluster_id: str, known: dict | None = None) -> di
     return {w: i["nthreads"] for w, i in known.items() if i["nthreads"]}
 
 
-#: What :func:`moved_bytes` reads (with ``{g}`` from its caller).
+#: Whether the graph ``{g}`` holds a row of the cluster.
 HAS_GRAPH = "SELECT count() FROM {g} WHERE cluster_id = {{c:String}} LIMIT 1"
-#: What :func:`moved_bytes` reads (with ``{t}``, ``{g}`` from its caller).
+#: What :func:`moved_bytes` reads (the transitions ``{t}``, the graph ``{g}``).
 BYTES_MOVED = ("WITH fin AS (SELECT cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
                "argMax(ifNull(nbytes, 0), ts) AS nbytes FROM {t} WHERE cluster_id = "
                "{{c:String}} AND source = 'scheduler' AND start = 'processing' AND finish = "
