@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from dask_blackbox.causes import LeftProcessing
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
@@ -37,9 +38,9 @@ class Run(NamedTuple):
     #: contract.Log events, with ``source``
     logs: list[dict]
     #: the tasks a worker's death took out of processing (:func:`.died_tasks.died_tasks`:
-    #: those it sent to erred too), with when they last entered it (the fields of
-    #: ``exporters.traces.LeftProcessing``)
-    left_processing: list[dict]
+    #: those it sent to erred too), with when they last entered it, as the exporter
+    #: draws them (``died`` spans)
+    left_processing: list[LeftProcessing]
 
 
 #: Whether table ``t`` of database ``db`` has column ``c``.
@@ -146,5 +147,5 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
                         "source": source}
                        for ts, logger, level, message, process, exc, worker, key, source in rows]
     return Run(scope.cluster_id, scope.cluster_name, spans, transitions, lifecycle, log_records,
-               [t.left_processing() for t in died_tasks(backend, scope)])
+               [d.task for d in died_tasks(backend, scope)])
 
