@@ -59,7 +59,7 @@ def run_trace(backend: Backend, run: Run, max_task_spans: int) -> list[SpanData]
                 for d in diagnosis.deaths(backend, [run.cluster_id])]
     return traces.build_run(run.cluster_id, run.cluster_name, run.spans, run.transitions,
                             run.lifecycle, max_task_spans, removals=removals,
-                            left=[traces.LeftProcessing(**t) for t in run.left_processing])
+                            left=run.left_processing)
 
 
 def export_otlp(args: argparse.Namespace) -> int:

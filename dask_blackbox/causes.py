@@ -276,6 +276,26 @@ class Classified(NamedTuple):
         return self.verdict.cause.is_death
 
 
+class LeftProcessing(NamedTuple):
+    """A task that left processing without finishing in memory (a scheduler transition
+    from processing to anything else: a worker's removal, sending it back to released
+    or, its last allowed failure, to erred; a steal, a cancellation), and when it last
+    entered processing. A removal's stimulus names the transitions it made: those of
+    a death are the tasks the death took out of processing, which the continuous
+    exporter (from the raw stream) and the read side (from ClickHouse) both find, the
+    one to send a ``died`` span each, the other to draw them."""
+
+    key: str
+    prefix: str
+    group: str
+    span_id: str | None
+    stimulus_id: str
+    #: when it last entered processing (seconds since the epoch)
+    entered: float
+    #: the time of the transition out of processing
+    left: float
+
+
 # ----------------------------------------------------------------- gathering
 
 

@@ -51,9 +51,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any, NamedTuple
+from typing import Any
 
-from dask_blackbox.causes import Classified
+from dask_blackbox.causes import Classified, LeftProcessing
 
 from . import ids
 from .model import LogData, Resource, SpanData, SpanEvent
@@ -130,22 +130,6 @@ def task_spans(cluster_id: str, tr: Mapping[str, Any]) -> list[SpanData]:
                             f"{action} {prefix}" if prefix else action, start, max(stop, start),
                             attributes, [], error))
     return out
-
-
-class LeftProcessing(NamedTuple):
-    """A task that left processing without finishing in memory (a scheduler transition
-    from processing to anything else: a worker's removal, sending it back to released
-    or, its last allowed failure, to erred; a steal, a cancellation), and when it last
-    entered processing."""
-
-    key: str
-    prefix: str
-    group: str
-    span_id: str | None
-    stimulus_id: str
-    entered: float
-    #: the time of the transition out of processing
-    left: float
 
 
 #: What a scheduler transition out of processing into one of these is: a finish (a

@@ -28,14 +28,18 @@ from dask_blackbox.read.filters import table as _t
 RAW_TRANSITIONS = 200_000
 
 
+#: What :func:`bounds` reads (from ``{task_seconds}``; ``{where}`` filled in where it is
+#: run).
+BOUNDS = ("SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), sum(n) FROM "
+          "{task_seconds} {where}")
+
+
 def bounds(backend: Backend, cluster_id: str, span_ids: list[str] | None) -> tuple:
     """(first transition, last transition, transitions) of the cluster or of its spans
     ``span_ids``, from ``task_seconds``: exact times (the aggregate keeps each
     second's first and last ``ts``)."""
     where, p = _where(cluster_id, span_ids)
-    _, rows = backend.query(
-        "SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), sum(n) "
-        f"FROM {_t(backend, 'task_seconds')} {where}", p)
+    _, rows = backend.query(BOUNDS.format(task_seconds=_t(backend, 'task_seconds'), where=where), p)
     first, last, n = rows[0] if rows else (None, None, 0)
     if not n:
         return None, None, 0
@@ -68,16 +72,27 @@ def _buckets(p: dict, scope, n: int) -> dict:
     return p
 
 
+#: What :func:`prefix_counts` reads (from ``{group_totals}``; ``{where}`` filled in where it
+#: is run).
+PREFIX_COUNTS = ("SELECT prefix, uniqExactMerge(keys), sum(memory), sum(erred), "
+                 "uniqExactMerge(memory_keys) FROM {group_totals} {where} GROUP BY prefix")
+
+
 def prefix_counts(backend: Backend, scope) -> dict[str, dict]:
     """Per prefix: distinct tasks, transitions into memory and into erred, and the
     transitions into memory beyond each task's first (``recomputed``)."""
     where, p = _where(scope.cluster_id, scope.span_ids)
     _, rows = backend.query(
-        "SELECT prefix, uniqExactMerge(keys), sum(memory), sum(erred), "
-        f"uniqExactMerge(memory_keys) FROM {_t(backend, 'group_totals')} {where} GROUP BY prefix", p)
+        PREFIX_COUNTS.format(group_totals=_t(backend, 'group_totals'), where=where), p)
     return {prefix or "(none)": {"tasks": int(n), "memory": int(m), "erred": int(e),
                                  "recomputed": int(m) - int(k)}
             for prefix, n, m, e, k in rows}
+
+
+#: What :func:`finished_per_bucket` reads (from ``{task_seconds}``; ``{_BUCKET}``,
+#: ``{where}`` filled in where it is run).
+FINISHED_PER_BUCKET = ("SELECT prefix, {_BUCKET} AS b, sum(n) FROM {task_seconds} {where} "
+                       "GROUP BY prefix, b ORDER BY b")
 
 
 def finished_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, int, int]]:
@@ -85,9 +100,14 @@ def finished_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, int,
     where, p = _where(scope.cluster_id, scope.span_ids, "finish IN ('memory', 'erred')")
     _buckets(p, scope, n)
     _, rows = backend.query(
-        f"SELECT prefix, {_BUCKET} AS b, sum(n) FROM {_t(backend, 'task_seconds')} "
-        f"{where} GROUP BY prefix, b ORDER BY b", p)
+        FINISHED_PER_BUCKET.format(_BUCKET=_BUCKET, task_seconds=_t(backend, 'task_seconds'), where=where), p)
     return rows
+
+
+#: What :func:`moves_per_bucket` reads (from ``{task_seconds}``; ``{_BUCKET}``, ``{where}``
+#: filled in where it is run).
+MOVES_PER_BUCKET = ("SELECT start, finish, {_BUCKET} AS b, sum(n) FROM {task_seconds} {where} "
+                    "GROUP BY start, finish, b")
 
 
 def moves_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, str, int, int]]:
@@ -95,18 +115,30 @@ def moves_per_bucket(backend: Backend, scope, n: int) -> list[tuple[str, str, in
     where, p = _where(scope.cluster_id, scope.span_ids)
     _buckets(p, scope, n)
     _, rows = backend.query(
-        f"SELECT start, finish, {_BUCKET} AS b, sum(n) FROM {_t(backend, 'task_seconds')} "
-        f"{where} GROUP BY start, finish, b", p)
+        MOVES_PER_BUCKET.format(_BUCKET=_BUCKET, task_seconds=_t(backend, 'task_seconds'), where=where), p)
     return rows
+
+
+#: What :func:`bars` reads (from ``{stream_seconds}``; ``{where}`` filled in where it is
+#: run).
+BARS = "SELECT sum(started), sumIf(started, action = 'compute') FROM {stream_seconds} {where}"
 
 
 def bars(backend: Backend, scope) -> tuple[int, int]:
     """(startstops, computes) that began in the scope."""
     where, p = _where(scope.cluster_id, scope.span_ids)
     _, rows = backend.query(
-        f"SELECT sum(started), sumIf(started, action = 'compute') FROM {_t(backend, 'stream_seconds')} "
-        f"{where}", p)
+        BARS.format(stream_seconds=_t(backend, 'stream_seconds'), where=where), p)
     return (int(rows[0][0] or 0), int(rows[0][1] or 0)) if rows else (0, 0)
+
+
+#: What :func:`stream_cells` reads (from ``{stream_seconds}``; ``{_BUCKET}``, ``{where}``
+#: filled in where it is run).
+STREAM_CELLS = ("SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), "
+                "sum(bars) FROM ( SELECT worker, {_BUCKET} AS b, if(action = 'compute', "
+                "prefix, action) AS what,   sum(busy) AS busy, sumIf(started, action = "
+                "'compute') AS computes, sum(started) AS bars  FROM {stream_seconds} {where} "
+                "GROUP BY worker, b, what) GROUP BY worker, b ORDER BY worker, b")
 
 
 def stream_cells(backend: Backend, scope, n: int) -> list[tuple]:
@@ -115,12 +147,14 @@ def stream_cells(backend: Backend, scope, n: int) -> list[tuple]:
     where, p = _where(scope.cluster_id, scope.span_ids)
     _buckets(p, scope, n)
     _, rows = backend.query(
-        "SELECT worker, b, sum(busy) AS total, argMax(what, busy), sum(computes), sum(bars) FROM ("
-        f" SELECT worker, {_BUCKET} AS b, if(action = 'compute', prefix, action) AS what, "
-        "  sum(busy) AS busy, sumIf(started, action = 'compute') AS computes, sum(started) AS bars "
-        f" FROM {_t(backend, 'stream_seconds')} {where} GROUP BY worker, b, what"
-        ") GROUP BY worker, b ORDER BY worker, b", p)
+        STREAM_CELLS.format(_BUCKET=_BUCKET, stream_seconds=_t(backend, 'stream_seconds'), where=where), p)
     return rows
+
+
+#: What :func:`activity` reads (from ``{stream_seconds}``; ``{_BUCKET}``, ``{where}`` filled
+#: in where it is run).
+ACTIVITY = ("SELECT action, {_BUCKET} AS b, sum(busy) FROM {stream_seconds} {where} GROUP BY "
+            "action, b")
 
 
 def activity(backend: Backend, scope, n: int, worker: str | None = None,
@@ -140,12 +174,17 @@ def activity(backend: Backend, scope, n: int, worker: str | None = None,
               "AND second <= toDateTime(toUInt32({t1:Float64}), 'UTC')")
     p.update(start=scope.t0, t1=scope.t1)
     _, rows = backend.query(
-        f"SELECT action, {_BUCKET} AS b, sum(busy) FROM {_t(backend, 'stream_seconds')} "
-        f"{where} GROUP BY action, b", p)
+        ACTIVITY.format(_BUCKET=_BUCKET, stream_seconds=_t(backend, 'stream_seconds'), where=where), p)
     out: dict[str, dict] = defaultdict(dict)
     for action, b, busy in rows:
         out[action][int(b)] = float(busy)
     return dict(out)
+
+
+#: What :func:`transfers` reads (from ``{stream_seconds}``; ``{where}`` filled in where it
+#: is run).
+TRANSFERS = ("SELECT sender, worker, sum(busy), sum(started) FROM {stream_seconds} {where} "
+             "GROUP BY sender, worker ORDER BY sender, worker")
 
 
 def transfers(backend: Backend, scope) -> list[tuple[str, str, float, int]]:
@@ -153,20 +192,32 @@ def transfers(backend: Backend, scope) -> list[tuple[str, str, float, int]]:
     startstops."""
     where, p = _where(scope.cluster_id, scope.span_ids, "action = 'transfer'")
     _, rows = backend.query(
-        f"SELECT sender, worker, sum(busy), sum(started) FROM {_t(backend, 'stream_seconds')} "
-        f"{where} GROUP BY sender, worker ORDER BY sender, worker", p)
+        TRANSFERS.format(stream_seconds=_t(backend, 'stream_seconds'), where=where), p)
     return rows
+
+
+#: What :func:`per_worker` reads (from ``{stream_seconds}``; ``{where}`` filled in where it
+#: is run).
+PER_WORKER = ("SELECT worker, sumIf(started, action = 'compute'), sumIf(erred, action = "
+              "'compute'), sumIf(busy, action = 'compute'), sumIf(busy, action = 'transfer') "
+              "FROM {stream_seconds} {where} GROUP BY worker")
 
 
 def per_worker(backend: Backend, cluster_id: str, span_ids: list[str] | None = None) -> dict[str, dict]:
     """Per worker: computes begun, erred computes, compute and transfer seconds."""
     where, p = _where(cluster_id, span_ids)
     _, rows = backend.query(
-        "SELECT worker, sumIf(started, action = 'compute'), sumIf(erred, action = 'compute'), "
-        "sumIf(busy, action = 'compute'), sumIf(busy, action = 'transfer') "
-        f"FROM {_t(backend, 'stream_seconds')} {where} GROUP BY worker", p)
+        PER_WORKER.format(stream_seconds=_t(backend, 'stream_seconds'), where=where), p)
     return {w: {"tasks": int(t), "erred": int(e), "compute_s": float(c), "transfer_s": float(x)}
             for w, t, e, c, x in rows}
+
+
+#: What :func:`groups` reads (from ``{group_totals}``; ``{where}`` filled in where it is
+#: run).
+GROUPS = ("SELECT task_group, anyLast(prefix), uniqExactMerge(keys), "
+          "uniqExactMerge(memory_keys), sum(memory), sum(erred), sum(compute_s), "
+          "sum(transfer_s), sum(nbytes), min(first_start), max(last_stop) FROM {group_totals} "
+          "{where} GROUP BY task_group ORDER BY sum(compute_s) DESC, task_group")
 
 
 def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None) -> list[dict]:
@@ -176,15 +227,17 @@ def groups(backend: Backend, cluster_id: str, span_ids: list[str] | None = None)
     every result (a recomputed task's each time), first compute start and last stop
     (None when none computed), largest first."""
     where, p = _where(cluster_id, span_ids)
-    _, rows = backend.query(
-        "SELECT task_group, anyLast(prefix), uniqExactMerge(keys), uniqExactMerge(memory_keys), "
-        "sum(memory), sum(erred), sum(compute_s), sum(transfer_s), sum(nbytes), min(first_start), "
-        f"max(last_stop) FROM {_t(backend, 'group_totals')} {where} GROUP BY task_group "
-        "ORDER BY sum(compute_s) DESC, task_group", p)
+    _, rows = backend.query(GROUPS.format(group_totals=_t(backend, 'group_totals'), where=where), p)
     return [{"group": g, "prefix": prefix, "tasks": int(n), "memory": int(k),
              "recomputed": int(m) - int(k), "erred": int(e), "compute_s": float(c),
              "transfer_s": float(x), "nbytes": int(b), "start": s, "stop": e2}
             for g, prefix, n, k, m, e, c, x, b, s, e2 in rows]
+
+
+#: What :func:`digests` reads (from ``{digest_totals}``; ``{where}`` filled in where it is
+#: run).
+DIGESTS = ("SELECT context, prefix, activity, unit, sum(value) FROM {digest_totals} {where} "
+           "GROUP BY context, prefix, activity, unit")
 
 
 def digests(backend: Backend, cluster_id: str, worker: str | None = None,
@@ -195,6 +248,5 @@ def digests(backend: Backend, cluster_id: str, worker: str | None = None,
     if worker:
         p["worker"] = worker
     _, rows = backend.query(
-        "SELECT context, prefix, activity, unit, sum(value) "
-        f"FROM {_t(backend, 'digest_totals')} {where} GROUP BY context, prefix, activity, unit", p)
+        DIGESTS.format(digest_totals=_t(backend, 'digest_totals'), where=where), p)
     return rows

@@ -105,63 +105,70 @@ class SpanCost:
 # ---------------------------------------------------------------- the measures
 
 
+#: Per cluster, span and prefix, from the worker digests ``{d}`` of the executions:
+#: thread CPU seconds, all seconds, bytes written to disk.
+EXECUTE_DIGESTS = ("SELECT cluster_id, span_id, prefix, sumIf(value, activity = 'thread-cpu' AND "
+                   "unit = 'seconds'), sumIf(value, unit = 'seconds'), sumIf(value, activity = "
+                   "'disk-write' AND unit = 'bytes') FROM {d} WHERE cluster_id IN "
+                   "{{ids:Array(String)}} AND context = 'execute' AND prefix != 'N/A' GROUP BY "
+                   "cluster_id, span_id, prefix")
+#: Per cluster, span and prefix (from the transitions ``{t}``): the byte-seconds its results
+#: were held in memory, from entering memory until leaving it (or the cluster's end).
+HELD_BYTE_SECONDS = ("WITH ends AS (SELECT cluster_id, toFloat64(max(ts)) AS end_s FROM {t} WHERE "
+                     "cluster_id IN {{ids:Array(String)}} GROUP BY cluster_id) SELECT k.cluster_id, "
+                     "span_id, prefix, sum(nb * (left_s - entered_s + open * ends.end_s)) FROM "
+                     "(SELECT cluster_id, cityHash64(key) AS kh, argMaxIf(span_id, ts, span_id != "
+                     "'') AS span_id, argMaxIf(prefix, ts, prefix != '') AS prefix, "
+                     "toFloat64(argMaxIf(nbytes, ts, nbytes IS NOT NULL)) AS nb, "
+                     "sumIf(toFloat64(ts), finish = 'memory') AS entered_s, sumIf(toFloat64(ts), "
+                     "start = 'memory') AS left_s, countIf(finish = 'memory') - countIf(start = "
+                     "'memory') AS open FROM {t} WHERE cluster_id IN {{ids:Array(String)}} AND "
+                     "source = 'scheduler' GROUP BY cluster_id, kh HAVING countIf(finish = 'memory') "
+                     "> 0) AS k INNER JOIN ends ON ends.cluster_id = k.cluster_id GROUP BY "
+                     "k.cluster_id, span_id, prefix")
+#: Which of the clusters ``ids`` have rows in the table ``{table}``.
+RECORDED_CLUSTERS = "SELECT DISTINCT cluster_id FROM {table} WHERE cluster_id IN {{ids:Array(String)}}"
+#: Per cluster, span and prefix of the dependents: the bytes of their dependencies (the graph
+#: ``{g}``) fetched from another worker, one fetch per other worker that ran a dependent
+#: (who ran what: the transitions ``{t}``).
+MOVED_BYTES = ("WITH fin AS (SELECT cluster_id, cityHash64(key) AS kh, argMax(worker, ts) AS "
+               "worker, argMax(ifNull(nbytes, 0), ts) AS nbytes, argMax(span_id, ts) AS "
+               "span_id, argMax(prefix, ts) AS prefix, min(ts) AS first FROM {t} WHERE "
+               "cluster_id IN {{g:Array(String)}} AND source = 'scheduler' AND start = "
+               "'processing' AND finish = 'memory' GROUP BY cluster_id, kh) SELECT "
+               "m.cluster_id, m.span_id, m.prefix, sum(d.nbytes) FROM ( SELECT e.cluster_id AS "
+               "cluster_id, e.dh AS dh, f.worker AS dest,  argMin(f.span_id, f.first) AS "
+               "span_id, argMin(f.prefix, f.first) AS prefix  FROM (SELECT DISTINCT "
+               "cluster_id, cityHash64(key) AS kh,  cityHash64(arrayJoin(dependencies)) AS dh "
+               "FROM {g}  WHERE cluster_id IN {{g:Array(String)}}) AS e  INNER JOIN fin AS f "
+               "ON f.cluster_id = e.cluster_id AND f.kh = e.kh  GROUP BY e.cluster_id, e.dh, "
+               "f.worker) AS m INNER JOIN fin AS d ON d.cluster_id = m.cluster_id AND d.kh = "
+               "m.dh WHERE d.worker != m.dest GROUP BY m.cluster_id, m.span_id, m.prefix")
+
+
 def measures(backend: Backend, cluster_ids: Sequence[str]) -> dict[tuple[str, str, str], Measures]:
     """Additive measures per (cluster_id, span_id, prefix) of the clusters."""
     p = {"ids": list(cluster_ids)}
     t, g, d = (table(backend, n) for n in ("transitions", "graph_tasks", "worker_digests"))
     out: dict[tuple[str, str, str], list] = defaultdict(lambda: [0.0, 0.0, 0, 0, 0.0])
-    _, rows = backend.query(
-        "SELECT cluster_id, span_id, prefix, "
-        "sumIf(value, activity = 'thread-cpu' AND unit = 'seconds'), sumIf(value, unit = 'seconds'), "
-        "sumIf(value, activity = 'disk-write' AND unit = 'bytes') "
-        f"FROM {d} WHERE cluster_id IN {{ids:Array(String)}} AND context = 'execute' "
-        "AND prefix != 'N/A' GROUP BY cluster_id, span_id, prefix", p)
+    _, rows = backend.query(EXECUTE_DIGESTS.format(d=d), p)
     for c, s, pr, cpu, busy, spilled in rows:
         m = out[(c, s, pr)]
         m[0], m[1], m[3] = float(cpu), float(busy), int(spilled)
     # results held in memory: from entering memory until leaving it (or the end)
-    _, rows = backend.query(
-        f"WITH ends AS (SELECT cluster_id, toFloat64(max(ts)) AS end_s FROM {t} "
-        "WHERE cluster_id IN {ids:Array(String)} GROUP BY cluster_id) "
-        "SELECT k.cluster_id, span_id, prefix, sum(nb * (left_s - entered_s + open * ends.end_s)) "
-        "FROM (SELECT cluster_id, cityHash64(key) AS kh, argMaxIf(span_id, ts, span_id != '') AS span_id, "
-        "argMaxIf(prefix, ts, prefix != '') AS prefix, "
-        "toFloat64(argMaxIf(nbytes, ts, nbytes IS NOT NULL)) AS nb, "
-        "sumIf(toFloat64(ts), finish = 'memory') AS entered_s, "
-        "sumIf(toFloat64(ts), start = 'memory') AS left_s, "
-        "countIf(finish = 'memory') - countIf(start = 'memory') AS open "
-        f"FROM {t} WHERE cluster_id IN {{ids:Array(String)}} AND source = 'scheduler' "
-        "GROUP BY cluster_id, kh HAVING countIf(finish = 'memory') > 0) AS k "
-        "INNER JOIN ends ON ends.cluster_id = k.cluster_id "
-        "GROUP BY k.cluster_id, span_id, prefix", p)
+    _, rows = backend.query(HELD_BYTE_SECONDS.format(t=t), p)
     for c, s, pr, byte_s in rows:
         out[(c, s, pr)][4] = float(byte_s or 0.0)
     # bytes moved: a dependency fetched once by each other worker that ran a dependent
-    _, graphed = backend.query(
-        f"SELECT DISTINCT cluster_id FROM {g} WHERE cluster_id IN {{ids:Array(String)}}", p)
+    _, graphed = backend.query(RECORDED_CLUSTERS.format(table=g), p)
     graphed_ids = {r[0] for r in graphed}
     if graphed_ids:
         _, rows = backend.query(
-            f"WITH fin AS (SELECT cluster_id, cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
-            "argMax(ifNull(nbytes, 0), ts) AS nbytes, argMax(span_id, ts) AS span_id, "
-            f"argMax(prefix, ts) AS prefix, min(ts) AS first FROM {t} "
-            "WHERE cluster_id IN {g:Array(String)} AND source = 'scheduler' "
-            "AND start = 'processing' AND finish = 'memory' GROUP BY cluster_id, kh) "
-            "SELECT m.cluster_id, m.span_id, m.prefix, sum(d.nbytes) FROM ("
-            " SELECT e.cluster_id AS cluster_id, e.dh AS dh, f.worker AS dest, "
-            " argMin(f.span_id, f.first) AS span_id, argMin(f.prefix, f.first) AS prefix "
-            " FROM (SELECT DISTINCT cluster_id, cityHash64(key) AS kh, "
-            f" cityHash64(arrayJoin(dependencies)) AS dh FROM {g} "
-            " WHERE cluster_id IN {g:Array(String)}) AS e "
-            " INNER JOIN fin AS f ON f.cluster_id = e.cluster_id AND f.kh = e.kh "
-            " GROUP BY e.cluster_id, e.dh, f.worker) AS m "
-            "INNER JOIN fin AS d ON d.cluster_id = m.cluster_id AND d.kh = m.dh "
-            "WHERE d.worker != m.dest GROUP BY m.cluster_id, m.span_id, m.prefix",
+            MOVED_BYTES.format(t=t, g=g),
             {"g": sorted(graphed_ids)})
         for c, s, pr, moved in rows:
             out[(c, s, pr)][2] = int(moved)
-    _, digested = backend.query(
-        f"SELECT DISTINCT cluster_id FROM {d} WHERE cluster_id IN {{ids:Array(String)}}", p)
+    _, digested = backend.query(RECORDED_CLUSTERS.format(table=d), p)
     metered = {r[0] for r in digested}
     return {k: Measures(cpu if k[0] in metered else None, busy if k[0] in metered else None,
                         moved if k[0] in graphed_ids else None,
@@ -196,13 +203,18 @@ class _Worker(NamedTuple):
     left: float | None
 
 
+#: The cluster's ``total_nthreads_history`` as its lifecycle records it: per record, whether it
+#: is the scheduler's start, the times and the thread counts.
+THREADS_HISTORY = ("SELECT action = 'scheduler_start', arrayMap(x -> toFloat64(x), "
+                   "total_nthreads.time), total_nthreads.nthreads FROM {lifecycle} WHERE cluster_id = "
+                   "{{c:String}} AND notEmpty(total_nthreads.time) ORDER BY ts")
+
+
 def _history(backend: Backend, cluster_id: str) -> tuple[list[float], list[int]]:
     """The cluster's ``Scheduler.total_nthreads_history`` as recorded (scheduler_start
     carries it whole, later lifecycle events the entries appended since)."""
     _, rows = backend.query(
-        "SELECT action = 'scheduler_start', arrayMap(x -> toFloat64(x), total_nthreads.time), "
-        f"total_nthreads.nthreads FROM {table(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND notEmpty(total_nthreads.time) ORDER BY ts", {"c": cluster_id})
+        THREADS_HISTORY.format(lifecycle=table(backend, 'lifecycle')), {"c": cluster_id})
     times: list[float] = []
     counts: list[int] = []
     for whole, ts, ns in rows:
@@ -236,6 +248,14 @@ def active_cpu_seconds(times: list[float], counts: list[int], enqueued: float, s
     return out + (stop - t) * n
 
 
+#: The workers' arrivals and departures (and the scheduler's starts) in time order: the
+#: worker, what, when, its threads, the cluster's thread counts.
+WORKER_LIVES = ("SELECT worker, action, toFloat64(ts), JSONExtractInt(detail, 'nthreads'), "
+                "total_nthreads.nthreads FROM {lifecycle} WHERE cluster_id = {{c:String}} AND "
+                "(action IN ('worker_added', 'worker_removed') AND worker != '' OR action = "
+                "'scheduler_start') ORDER BY ts")
+
+
 def _workers(backend: Backend, cluster_id: str) -> dict[str, list[_Worker]]:
     """Each worker's lives: threads, when it joined and left (None: never left).
 
@@ -244,11 +264,7 @@ def _workers(backend: Backend, cluster_id: str) -> dict[str, list[_Worker]]:
     worker already there when the recording began (no worker_added) joined, for
     these purposes, when the recording began."""
     _, rows = backend.query(
-        "SELECT worker, action, toFloat64(ts), JSONExtractInt(detail, 'nthreads'), "
-        "total_nthreads.nthreads "
-        f"FROM {table(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND (action IN ('worker_added', 'worker_removed') AND worker != '' "
-        "OR action = 'scheduler_start') ORDER BY ts", {"c": cluster_id})
+        WORKER_LIVES.format(lifecycle=table(backend, 'lifecycle')), {"c": cluster_id})
     lives: dict[str, list[_Worker]] = defaultdict(list)
     began, running = None, 0
     for worker, action, ts, nthreads, counts in rows:
@@ -268,19 +284,23 @@ def _workers(backend: Backend, cluster_id: str) -> dict[str, list[_Worker]]:
     return lives
 
 
+#: Per window (``w0``..``w1``, its span ``ids``) and worker: the compute seconds inside it.
+COMPUTE_IN_WINDOWS = ("SELECT w.3 AS span, worker, sum(least(e, w.2) - greatest(s, w.1)) FROM "
+                      "(SELECT worker, toFloat64(ss.start) AS s, toFloat64(ss.stop) AS e FROM "
+                      "{transitions} ARRAY JOIN startstops AS ss WHERE cluster_id = {{c:String}} "
+                      "AND source = 'scheduler' AND start = 'processing' AND ss.action = "
+                      "'compute') ARRAY JOIN arrayZip({{w0:Array(Float64)}}, "
+                      "{{w1:Array(Float64)}}, {{ids:Array(String)}}) AS w WHERE s < w.2 AND e > "
+                      "w.1 GROUP BY span, worker")
+
+
 def _busy_in_windows(backend: Backend, cluster_id: str,
                      windows: list[tuple[str, float, float]]) -> dict[str, dict[str, float]]:
     """span_id -> worker -> compute seconds of any task inside the span's window."""
     if not windows:
         return {}
     _, rows = backend.query(
-        "SELECT w.3 AS span, worker, sum(least(e, w.2) - greatest(s, w.1)) FROM ("
-        "SELECT worker, toFloat64(ss.start) AS s, toFloat64(ss.stop) AS e "
-        f"FROM {table(backend, 'transitions')} ARRAY JOIN startstops AS ss "
-        "WHERE cluster_id = {c:String} AND source = 'scheduler' AND start = 'processing' "
-        "AND ss.action = 'compute') "
-        "ARRAY JOIN arrayZip({w0:Array(Float64)}, {w1:Array(Float64)}, {ids:Array(String)}) AS w "
-        "WHERE s < w.2 AND e > w.1 GROUP BY span, worker",
+        COMPUTE_IN_WINDOWS.format(transitions=table(backend, 'transitions')),
         {"c": cluster_id, "w0": [w[1] for w in windows], "w1": [w[2] for w in windows],
          "ids": [w[0] for w in windows]})
     out: dict[str, dict[str, float]] = defaultdict(dict)
@@ -303,19 +323,24 @@ def _offered_by_worker(lives: dict[str, list[_Worker]], w0: float, w1: float,
 # ---------------------------------------------------------------------- spans
 
 
+#: Every span of the clusters ``ids``: its name, parent and when it was enqueued.
+SPANS_OF_CLUSTERS = ("SELECT cluster_id, span_id, any(name), any(parent_id), toFloat64(min(enqueued)) "
+                     "FROM {spans} WHERE cluster_id IN {{ids:Array(String)}} GROUP BY cluster_id, "
+                     "span_id")
+#: Per span of the clusters ``ids``: its own tasks' earliest compute start and latest stop.
+SPAN_COMPUTE_BOUNDS = ("SELECT cluster_id, span_id, toFloat64(min(ss.start)), toFloat64(max(ss.stop)) "
+                       "FROM {transitions} ARRAY JOIN startstops AS ss WHERE cluster_id IN "
+                       "{{ids:Array(String)}} AND source = 'scheduler' AND start = 'processing' AND "
+                       "ss.action = 'compute' GROUP BY cluster_id, span_id")
+
+
 def _span_tree(backend: Backend, cluster_ids: Sequence[str]) -> list[dict]:
     """Every span of the clusters: id, name, parent, enqueued, and its own tasks'
     earliest compute start and latest compute stop."""
     p = {"ids": list(cluster_ids)}
-    _, spans = backend.query(
-        "SELECT cluster_id, span_id, any(name), any(parent_id), toFloat64(min(enqueued)) "
-        f"FROM {table(backend, 'spans')} WHERE cluster_id IN {{ids:Array(String)}} "
-        "GROUP BY cluster_id, span_id", p)
+    _, spans = backend.query(SPANS_OF_CLUSTERS.format(spans=table(backend, 'spans')), p)
     _, times = backend.query(
-        "SELECT cluster_id, span_id, toFloat64(min(ss.start)), toFloat64(max(ss.stop)) "
-        f"FROM {table(backend, 'transitions')} ARRAY JOIN startstops AS ss "
-        "WHERE cluster_id IN {ids:Array(String)} AND source = 'scheduler' "
-        "AND start = 'processing' AND ss.action = 'compute' GROUP BY cluster_id, span_id", p)
+        SPAN_COMPUTE_BOUNDS.format(transitions=table(backend, 'transitions')), p)
     own = {(c, s): (a, b) for c, s, a, b in times}
     return [{"cluster_id": c, "span_id": s, "name": tuple(name), "parent_id": parent or "",
              "enqueued": enqueued, "own": own.get((c, s))}

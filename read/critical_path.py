@@ -110,15 +110,32 @@ def _scope(cluster_id: str, span_ids: Sequence[str] | None, since: float | None,
 _WHOLE = "length(dependencies) >= n_dependencies"
 
 
+#: The finished tasks of the scope ``{scope}`` (in the transitions ``{t}``), and those whose
+#: graph row (in ``{g}``) holds all its dependencies (``{_WHOLE}``).
+COVERAGE = ("SELECT count(), countIf(kh IN (SELECT cityHash64(key) FROM {g} WHERE cluster_id "
+            "= {{c:String}} AND {_WHOLE})) FROM (SELECT DISTINCT cityHash64(key) AS kh FROM "
+            "{t} WHERE {scope})")
+
+
 def _coverage(backend: Backend, scope: str, p: dict) -> tuple[int, int]:
     """(finished tasks in the scope, those whose graph row, with all its
     dependencies, was recorded)."""
     t, g = table(backend, "transitions"), table(backend, "graph_tasks")
-    _, rows = backend.query(
-        f"SELECT count(), countIf(kh IN (SELECT cityHash64(key) FROM {g} "
-        f"WHERE cluster_id = {{c:String}} AND {_WHOLE})) "
-        f"FROM (SELECT DISTINCT cityHash64(key) AS kh FROM {t} WHERE {scope})", p)
+    _, rows = backend.query(COVERAGE.format(g=g, _WHOLE=_WHOLE, t=t, scope=scope), p)
     return int(rows[0][0]), int(rows[0][1])
+
+
+#: Per finish of a task (``fin`` of the common table expressions ``{ctes}``): the
+#: predecessor that fed it (``{pred}``), how it is known (``{how}``) and when that one
+#: arrived (``{arrived}``), joined from ``{joins}``; with the scope's first start, last
+#: end and the finish that ended last.
+PREDECESSORS = (
+    "WITH {ctes} "
+    "SELECT groupArray(kh), groupArray(arrived), groupArray(pred), groupArray(how), "
+    "groupArray(pred_arrived), min(begin_s), max(end_s), argMax((kh, arrived), end_s) FROM ("
+    "SELECT fin.kh AS kh, toFloat64(fin.arrived) AS arrived, {pred} AS pred, {how} AS how, "
+    "{arrived} AS pred_arrived, fin.begin_s AS begin_s, fin.end_s AS end_s FROM fin{joins}) "
+    "SETTINGS join_use_nulls = 0")
 
 
 def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) -> str:
@@ -190,14 +207,8 @@ def _predecessors_sql(backend: Backend, scope: str, graph: bool, actions: bool) 
         pred, how, arrived = g_pred, g_how, "gp.pred_arrived"
     elif actions:
         pred, how, arrived = a_pred, a_how, "sp.pred_arrived"
-    return (
-        "WITH " + ", ".join(ctes) + " "
-        "SELECT groupArray(kh), groupArray(arrived), groupArray(pred), groupArray(how), "
-        "groupArray(pred_arrived), min(begin_s), max(end_s), argMax((kh, arrived), end_s) FROM ("
-        f"SELECT fin.kh AS kh, toFloat64(fin.arrived) AS arrived, {pred} AS pred, {how} AS how, "
-        f"{arrived} AS pred_arrived, fin.begin_s AS begin_s, fin.end_s AS end_s FROM fin{joins}) "
-        "SETTINGS join_use_nulls = 0"
-    )
+    return PREDECESSORS.format(ctes=", ".join(ctes), pred=pred, how=how, arrived=arrived,
+                               joins=joins)
 
 
 class _Pointers(NamedTuple):
@@ -266,17 +277,21 @@ def _walk(ptr: _Pointers) -> tuple[list[int], bool]:
 # ---------------------------------------------------------------------- links
 
 
+#: What :func:`_tasks` reads (from ``{transitions}``).
+TASKS = ("SELECT cityHash64(key) AS kh, key, toFloat64(ts), start, finish, stimulus_id, "
+         "worker, prefix, span_id, startstops.action, arrayMap(x -> toFloat64(x), "
+         "startstops.start), arrayMap(x -> toFloat64(x), startstops.stop) FROM {transitions} "
+         "WHERE cluster_id = {{c:String}} AND source = 'scheduler' AND kh IN "
+         "{{hs:Array(UInt64)}} ORDER BY kh, ts, seq, idx")
+
+
 def _tasks(backend: Backend, cluster_id: str,
            nodes: list[tuple[int, float]]) -> dict[tuple[int, float], _Task]:
     """Each finish ``(key hash, arrival)``'s task, read from the transitions of that
     occurrence: since the key's previous finish, until this one."""
     hashes = sorted({kh for kh, _ in nodes})
     _, rows = backend.query(
-        "SELECT cityHash64(key) AS kh, key, toFloat64(ts), start, finish, stimulus_id, worker, "
-        "prefix, span_id, startstops.action, arrayMap(x -> toFloat64(x), startstops.start), "
-        "arrayMap(x -> toFloat64(x), startstops.stop) "
-        f"FROM {table(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-        "AND source = 'scheduler' AND kh IN {hs:Array(UInt64)} ORDER BY kh, ts, seq, idx",
+        TASKS.format(transitions=table(backend, 'transitions')),
         {"c": cluster_id, "hs": hashes})
     by_key: dict[int, list] = {}
     for row in rows:
@@ -337,6 +352,21 @@ def _links(path: list[int], ptr: _Pointers, tasks: dict[tuple[int, float], _Task
 # -------------------------------------------------------------------- anomalies
 
 
+#: What :func:`graph_issues` reads (the transitions ``{t}``, the graph ``{g}``;
+#: ``{span_filter}``:
+#: the spans).
+GRAPH_ISSUES = ("WITH seen AS (SELECT cityHash64(key) AS h, minIf(ts, finish = 'memory') AS "
+                "arrived, countIf(finish = 'memory') > 0 AS done FROM {t} WHERE cluster_id = "
+                "{{c:String}} AND source = 'scheduler' GROUP BY h), edges AS (SELECT key, dep "
+                "FROM {g} ARRAY JOIN dependencies AS dep WHERE cluster_id = {{c:String}} "
+                "{span_filter}) SELECT countIf(d.h = 0) AS dangling, "
+                "groupArrayIf({{n:UInt32}})((key, dep), d.h = 0), countIf(d.done AND k.done "
+                "AND d.arrived >= k.arrived) AS backwards, groupArrayIf({{n:UInt32}})((key, "
+                "dep), d.done AND k.done AND d.arrived >= k.arrived) FROM edges LEFT JOIN "
+                "seen AS d ON d.h = cityHash64(edges.dep) LEFT JOIN seen AS k ON k.h = "
+                "cityHash64(edges.key) SETTINGS join_use_nulls = 0")
+
+
 def graph_issues(backend: Backend, cluster_id: str, span_ids: Sequence[str] | None = None) -> GraphIssues:
     """Dangling and backward dependencies of the cluster's recorded graph (those of
     the span tree's tasks when ``span_ids``), and a cycle through a backward one if
@@ -350,18 +380,7 @@ def graph_issues(backend: Backend, cluster_id: str, span_ids: Sequence[str] | No
     _, rows = backend.query(
         # a dependency is backwards when not even its first result came before its
         # dependent's first (a key computed again later fed later computations only)
-        "WITH seen AS (SELECT cityHash64(key) AS h, minIf(ts, finish = 'memory') AS arrived, "
-        f"countIf(finish = 'memory') > 0 AS done FROM {t} WHERE cluster_id = {{c:String}} "
-        "AND source = 'scheduler' GROUP BY h), "
-        f"edges AS (SELECT key, dep FROM {g} ARRAY JOIN dependencies AS dep "
-        f"WHERE cluster_id = {{c:String}} {span_filter}) "
-        "SELECT countIf(d.h = 0) AS dangling, "
-        "groupArrayIf({n:UInt32})((key, dep), d.h = 0), "
-        "countIf(d.done AND k.done AND d.arrived >= k.arrived) AS backwards, "
-        "groupArrayIf({n:UInt32})((key, dep), d.done AND k.done AND d.arrived >= k.arrived) "
-        "FROM edges LEFT JOIN seen AS d ON d.h = cityHash64(edges.dep) "
-        "LEFT JOIN seen AS k ON k.h = cityHash64(edges.key) "
-        "SETTINGS join_use_nulls = 0", p)
+        GRAPH_ISSUES.format(t=t, g=g, span_filter=span_filter), p)
     n_dangling, dangling, n_backwards, backwards = rows[0]
     dangling = tuple((str(a), str(b)) for a, b in dangling)
     backwards = tuple((str(a), str(b)) for a, b in backwards)
@@ -374,14 +393,18 @@ def graph_issues(backend: Backend, cluster_id: str, span_ids: Sequence[str] | No
     return GraphIssues(dangling, int(n_dangling), backwards, int(n_backwards), cycle)
 
 
+#: What :func:`_find_path` reads (from ``{graph_tasks}``).
+FIND_PATH = ("SELECT key, dependencies FROM {graph_tasks} WHERE cluster_id = {{c:String}} AND "
+             "key IN {{keys:Array(String)}}")
+
+
 def _find_path(backend: Backend, cluster_id: str, source: str, target: str) -> tuple[str, ...]:
     """Keys from ``source`` to ``target`` along recorded dependencies, or ()."""
     parent: dict[str, str | None] = {source: None}
     frontier = [source]
     while frontier and len(parent) < CYCLE_SEARCH_NODES:
         _, rows = backend.query(
-            f"SELECT key, dependencies FROM {table(backend, 'graph_tasks')} "
-            "WHERE cluster_id = {c:String} AND key IN {keys:Array(String)}",
+            FIND_PATH.format(graph_tasks=table(backend, 'graph_tasks')),
             {"c": cluster_id, "keys": frontier})
         nxt = []
         for key, deps in rows:
@@ -402,6 +425,11 @@ def _find_path(backend: Backend, cluster_id: str, source: str, target: str) -> t
 # ------------------------------------------------------------------------ entry
 
 
+#: What :func:`critical_path` reads (from ``{spans}``).
+CRITICAL_PATH = ("SELECT toFloat64(min(enqueued)) FROM {spans} WHERE cluster_id = "
+                 "{{c:String}} AND span_id IN {{ids:Array(String)}}")
+
+
 def critical_path(backend: Backend, cluster_id: str, span_ids: Sequence[str] | None = None,
                   since: float | None = None, until: float | None = None,
                   span: str | None = None, check_graph: bool = True) -> CriticalPath:
@@ -418,9 +446,7 @@ def critical_path(backend: Backend, cluster_id: str, span_ids: Sequence[str] | N
     graph, actions = n_graphed > 0, n_graphed < n_tasks
     ptr = _pointers(backend, scope, p, graph, actions)
     if span_ids is not None:  # like Span.start: not before the span was enqueued
-        _, rows = backend.query(
-            f"SELECT toFloat64(min(enqueued)) FROM {table(backend, 'spans')} "
-            "WHERE cluster_id = {c:String} AND span_id IN {ids:Array(String)}", p)
+        _, rows = backend.query(CRITICAL_PATH.format(spans=table(backend, 'spans')), p)
         enqueued = float(rows[0][0] or 0.0) if rows else 0.0
         if enqueued > ptr.t0:
             ptr = ptr._replace(t0=min(enqueued, ptr.t1))

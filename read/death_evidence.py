@@ -72,6 +72,25 @@ def _each_death(found: list) -> tuple[str, dict]:
              "ts": [float(d.ts) for d in found]})
 
 
+#: What :func:`_logs_about` reads (``{columns}``, ``{logs}``, ``{deaths}`` filled in where
+#: it is run).
+LOGS_ABOUT = ("SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
+              "cluster_id = {{cs:Array(String)}}[i] AND toFloat64(ts) >= "
+              "{{ss:Array(Float64)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] + 10 "
+              "AND (position(message, {{ws:Array(String)}}[i]) > 0 OR position(message, "
+              "{{pids:Array(String)}}[i]) > 0 OR position(message, "
+              "{{pidqs:Array(String)}}[i]) > 0), {deaths}) AS i WHERE cluster_id IN "
+              "{{cs:Array(String)}} AND toFloat64(ts) >= arrayMin({{ss:Array(Float64)}}) AND "
+              "toFloat64(ts) <= arrayMax({{ts:Array(Float64)}}) + 10 ORDER BY t DESC LIMIT "
+              "{{n:UInt32}} BY i) UNION ALL SELECT * FROM (SELECT i, {columns} FROM {logs} "
+              "ARRAY JOIN arrayFilter(i -> cluster_id = {{cs:Array(String)}}[i] AND worker = "
+              "{{ws:Array(String)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] + 1 AND "
+              "toFloat64(ts) >= {{ss:Array(Float64)}}[i] - 600, {deaths}) AS i WHERE "
+              "cluster_id IN {{cs:Array(String)}} AND worker IN {{ws:Array(String)}} AND "
+              "level IN ('WARNING', 'ERROR', 'CRITICAL') ORDER BY t DESC LIMIT {{n:UInt32}} "
+              "BY i)")
+
+
 def _logs_about(backend: Backend, found: list, lines: int) -> list[list[dict]]:
     """Per death (in ``found``'s order), the log lines about the removed worker's
     process (any process's lines naming its address or "Worker process <pid>", around
@@ -86,22 +105,7 @@ def _logs_about(backend: Backend, found: list, lines: int) -> list[list[dict]]:
     p["n"] = lines
     columns = "toFloat64(ts) AS t, level, source, worker, logger, message, seq, idx"
     logs = table(backend, "logs")
-    _, rows = backend.query(
-        f"SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND toFloat64(ts) >= {ss:Array(Float64)}[i] "
-        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 10 "
-        "AND (position(message, {ws:Array(String)}[i]) > 0 OR position(message, {pids:Array(String)}[i]) > 0 "
-        f"OR position(message, {{pidqs:Array(String)}}[i]) > 0), {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND toFloat64(ts) >= arrayMin({ss:Array(Float64)}) "
-        "AND toFloat64(ts) <= arrayMax({ts:Array(Float64)}) + 10 "
-        "ORDER BY t DESC LIMIT {n:UInt32} BY i) "
-        f"UNION ALL SELECT * FROM (SELECT i, {columns} FROM {logs} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
-        "AND toFloat64(ts) <= {ts:Array(Float64)}[i] + 1 "
-        f"AND toFloat64(ts) >= {{ss:Array(Float64)}}[i] - 600, {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
-        "AND level IN ('WARNING', 'ERROR', 'CRITICAL') "
-        "ORDER BY t DESC LIMIT {n:UInt32} BY i)", p)
+    _, rows = backend.query(LOGS_ABOUT.format(columns=columns, logs=logs, deaths=deaths), p)
     per: list[set] = [set() for _ in found]
     for i, *line in rows:
         per[i - 1].add(tuple(line))  # a line may match both
@@ -110,17 +114,22 @@ def _logs_about(backend: Backend, found: list, lines: int) -> list[list[dict]]:
             for lines_ in per]
 
 
+#: What :func:`_last_metrics` reads (from ``{worker_metrics}``; ``{deaths}`` filled in where
+#: it is run).
+LAST_METRICS = ("SELECT i, toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, "
+                "cpu, executing, ready FROM {worker_metrics} ARRAY JOIN arrayFilter(i -> "
+                "cluster_id = {{cs:Array(String)}}[i] AND worker = {{ws:Array(String)}}[i] "
+                "AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], {deaths}) AS i WHERE "
+                "cluster_id IN {{cs:Array(String)}} AND worker IN {{ws:Array(String)}} ORDER "
+                "BY ts DESC LIMIT 1 BY i")
+
+
 def _last_metrics(backend: Backend, found: list) -> list[dict | None]:
     """Per death (in ``found``'s order), the dead worker's last metric sample at or
     before its removal (None without one); one statement for every death."""
     deaths, p = _each_death(found)
     columns, rows = backend.query(
-        "SELECT i, toFloat64(ts) AS ts, memory, memory_managed, memory_unmanaged, cpu, executing, "
-        f"ready FROM {table(backend, 'worker_metrics')} ARRAY JOIN arrayFilter(i -> "
-        "cluster_id = {cs:Array(String)}[i] AND worker = {ws:Array(String)}[i] "
-        f"AND toFloat64(ts) <= {{ts:Array(Float64)}}[i], {deaths}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} AND worker IN {ws:Array(String)} "
-        "ORDER BY ts DESC LIMIT 1 BY i", p)
+        LAST_METRICS.format(worker_metrics=table(backend, 'worker_metrics'), deaths=deaths), p)
     out: list[dict | None] = [None] * len(found)
     for i, *sample in rows:
         out[i - 1] = dict(zip(columns[1:], sample))

@@ -142,6 +142,25 @@ def _int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+#: What :func:`deaths` reads (from ``{lifecycle}``; ``{where}`` filled in where it is run).
+LIFECYCLE_OF_WORKERS = ("SELECT cluster_id, toFloat64(ts), action, worker, reason, stimulus_id, detail FROM "
+                        "{lifecycle} WHERE {where} AND action IN ('scheduler_start', 'worker_added', "
+                        "'worker_removed', 'restart', 'scheduler_close') ORDER BY cluster_id, ts")
+#: What :func:`deaths` reads (from ``{worker_exits}``; ``{where}`` filled in where it is
+#: run).
+EXITS = ("SELECT cluster_id, worker, pid, toFloat64(ts), exitcode, signal, memory, "
+         "memory_peak, memory_limit, memory_terminate, host_memory, host_memory_available, "
+         "nanny_status FROM {worker_exits} WHERE {where}")
+#: What :func:`deaths` reads (from ``{events}``; ``{where}`` filled in where it is run).
+KILLS_AND_TTLS = ("SELECT cluster_id, toFloat64(ts), topic, msg FROM {events} WHERE {where} AND "
+                  "(topic = 'worker-restart-memory' OR (topic = 'scheduler' AND "
+                  "JSONExtractString(msg, 'action') = 'worker-ttl-timed-out') OR (topic IN "
+                  "{{removed:Array(String)}} AND JSONExtractString(msg, 'action') = "
+                  "'closing-worker'))")
+#: What :func:`deaths` reads (from ``{envelopes}``; ``{where}`` filled in where it is run).
+NANNY_CLUSTERS = "SELECT DISTINCT cluster_id FROM {envelopes} WHERE {where} AND source = 'nanny'"
+
+
 def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = None,
            until: TimeBound = None) -> list[Death]:
     """Every worker removal of the clusters ``ids`` (None: all) in [since, until),
@@ -150,26 +169,17 @@ def deaths(backend: Backend, ids: list[str] | None = None, since: TimeBound = No
     or from ``scheduler_start``'s list of the workers there before the recording."""
     where, p = clusters_condition(ids)
     _, life = backend.query(
-        "SELECT cluster_id, toFloat64(ts), action, worker, reason, stimulus_id, detail "
-        f"FROM {table(backend, 'lifecycle')} WHERE {where} AND action IN "
-        "('scheduler_start', 'worker_added', 'worker_removed', 'restart', 'scheduler_close') "
-        "ORDER BY cluster_id, ts", p)
+        LIFECYCLE_OF_WORKERS.format(lifecycle=table(backend, 'lifecycle'), where=where), p)
     removed = sorted({w for _, _, a, w, *_ in life if a == "worker_removed" and w})
     if not removed:
         return []
     _, exit_rows = backend.query(
-        "SELECT cluster_id, worker, pid, toFloat64(ts), exitcode, signal, memory, memory_peak, "
-        "memory_limit, memory_terminate, host_memory, host_memory_available, nanny_status "
-        f"FROM {table(backend, 'worker_exits')} WHERE {where}", p)
+        EXITS.format(worker_exits=table(backend, 'worker_exits'), where=where), p)
     _, event_rows = backend.query(
-        "SELECT cluster_id, toFloat64(ts), topic, msg "
-        f"FROM {table(backend, 'events')} WHERE {where} AND (topic = 'worker-restart-memory' "
-        "OR (topic = 'scheduler' AND JSONExtractString(msg, 'action') = 'worker-ttl-timed-out') "
-        "OR (topic IN {removed:Array(String)} AND JSONExtractString(msg, 'action') = 'closing-worker'))",
+        KILLS_AND_TTLS.format(events=table(backend, 'events'), where=where),
         {**p, "removed": removed})
     _, nanny_rows = backend.query(
-        f"SELECT DISTINCT cluster_id FROM {table(backend, 'envelopes')} WHERE {where} "
-        "AND source = 'nanny'", p)
+        NANNY_CLUSTERS.format(envelopes=table(backend, 'envelopes'), where=where), p)
     with_nannies = {c for c, in nanny_rows}
 
     exits: dict[str, list[Exit]] = defaultdict(list)
@@ -262,6 +272,13 @@ def death_counts(backend: Backend, ids: list[str] | None = None) -> dict[str, in
 # ----------------------------------------------------------- KilledWorker
 
 
+#: What :func:`killed_workers` reads (from ``{transitions}``; ``{cwhere}`` filled in where
+#: it is run).
+KILLED_WORKERS = ("SELECT cluster_id, key, stimulus_id FROM {transitions} WHERE {cwhere} AND "
+                  "source = 'scheduler' AND key IN {{keys:Array(String)}} AND start = "
+                  "'processing' AND finish IN ('released', 'erred')")
+
+
 def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] | None = None,
                    key: str | None = None, since: TimeBound = None,
                    until: TimeBound = None) -> list[KilledTask]:
@@ -292,9 +309,7 @@ def killed_workers(backend: Backend, ids: list[str] | None, found: list[Death] |
     clusters = sorted({r[0] for r in erred})
     cwhere, cp = clusters_condition(clusters)
     _, left = backend.query(
-        "SELECT cluster_id, key, stimulus_id "
-        f"FROM {table(backend, 'transitions')} WHERE {cwhere} AND source = 'scheduler' "
-        "AND key IN {keys:Array(String)} AND start = 'processing' AND finish IN ('released', 'erred')",
+        KILLED_WORKERS.format(transitions=table(backend, 'transitions'), cwhere=cwhere),
         {**cp, "keys": keys})
     chains: dict[tuple[str, str], list[Death]] = defaultdict(list)
     for c, k, stimulus_id in left:
@@ -403,15 +418,19 @@ def _explain(cluster_id: str, key: str, prefix: str, ts: float, exception: str,
                       confidence, summary, peaks, limit)
 
 
+#: What :func:`_result_sizes` reads (from ``{transitions}``).
+RESULT_SIZES = ("SELECT prefix, max(nbytes), count() FROM {transitions} WHERE cluster_id = "
+                "{{c:String}} AND source = 'scheduler' AND prefix IN {{p:Array(String)}} AND "
+                "finish = 'memory' GROUP BY prefix")
+
+
 def _result_sizes(backend: Backend, cluster_id: str, prefixes: list[str]) -> dict:
     """prefix -> (largest result in bytes, if known; how many) of its tasks that
     finished in memory."""
     if not prefixes:
         return {}
     _, rows = backend.query(
-        f"SELECT prefix, max(nbytes), count() FROM {table(backend, 'transitions')} "
-        "WHERE cluster_id = {c:String} AND source = 'scheduler' AND prefix IN {p:Array(String)} "
-        "AND finish = 'memory' GROUP BY prefix",
+        RESULT_SIZES.format(transitions=table(backend, 'transitions')),
         {"c": cluster_id, "p": prefixes})
     return {prefix: (nbytes, n) for prefix, nbytes, n in rows}
 

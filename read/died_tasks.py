@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any
 
+from dask_blackbox.causes import LeftProcessing
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.filters import table as _t
 from dask_blackbox.read.statements import ENTERED_PROCESSING, TAKEN_OUT_OF_PROCESSING, WORKER_REMOVALS
@@ -33,27 +34,15 @@ UNTIL = " AND ts <= toDateTime64({until:Float64}, 6, 'UTC')"
 @dataclasses.dataclass(frozen=True)
 class DiedTask:
     """A task that was processing on ``worker`` when the scheduler removed that worker
-    without expecting it. Times are seconds since the epoch."""
+    without expecting it: ``task``, the record the OTLP export sends as a ``died``
+    span (:class:`~dask_blackbox.causes.LeftProcessing`: its key, prefix, group and
+    span, the removal's stimulus, when it last entered processing before the removal
+    and when the removal took it out), the worker, and where the removal sent it."""
 
-    key: str
-    prefix: str
-    group: str
-    span_id: str | None
-    #: the removal's stimulus (the transition out of processing names it)
-    stimulus_id: str
-    #: when the task last entered processing before the removal
-    entered: float
-    #: when the removal took it out of processing
-    left: float
+    task: LeftProcessing
     worker: str
     #: where the removal sent it: "released" (to run again) or "erred" (KilledWorker)
     finish: str
-
-    def left_processing(self) -> dict:
-        """The fields of the exporter's ``LeftProcessing`` (exporters/traces.py)."""
-        return {"key": self.key, "prefix": self.prefix, "group": self.group,
-                "span_id": self.span_id, "stimulus_id": self.stimulus_id,
-                "entered": self.entered, "left": self.left}
 
 
 def died_tasks(backend: Backend, scope: Scope, worker: str | None = None) -> list[DiedTask]:
@@ -93,6 +82,7 @@ def died_tasks(backend: Backend, scope: Scope, worker: str | None = None) -> lis
     for _, stimulus_id, key, prefix, group, span_id, finish, removed in left:
         before = [t for t in entered.get(key, ()) if t <= removed]
         if before:
-            out.append(DiedTask(key, prefix or "", group or "", span_id or None, stimulus_id,
-                                before[-1], removed, died_on[stimulus_id], finish))
+            task = LeftProcessing(key, prefix or "", group or "", span_id or None, stimulus_id,
+                                  before[-1], removed)
+            out.append(DiedTask(task, died_on[stimulus_id], finish))
     return out

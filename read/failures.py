@@ -76,14 +76,21 @@ def failures(backend: Backend, cluster: str | None = None, since: TimeBound = No
     return out
 
 
+#: The transitions into erred (``{where}``, ``{and_}``: the filter), as they happened, with
+#: their exception, cause and traceback.
+ERRED_TRANSITIONS = ("SELECT cluster_id, key, ts, worker, prefix, exception, cause, traceback FROM "
+                     "{transitions} {where} {and_} finish = 'erred' ORDER BY ts, seq, idx")
+#: The exceptions the tasks of ``{condition}`` (pairs of cluster and key) raised.
+RAISED = ("SELECT cluster_id, key, exception FROM {transitions} WHERE ({condition}) "
+          "AND finish = 'erred' AND exception != '' ORDER BY ts, seq, idx")
+
+
 def _erred_tasks(backend: Backend, f: Filter) -> Result:
     """The transitions into 'erred'; a dependent that erred for another task's error
     (``cause``, Dask's ``exception_blame``) has as exception "erred because <cause>
     raised <its exception>"."""
     columns, rows = backend.query(
-        "SELECT cluster_id, key, ts, worker, prefix, exception, cause, traceback "
-        f"FROM {table(backend, 'transitions')} {f.where()} "
-        f"{f.and_()} finish = 'erred' ORDER BY ts, seq, idx",
+        ERRED_TRANSITIONS.format(transitions=table(backend, 'transitions'), where=f.where(), and_=f.and_()),
         f.parameters,
     )
     inherited = sorted({(r[0], r[6]) for r in rows if r[6] and r[6] != r[1] and not r[5]})
@@ -91,8 +98,7 @@ def _erred_tasks(backend: Backend, f: Filter) -> Result:
         return columns, rows
     condition, parameters = pairs("cluster_id", "key", inherited)
     _, raised = backend.query(
-        f"SELECT cluster_id, key, exception FROM {table(backend, 'transitions')} "
-        f"WHERE ({condition}) AND finish = 'erred' AND exception != '' ORDER BY ts, seq, idx",
+        RAISED.format(transitions=table(backend, 'transitions'), condition=condition),
         parameters,
     )
     exception_of: dict[tuple, str] = {}
@@ -112,13 +118,21 @@ def blamed(row: tuple, exception_of: dict[tuple, str]) -> tuple:
     return (*row[:5], said, *row[6:])
 
 
+#: The workers' removals (``{where}``, ``{and_}``: the filter) in time order.
+REMOVALS = ("SELECT cluster_id, worker, ts, stimulus_id, reason FROM {lifecycle} {where} "
+            "{and_} action = 'worker_removed' ORDER BY ts")
+#: The transitions out of processing the removals' ``stimuli`` made: cluster, stimulus,
+#: key, prefix, where the task went and when.
+RELEASED_BY = ("SELECT cluster_id, stimulus_id, key, prefix, finish, ts FROM {transitions} "
+               "WHERE start = 'processing' AND stimulus_id IN {{stimuli:Array(String)}} "
+               "ORDER BY ts, seq, idx")
+
+
 def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
     """The deaths that released running tasks, and per (cluster_id, stimulus_id) the
     tasks that removal released: (key, prefix, finish, ts)."""
     _, removals = backend.query(
-        "SELECT cluster_id, worker, ts, stimulus_id, reason "
-        f"FROM {table(backend, 'lifecycle')} {f.where()} "
-        f"{f.and_()} action = 'worker_removed' ORDER BY ts",
+        REMOVALS.format(lifecycle=table(backend, 'lifecycle'), where=f.where(), and_=f.and_()),
         f.parameters,
     )
     stimuli = sorted({r[3] for r in removals if r[3]})
@@ -126,10 +140,7 @@ def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
     if not stimuli:
         return [], tasks_of
     _, running = backend.query(
-        "SELECT cluster_id, stimulus_id, key, prefix, finish, ts "
-        f"FROM {table(backend, 'transitions')} "
-        "WHERE start = 'processing' AND stimulus_id IN {stimuli:Array(String)} "
-        "ORDER BY ts, seq, idx",
+        RELEASED_BY.format(transitions=table(backend, 'transitions')),
         {"stimuli": stimuli},
     )
     for cluster_id, stimulus_id, key, prefix, finish, ts in running:
@@ -148,14 +159,19 @@ def _dead_workers(backend: Backend, f: Filter) -> tuple[list[DeadWorker], dict]:
     return dead, tasks_of
 
 
+#: The metric samples of the workers of ``{condition}`` (pairs of cluster and worker),
+#: newest first.
+METRICS_NEWEST_FIRST = ("SELECT cluster_id, worker, ts, memory, memory_managed, memory_unmanaged, "
+                        "memory_spilled, cpu, executing, ready, in_flight, event_loop_interval FROM "
+                        "{worker_metrics} WHERE {condition} ORDER BY ts DESC")
+
+
 def _last_metrics(backend: Backend, owners: list[tuple[str, str]], removed_at: dict,
                   samples: int) -> Result:
     """Each worker's last ``samples`` metric samples up to its removal, oldest first."""
     condition, parameters = pairs("cluster_id", "worker", owners)
     columns, rows = backend.query(
-        "SELECT cluster_id, worker, ts, memory, memory_managed, memory_unmanaged, memory_spilled, "
-        "cpu, executing, ready, in_flight, event_loop_interval "
-        f"FROM {table(backend, 'worker_metrics')} WHERE {condition} ORDER BY ts DESC",
+        METRICS_NEWEST_FIRST.format(worker_metrics=table(backend, 'worker_metrics'), condition=condition),
         parameters,
     )
     kept: dict[tuple, list] = defaultdict(list)
@@ -166,6 +182,16 @@ def _last_metrics(backend: Backend, owners: list[tuple[str, str]], removed_at: d
     return columns, [r for owner in owners for r in reversed(kept[owner])]
 
 
+#: The producers of the workers of ``{condition}``, known from their metric samples.
+PRODUCERS_OF = ("SELECT DISTINCT cluster_id, worker, producer_id FROM {worker_metrics} WHERE "
+                "{condition}")
+#: The log records of the workers of ``{condition}`` and of their producers
+#: (``{by_producer}``) that named no worker, newest first.
+LOGS_NEWEST_FIRST = ("SELECT cluster_id, producer_id, worker, ts, level, logger, message, exc_text "
+                     "FROM {logs} WHERE {condition} OR (worker = '' AND {by_producer}) ORDER BY ts "
+                     "DESC, seq DESC, idx DESC")
+
+
 def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> Result:
     """Each worker's last ``lines`` log records (exception text appended), oldest first:
     the records that name it (``worker``: its own, its nanny's), and those of its
@@ -173,8 +199,7 @@ def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> R
     samples)."""
     condition, parameters = pairs("cluster_id", "worker", owners)
     _, producers = backend.query(
-        f"SELECT DISTINCT cluster_id, worker, producer_id FROM {table(backend, 'worker_metrics')} "
-        f"WHERE {condition}",
+        PRODUCERS_OF.format(worker_metrics=table(backend, 'worker_metrics'), condition=condition),
         parameters,
     )
     worker_of = {(c, p): w for c, w, p in producers}
@@ -182,9 +207,7 @@ def _last_logs(backend: Backend, owners: list[tuple[str, str]], lines: int) -> R
     by_producer = ("has(arrayZip({pc:Array(String)}, {pp:Array(String)}), (cluster_id, producer_id))")
     more = {"pc": [c for c, _ in known], "pp": [p for _, p in known]}
     _, records = backend.query(
-        "SELECT cluster_id, producer_id, worker, ts, level, logger, message, exc_text "
-        f"FROM {table(backend, 'logs')} WHERE {condition} OR (worker = '' AND {by_producer}) "
-        "ORDER BY ts DESC, seq DESC, idx DESC",
+        LOGS_NEWEST_FIRST.format(logs=table(backend, 'logs'), condition=condition, by_producer=by_producer),
         {**parameters, **more},
     )
     logs: dict[tuple, list] = defaultdict(list)

@@ -59,15 +59,19 @@ def table(backend: Backend, name: str) -> str:
     return f"{backend.database}.{name}"
 
 
+#: What :func:`cluster_ids_sql` reads (from ``{envelopes}``, ``{clusters}``).
+#: A cluster whose envelopes expired, by its last name (the roll-ups keep it)
+CLUSTER_IDS_SQL = ("SELECT DISTINCT cluster_id FROM {envelopes} WHERE cluster_id = "
+                   "{{c:String}} OR cluster_name = {{c:String}} UNION DISTINCT SELECT "
+                   "cluster_id FROM {clusters} WHERE cluster_id = {{c:String}} OR "
+                   "cluster_name = {{c:String}}")
+
+
 def cluster_ids_sql(backend: Backend) -> str:
     """A statement selecting the distinct ids of the cluster(s) named or identified by
     the parameter ``c`` (several runs may share a name), to run or to embed."""
     return (
-        f"SELECT DISTINCT cluster_id FROM {table(backend, 'envelopes')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String} UNION DISTINCT "
-        # a cluster whose envelopes expired, by its last name (the roll-ups keep it)
-        f"SELECT cluster_id FROM {table(backend, 'clusters')} "
-        "WHERE cluster_id = {c:String} OR cluster_name = {c:String}"
+        CLUSTER_IDS_SQL.format(envelopes=table(backend, 'envelopes'), clusters=table(backend, 'clusters'))
     )
 
 
@@ -105,9 +109,13 @@ def pairs(first: str, second: str, values: list[tuple[str, str]]) -> tuple[str, 
             {f"{first}s": [a for a, _ in values], f"{second}s": [b for _, b in values]})
 
 
+#: What :func:`cluster_names` reads (from ``{clusters}``).
+CLUSTER_NAMES = "SELECT cluster_id, cluster_name FROM {clusters}"
+
+
 def cluster_names(backend: Backend) -> dict[str, str]:
     """cluster_id -> latest cluster name."""
-    _, rows = backend.query(f"SELECT cluster_id, cluster_name FROM {table(backend, 'clusters')}")
+    _, rows = backend.query(CLUSTER_NAMES.format(clusters=table(backend, 'clusters')))
     return dict(rows)
 
 

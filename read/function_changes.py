@@ -369,6 +369,11 @@ def target(comparison: Comparison) -> tuple[str | None, str]:
     return best.prefix, "grew most"
 
 
+#: What :func:`read` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
+STACKS = ("SELECT worker, toFloat64(ts), stack, toUInt64(sum(count)) FROM {profiles} WHERE "
+          "{where} GROUP BY worker, ts, stack")
+
+
 def read(backend: Backend, run: Run, prefix: str) -> list[dict[str, int]]:
     """The folded stacks (stack -> samples) of ``prefix`` in ``run``, one mapping per
     profile cycle of a worker: its cluster's, within the span's time for a span's run
@@ -383,8 +388,7 @@ def read(backend: Backend, run: Run, prefix: str) -> list[dict[str, int]]:
                   "ts < toDateTime64({until:Float64}, 6, 'UTC')"]
         params.update(since=window[0], until=window[1] + CYCLE_SLACK)
     _, rows = backend.query(
-        f"SELECT worker, toFloat64(ts), stack, toUInt64(sum(count)) FROM "
-        f"{table(backend, 'profiles')} WHERE {' AND '.join(where)} GROUP BY worker, ts, stack",
+        STACKS.format(profiles=table(backend, 'profiles'), where=' AND '.join(where)),
         params)
     cycles: dict[tuple, dict[str, int]] = {}
     for worker, ts, stack, n in rows:
@@ -400,14 +404,18 @@ def _samples(cycles: list[dict[str, int]], compute: float, tasks: int) -> Sample
     return samples_of(stacks, compute, tasks, cycles)
 
 
+#: What :func:`_window` reads (from ``{transitions}``).
+WINDOW = ("SELECT toFloat64(min(arrayMin(arrayMap(x -> toFloat64(x), startstops.start)))), "
+          "toFloat64(max(arrayMax(arrayMap(x -> toFloat64(x), startstops.stop)))), count() "
+          "FROM {transitions} WHERE cluster_id = {{c:String}} AND source = 'scheduler' AND "
+          "prefix = {{p:String}} AND span_id IN {{ids:Array(String)}} AND "
+          "notEmpty(startstops.start)")
+
+
 def _window(backend: Backend, run: Run, prefix: str) -> tuple[float, float] | None:
     """The first compute start and the last stop of the span's tasks of ``prefix``."""
     _, rows = backend.query(
-        "SELECT toFloat64(min(arrayMin(arrayMap(x -> toFloat64(x), startstops.start)))), "
-        "toFloat64(max(arrayMax(arrayMap(x -> toFloat64(x), startstops.stop)))), count() "
-        f"FROM {table(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-        "AND source = 'scheduler' AND prefix = {p:String} AND span_id IN {ids:Array(String)} "
-        "AND notEmpty(startstops.start)",
+        WINDOW.format(transitions=table(backend, 'transitions')),
         {"c": run.cluster_id, "p": prefix, "ids": list(run.span_ids or ())})
     if not rows or not rows[0][2]:
         return None

@@ -228,6 +228,12 @@ def _clickhouse_message(error: BaseException) -> str:
     return config.redact(text)
 
 
+#: What :func:`ReadOnlyClient` reads.
+TABLE_FUNCTIONS = "SELECT name FROM system.table_functions"
+#: What :func:`ReadOnlyClient` reads.
+FORMAT_QUERY = "SELECT formatQuery({q:String})"
+
+
 class ReadOnlyClient:
     """Runs one checked, read-only statement at a time on a clickhouse-connect client
     (see the module docstring). Nothing else of the client is reachable through it."""
@@ -242,7 +248,7 @@ class ReadOnlyClient:
         if self._denied is None:
             listed: set[str] = set()
             try:
-                result = self._client.query("SELECT name FROM system.table_functions",
+                result = self._client.query(TABLE_FUNCTIONS,
                                             settings=self.limits.settings)
                 listed = {str(r[0]).lower() for r in result.result_rows}
             except Exception:  # an old or restricted server: the static lists still apply
@@ -257,7 +263,7 @@ class ReadOnlyClient:
         if not isinstance(sql, str) or not sql.strip():
             raise QueryRejected(f"query refused: no SQL given; {_WHAT_RUNS}")
         try:
-            result = self._client.query("SELECT formatQuery({q:String})", parameters={"q": sql},
+            result = self._client.query(FORMAT_QUERY, parameters={"q": sql},
                                         settings=self.limits.settings)
         except Exception as e:
             message = _clickhouse_message(e)

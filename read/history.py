@@ -82,18 +82,21 @@ class Detail(NamedTuple):
                 "(blackbox.clickhouse.retention): these answers come from its per-minute roll-ups")
 
 
+#: What :func:`detail` reads (from ``{transitions}``, ``{worker_metrics}``;
+#: ``{task_minutes}``, ``{worker_minutes}`` filled in where it is run).
+DETAIL = ("SELECT 'rollups', toFloat64(min(first_ts)), count() FROM {task_minutes} WHERE "
+          "cluster_id = {{c:String}} UNION ALL SELECT 'raw', toFloat64(min(ts)), count() FROM "
+          "{transitions} WHERE cluster_id = {{c:String}} AND source = 'scheduler' UNION ALL "
+          "SELECT 'workers', toFloat64(min(first_ts)), count() FROM {worker_minutes} WHERE "
+          "cluster_id = {{c:String}} UNION ALL SELECT 'raw workers', toFloat64(min(ts)), "
+          "count() FROM {worker_metrics} WHERE cluster_id = {{c:String}}")
+
+
 def detail(backend: Backend, cluster_id: str) -> Detail:
     """What is left of ``cluster_id``'s history (see :class:`Detail`)."""
     p = {"c": cluster_id}
     _, rows = backend.query(
-        "SELECT 'rollups', toFloat64(min(first_ts)), count() FROM "
-        f"{rollup_table(backend, 'task_minutes')} WHERE cluster_id = {{c:String}} UNION ALL "
-        "SELECT 'raw', toFloat64(min(ts)), count() FROM "
-        f"{table(backend, 'transitions')} WHERE cluster_id = {{c:String}} AND source = 'scheduler' "
-        "UNION ALL SELECT 'workers', toFloat64(min(first_ts)), count() FROM "
-        f"{rollup_table(backend, 'worker_minutes')} WHERE cluster_id = {{c:String}} UNION ALL "
-        "SELECT 'raw workers', toFloat64(min(ts)), count() FROM "
-        f"{table(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}}", p)
+        DETAIL.format(task_minutes=rollup_table(backend, 'task_minutes'), transitions=table(backend, 'transitions'), worker_minutes=rollup_table(backend, 'worker_minutes'), worker_metrics=table(backend, 'worker_metrics')), p)
     found = {name: (first if n else None) for name, first, n in rows}
     rolled, raw = found.get("rollups"), found.get("raw")
     if rolled is None:  # no task ever ran: judge by the worker metrics
@@ -155,15 +158,29 @@ def _where(w: Window, spans: bool = True) -> tuple[str, dict]:
 _BUCKET = "toUInt32(intDiv(toUInt32(minute) - toUInt32({t0:Float64}), toUInt32({w:Float64})))"
 
 
+#: What :func:`finished` reads (``{_BUCKET}``, ``{task_minutes}``, ``{where}`` filled in
+#: where it is run).
+FINISHED = ("SELECT prefix, {_BUCKET} AS b, sum(into['memory']), sum(into['erred']) FROM "
+            "{task_minutes} {where} GROUP BY prefix, b HAVING sum(into['memory']) + "
+            "sum(into['erred']) > 0")
+
+
 def finished(backend: Backend, w: Window, source: str) -> dict[tuple[str, int], tuple[int, int]]:
     """(prefix, bucket) -> scheduler transitions into memory and into erred."""
     where, p = _where(w)
     p["w"] = w.bucket
     _, rows = backend.query(
-        f"SELECT prefix, {_BUCKET} AS b, sum(into['memory']), sum(into['erred']) "
-        f"FROM {_relation(backend, 'task_minutes', source)} {where} "
-        "GROUP BY prefix, b HAVING sum(into['memory']) + sum(into['erred']) > 0", p)
+        FINISHED.format(_BUCKET=_BUCKET, task_minutes=_relation(backend, 'task_minutes', source), where=where), p)
     return {(prefix, int(b)): (int(m), int(e)) for prefix, b, m, e in rows}
+
+
+#: What :func:`state_moves` reads (``{bucket}``, ``{task_minutes}``, ``{where}`` filled in
+#: where it is run).
+STATE_MOVES = ("SELECT state, b, sum(d) FROM (SELECT {bucket} AS b, "
+               "arrayJoin(arrayConcat(arrayZip(mapKeys(into), arrayMap(v -> toInt64(v), "
+               "mapValues(into))), arrayZip(mapKeys(out_of), arrayMap(v -> -toInt64(v), "
+               "mapValues(out_of))))) AS move, move.1 AS state, move.2 AS d FROM "
+               "{task_minutes} {where}) GROUP BY state, b HAVING sum(d) != 0")
 
 
 def state_moves(backend: Backend, w: Window, source: str) -> dict[tuple[str, int], int]:
@@ -174,13 +191,15 @@ def state_moves(backend: Backend, w: Window, source: str) -> dict[tuple[str, int
     where = where.replace("minute >= toDateTime({t0:Float64}, 'UTC') AND ", "")
     bucket = f"if(minute < toDateTime({{t0:Float64}}, 'UTC'), -1, toInt64({_BUCKET}))"
     _, rows = backend.query(
-        f"SELECT state, b, sum(d) FROM (SELECT {bucket} AS b, "
-        "arrayJoin(arrayConcat(arrayZip(mapKeys(into), arrayMap(v -> toInt64(v), mapValues(into))), "
-        "arrayZip(mapKeys(out_of), arrayMap(v -> -toInt64(v), mapValues(out_of))))) AS move, "
-        "move.1 AS state, move.2 AS d "
-        f"FROM {_relation(backend, 'task_minutes', source)} {where}) "
-        "GROUP BY state, b HAVING sum(d) != 0", p)
+        STATE_MOVES.format(bucket=bucket, task_minutes=_relation(backend, 'task_minutes', source), where=where), p)
     return {(state, int(b)): int(d) for state, b, d in rows}
+
+
+#: What :func:`worker_memory` reads (``{_BUCKET}``, ``{worker_minutes}``, ``{where}`` filled
+#: in where it is run).
+WORKER_MEMORY = ("SELECT worker, {_BUCKET} AS b, sum(memory_managed) / sum(samples), "
+                 "sum(memory_unmanaged) / sum(samples), sum(memory_spilled) / sum(samples), "
+                 "sum(samples) FROM {worker_minutes} {where} GROUP BY worker, b")
 
 
 def worker_memory(backend: Backend, w: Window, source: str) -> dict[tuple[str, int], tuple]:
@@ -189,9 +208,7 @@ def worker_memory(backend: Backend, w: Window, source: str) -> dict[tuple[str, i
     where, p = _where(w, spans=False)
     p["w"] = w.bucket
     _, rows = backend.query(
-        f"SELECT worker, {_BUCKET} AS b, sum(memory_managed) / sum(samples), "
-        "sum(memory_unmanaged) / sum(samples), sum(memory_spilled) / sum(samples), sum(samples) "
-        f"FROM {_relation(backend, 'worker_minutes', source)} {where} GROUP BY worker, b", p)
+        WORKER_MEMORY.format(_BUCKET=_BUCKET, worker_minutes=_relation(backend, 'worker_minutes', source), where=where), p)
     return {(worker, int(b)): (m, u, s, int(n)) for worker, b, m, u, s, n in rows}
 
 
@@ -216,14 +233,23 @@ def worker_totals(backend: Backend, w: Window, source: str) -> dict[str, Totals]
     return _totals(backend, w, source, "worker")
 
 
+#: What :func:`_totals` reads (``{by}``, ``{task_minutes}``, ``{where}`` filled in where it
+#: is run).
+TOTALS = ("SELECT {by}, sum(into['memory']), sum(into['erred']), sumMap(durations), "
+          "sum(nbytes), max(longest) FROM {task_minutes} {where} GROUP BY {by}")
+
+
 def _totals(backend: Backend, w: Window, source: str, by: str) -> dict[str, Totals]:
     where, p = _where(w)
     _, rows = backend.query(
-        f"SELECT {by}, sum(into['memory']), sum(into['erred']), sumMap(durations), "
-        f"sum(nbytes), max(longest) FROM {_relation(backend, 'task_minutes', source)} {where} "
-        f"GROUP BY {by}", p)
+        TOTALS.format(by=by, task_minutes=_relation(backend, 'task_minutes', source), where=where), p)
     return {key: Totals(int(m), int(e), dict(d), int(n), float(longest))
             for key, m, e, d, n, longest in rows}
+
+
+#: What :func:`bounds` reads (``{task_minutes}``, ``{spans}`` filled in where it is run).
+BOUNDS = ("SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), count() FROM "
+          "{task_minutes} WHERE cluster_id = {{c:String}}{spans}")
 
 
 def bounds(backend: Backend, cluster_id: str, source: str,
@@ -236,8 +262,7 @@ def bounds(backend: Backend, cluster_id: str, source: str,
         spans = " AND span_id IN {ids:Array(String)}"
         p["ids"] = span_ids
     _, rows = backend.query(
-        "SELECT toFloat64(min(first_ts)), toFloat64(max(last_ts)), count() "
-        f"FROM {_relation(backend, 'task_minutes', source)} WHERE cluster_id = {{c:String}}{spans}",
+        BOUNDS.format(task_minutes=_relation(backend, 'task_minutes', source), spans=spans),
         p)
     if not rows or not rows[0][2]:
         return None

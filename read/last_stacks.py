@@ -138,6 +138,11 @@ def _described(text: str) -> dict:
     return {"function": f.function, "location": f.location, "own": not _LIBRARY.search(f.file)}
 
 
+#: What :func:`of_deaths` reads (from ``{profiles}``).
+OF_DEATHS = ("SELECT DISTINCT cluster_id FROM {profiles} WHERE cluster_id IN "
+             "{{cs:Array(String)}}")
+
+
 def of_deaths(backend: Backend, deaths: Sequence[Any]) -> list[LastStack]:
     """The :class:`LastStack` of each death (in order): any objects with
     ``cluster_id``, ``worker``, ``pid`` (None if not known), ``ts`` (the removal) and
@@ -153,8 +158,7 @@ def of_deaths(backend: Backend, deaths: Sequence[Any]) -> list[LastStack]:
     readings = _readings(backend, p, each, n)
     profiles = _profiles(backend, p, each, n)
     _, rows = backend.query(
-        f"SELECT DISTINCT cluster_id FROM {table(backend, 'profiles')} "
-        "WHERE cluster_id IN {cs:Array(String)}", {"cs": sorted(set(p["cs"]))})
+        OF_DEATHS.format(profiles=table(backend, 'profiles')), {"cs": sorted(set(p["cs"]))})
     profiled = {c for c, in rows}
     out = []
     for i, d in enumerate(deaths):
@@ -165,20 +169,23 @@ def of_deaths(backend: Backend, deaths: Sequence[Any]) -> list[LastStack]:
     return out
 
 
+#: What :func:`_readings` reads (from ``{stacks}``; ``{each}`` filled in where it is run).
+READINGS = ("SELECT i, toFloat64(ts) AS t, reason, memory, memory_limit, silent, error, "
+            "thread, thread_id, active, gil, stack FROM {stacks} ARRAY JOIN arrayFilter(i -> "
+            "cluster_id = {{cs:Array(String)}}[i] AND (worker = {{ws:Array(String)}}[i] OR "
+            "(worker = '' AND pid = {{ps:Array(UInt32)}}[i])) AND ({{ps:Array(UInt32)}}[i] = "
+            "0 OR pid = {{ps:Array(UInt32)}}[i]) AND toFloat64(ts) >= "
+            "{{ss:Array(Float64)}}[i] AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] + "
+            "{{after:Float64}}, {each}) AS i WHERE cluster_id IN {{cs:Array(String)}} ORDER "
+            "BY i, t, thread_id")
+
+
 def _readings(backend: Backend, p: dict, each: str, n: int) -> list[dict | None]:
     """Per death, the nanny's reading of its process that tells most: of those that
     read threads, the nearest to the removal (before it on a tie: a process stuck
     when it was removed is still stuck a moment later, and an earlier stall, a first
     task's imports, is not what it died of); else the last that failed (its error)."""
-    _, rows = backend.query(
-        "SELECT i, toFloat64(ts) AS t, reason, memory, memory_limit, silent, error, thread, "
-        f"thread_id, active, gil, stack FROM {table(backend, 'stacks')} ARRAY JOIN "
-        "arrayFilter(i -> cluster_id = {cs:Array(String)}[i] "
-        "AND (worker = {ws:Array(String)}[i] OR (worker = '' AND pid = {ps:Array(UInt32)}[i])) "
-        "AND ({ps:Array(UInt32)}[i] = 0 OR pid = {ps:Array(UInt32)}[i]) "
-        "AND toFloat64(ts) >= {ss:Array(Float64)}[i] "
-        f"AND toFloat64(ts) <= {{ts:Array(Float64)}}[i] + {{after:Float64}}, {each}) AS i "
-        "WHERE cluster_id IN {cs:Array(String)} ORDER BY i, t, thread_id", p)
+    _, rows = backend.query(READINGS.format(stacks=table(backend, 'stacks'), each=each), p)
     grouped: dict[int, dict[tuple, dict]] = defaultdict(dict)
     for i, t, reason, memory, limit, silent, error, thread, tid, active, gil, stack in rows:
         reading = grouped[i - 1].setdefault((t, reason), {
@@ -211,6 +218,15 @@ def _telling(threads: list[dict], reason: str) -> list[dict]:
     return sorted(shown, key=lambda t: (not t["gil"], not t["task"], not t["active"]))
 
 
+#: What :func:`_profiles` reads (``{profiles}``, ``{where}``, ``{LAST_CYCLES}`` filled in
+#: where it is run).
+LAST_CYCLES_OF = ("SELECT i, toFloat64(ts) AS t FROM {profiles} ARRAY JOIN {where} GROUP BY i, t "
+                  "ORDER BY i, t DESC LIMIT {LAST_CYCLES} BY i")
+#: What :func:`_profiles` reads (``{profiles}``, ``{where}`` filled in where it is run).
+STACKS_OF = ("SELECT i, prefix, stack, toUInt64(sum(count)) FROM {profiles} ARRAY JOIN "
+             "{where} GROUP BY i, prefix, stack")
+
+
 def _profiles(backend: Backend, p: dict, each: str, n: int) -> list[dict | None]:
     """Per death, its worker's last LAST_CYCLES profile cycles (of task prefixes) up
     to its removal: per prefix, its samples and the frames innermost in most."""
@@ -220,8 +236,7 @@ def _profiles(backend: Backend, p: dict, each: str, n: int) -> list[dict | None]
              f"{each}) AS i WHERE cluster_id IN {{cs:Array(String)}} AND worker IN {{ws:Array(String)}} "
              "AND prefix != ''")
     _, cycles = backend.query(
-        f"SELECT i, toFloat64(ts) AS t FROM {profiles} ARRAY JOIN {where} "
-        f"GROUP BY i, t ORDER BY i, t DESC LIMIT {LAST_CYCLES} BY i",
+        LAST_CYCLES_OF.format(profiles=profiles, where=where, LAST_CYCLES=LAST_CYCLES),
         {"cs": p["cs"], "ws": p["ws"], "lo": p["ss"], "hi": [t + CLOCK_SLACK_S for t in p["ts"]]})
     times: dict[int, list[float]] = defaultdict(list)
     for i, t in cycles:
@@ -232,8 +247,7 @@ def _profiles(backend: Backend, p: dict, each: str, n: int) -> list[dict | None]
     lo = [min(times[i]) if i in times else 0.0 for i in range(n)]
     hi = [max(times[i]) if i in times else -1.0 for i in range(n)]
     _, rows = backend.query(
-        f"SELECT i, prefix, stack, toUInt64(sum(count)) FROM {profiles} ARRAY JOIN {where} "
-        "GROUP BY i, prefix, stack", {"cs": p["cs"], "ws": p["ws"], "lo": lo, "hi": hi})
+        STACKS_OF.format(profiles=profiles, where=where), {"cs": p["cs"], "ws": p["ws"], "lo": lo, "hi": hi})
     samples: dict[int, dict[str, Counter]] = defaultdict(lambda: defaultdict(Counter))
     for i, prefix, stack, count in rows:
         samples[i - 1][prefix][stack.rsplit(";", 1)[-1]] += int(count)

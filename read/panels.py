@@ -36,6 +36,23 @@ CLUSTERS_PAGE = 100
 CLUSTERS_PAGE_MAX = 1000
 
 
+#: How many clusters the filter ``{where}`` keeps.
+CLUSTER_COUNT = "SELECT count() FROM {clusters} {where}"
+#: A page of the clusters ``{where}`` keeps, the newest first.
+CLUSTER_PAGE = ("SELECT cluster_id, cluster_name, first_seen, last_seen, tasks_computed, "
+                "tasks_erred FROM {clusters} {where} ORDER BY first_seen DESC, cluster_id LIMIT "
+                "{{limit:UInt32}} OFFSET {{offset:UInt64}}")
+#: Per cluster of ``ids``: the workers its lifecycle and its metrics name.
+WORKER_COUNTS = ("SELECT cluster_id, uniqExact(worker) FROM (SELECT cluster_id, worker FROM "
+                 "{lifecycle} WHERE worker != '' AND cluster_id IN {{ids:Array(String)}} UNION "
+                 "ALL SELECT DISTINCT cluster_id, worker FROM {worker_metrics} WHERE cluster_id "
+                 "IN {{ids:Array(String)}}) GROUP BY cluster_id")
+#: Per cluster of ``ids``: whether its scheduler closed, and how many workers were removed.
+ENDINGS = ("SELECT cluster_id, countIf(action = 'scheduler_close') > 0, countIf(action = "
+           "'worker_removed') FROM {lifecycle} WHERE cluster_id IN {{ids:Array(String)}} "
+           "GROUP BY cluster_id")
+
+
 def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
              until: TimeBound = None, now: float | None = None, limit: int = CLUSTERS_PAGE,
              offset: int = 0) -> dict:
@@ -60,28 +77,18 @@ def clusters(backend: Backend, name: str | None = None, since: TimeBound = None,
         f.add("last_seen >= toDateTime64({since:Float64}, 6, 'UTC')", since=start)
     if stop is not None:
         f.add("first_seen < toDateTime64({until:Float64}, 6, 'UTC')", until=stop)
-    _, counted = backend.query(f"SELECT count() FROM {_t(backend, 'clusters')} {f.where()}",
+    _, counted = backend.query(CLUSTER_COUNT.format(clusters=_t(backend, 'clusters'), where=f.where()),
                                f.parameters)
     _, rows = backend.query(
-        "SELECT cluster_id, cluster_name, first_seen, last_seen, tasks_computed, tasks_erred "
-        f"FROM {_t(backend, 'clusters')} {f.where()} ORDER BY first_seen DESC, cluster_id "
-        "LIMIT {limit:UInt32} OFFSET {offset:UInt64}",
+        CLUSTER_PAGE.format(clusters=_t(backend, 'clusters'), where=f.where()),
         {**f.parameters, "limit": limit, "offset": offset})
     ids = [r[0] for r in rows]
     workers, ends = {}, {}
     if ids:
         _, found = backend.query(
-            "SELECT cluster_id, uniqExact(worker) FROM ("
-            f"SELECT cluster_id, worker FROM {_t(backend, 'lifecycle')} "
-            "WHERE worker != '' AND cluster_id IN {ids:Array(String)} UNION ALL "
-            f"SELECT DISTINCT cluster_id, worker FROM {_t(backend, 'worker_metrics')} "
-            "WHERE cluster_id IN {ids:Array(String)}) GROUP BY cluster_id", {"ids": ids})
+            WORKER_COUNTS.format(lifecycle=_t(backend, 'lifecycle'), worker_metrics=_t(backend, 'worker_metrics')), {"ids": ids})
         workers = dict(found)
-        _, found = backend.query(
-            "SELECT cluster_id, countIf(action = 'scheduler_close') > 0, "
-            "countIf(action = 'worker_removed') "
-            f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id IN {{ids:Array(String)}} "
-            "GROUP BY cluster_id", {"ids": ids})
+        _, found = backend.query(ENDINGS.format(lifecycle=_t(backend, 'lifecycle')), {"ids": ids})
         lost_ = diagnosis.death_counts(backend, ids)
         ends = {c: (closed, lost_.get(c, 0), removed) for c, closed, removed in found}
     now = _time.time() if now is None else now
@@ -133,16 +140,20 @@ def task(backend: Backend, cluster: str, key: str, window: float = 2.0,
             "dependents": [r[0] for r in dependents]}
 
 
+#: The scheduler's transitions of one task ``k``, with their startstops (floats: arrays
+#: of DateTime64 come back as text through a sink's query server).
+TASK_TRANSITIONS = ("SELECT toFloat64(ts), start, finish, prefix, task_group, span_id, worker, nbytes, "
+                    "typename, exception, traceback, cause, startstops.action, arrayMap(x -> "
+                    "toFloat64(x), startstops.start), arrayMap(x -> toFloat64(x), startstops.stop) "
+                    "FROM {transitions} WHERE cluster_id = {{c:String}} AND key = {{k:String}} AND "
+                    "source = 'scheduler' ORDER BY ts, seq, idx")
+
+
 def _details(backend: Backend, cluster_id: str, key: str) -> list[tuple]:
     """The scheduler's transitions of ``key``: what each says of the task (prefix, group,
     span, worker, size, exception, startstops)."""
     _, detail_rows = backend.query(
-        "SELECT toFloat64(ts), start, finish, prefix, task_group, span_id, worker, nbytes, typename, "
-        "exception, traceback, cause, startstops.action, "
-        # floats: arrays of DateTime64 come back as text through a sink's query server
-        "arrayMap(x -> toFloat64(x), startstops.start), arrayMap(x -> toFloat64(x), startstops.stop) "
-        f"FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} AND key = {{k:String}} "
-        "AND source = 'scheduler' ORDER BY ts, seq, idx", {"c": cluster_id, "k": key})
+        TASK_TRANSITIONS.format(transitions=_t(backend, 'transitions')), {"c": cluster_id, "k": key})
     return detail_rows
 
 
@@ -173,13 +184,23 @@ def _story(backend: Backend, cluster_id: str, columns: list[str], rows: list) ->
     return story
 
 
+#: The producers of each worker of the cluster, known from its metric samples.
+WORKER_PRODUCERS = ("SELECT DISTINCT worker, producer_id FROM {worker_metrics} WHERE cluster_id = "
+                    "{{c:String}}")
+#: A worker's two metric samples nearest a transition at ``t`` (within five windows).
+METRICS_AROUND = ("SELECT toFloat64(ts) AS t, memory, memory_managed, memory_unmanaged, "
+                  "memory_spilled, cpu, executing, ready, in_flight FROM {worker_metrics} WHERE "
+                  "cluster_id = {{c:String}} AND worker = {{w:String}} AND toFloat64(ts) BETWEEN "
+                  "{{t:Float64}} - 5 * {{win:Float64}} AND {{t:Float64}} + 5 * {{win:Float64}} "
+                  "ORDER BY abs(toFloat64(ts) - {{t:Float64}}) LIMIT 2")
+
+
 def _around(backend: Backend, cluster_id: str, key: str, story: list[dict], window: float,
             log_lines: int) -> None:
     """Each transition on a worker of ``story`` gets that worker's two nearest metric
     samples (``metrics``) and its log lines around it (``logs``, see :func:`task`)."""
     _, producers = backend.query(
-        f"SELECT DISTINCT worker, producer_id FROM {_t(backend, 'worker_metrics')} "
-        "WHERE cluster_id = {c:String}", {"c": cluster_id})
+        WORKER_PRODUCERS.format(worker_metrics=_t(backend, 'worker_metrics')), {"c": cluster_id})
     producers_of = defaultdict(list)
     for w, prod in producers:
         producers_of[w].append(prod)
@@ -192,22 +213,12 @@ def _around(backend: Backend, cluster_id: str, key: str, story: list[dict], wind
         until = min(story[i + 1]["ts"] if i + 1 < len(story) else entry["ts"], entry["ts"] + 60.0)
         p = {"c": cluster_id, "w": worker, "t": entry["ts"], "u": until, "win": window}
         mcols, samples = backend.query(
-            "SELECT toFloat64(ts) AS t, memory, memory_managed, memory_unmanaged, memory_spilled, "
-            "cpu, executing, ready, in_flight "
-            f"FROM {_t(backend, 'worker_metrics')} WHERE cluster_id = {{c:String}} "
-            "AND worker = {w:String} AND toFloat64(ts) BETWEEN {t:Float64} - 5 * {win:Float64} "
-            "AND {t:Float64} + 5 * {win:Float64} ORDER BY abs(toFloat64(ts) - {t:Float64}) LIMIT 2",
+            METRICS_AROUND.format(worker_metrics=_t(backend, 'worker_metrics')),
             {k: v for k, v in p.items() if k != "u"})
         entry["metrics"] = sorted((dict(zip(mcols, s)) for s in samples), key=lambda m: m["t"])
         p["prods"] = producers_of.get(worker, [])
         _, lines = backend.query(
-            "SELECT toFloat64(ts), level, logger, message, key, exc_text FROM "
-            f"{_t(backend, 'logs')} WHERE cluster_id = {{c:String}} "
-            # the records that name the worker (its own, its nanny's); records of its
-            # producer recorded before records named their worker
-            "AND (worker = {w:String} OR (worker = '' AND producer_id IN {prods:Array(String)})) "
-            "AND toFloat64(ts) BETWEEN {t:Float64} - {win:Float64} AND {u:Float64} + {win:Float64} "
-            "ORDER BY ts, seq, idx LIMIT " + str(int(log_lines)), p)
+            LOGS_AROUND.format(logs=_t(backend, 'logs'), limit=int(log_lines)), p)
         # whose line: this task's (logged by its own thread while it ran), another
         # task's, or the worker's own
         entry["logs"] = [{"ts": t, "level": lv, "logger": lg, "message": m, "exc_text": x, "key": k,
@@ -215,15 +226,32 @@ def _around(backend: Backend, cluster_id: str, key: str, story: list[dict], wind
                          for t, lv, lg, m, k, x in lines]
 
 
+#: The log records of a worker around a transition (``{c}``, ``{w}``, from ``{t}`` -
+#: ``{win}`` to ``{u}`` + ``{win}``), at most ``{limit}``: those that name the worker
+#: (its own, its nanny's) and those of its producers ``{prods}`` recorded before records
+#: named their worker.
+LOGS_AROUND = ("SELECT toFloat64(ts), level, logger, message, key, exc_text FROM {logs} "
+               "WHERE cluster_id = {{c:String}} AND (worker = {{w:String}} OR (worker = '' "
+               "AND producer_id IN {{prods:Array(String)}})) AND toFloat64(ts) BETWEEN "
+               "{{t:Float64}} - {{win:Float64}} AND {{u:Float64}} + {{win:Float64}} "
+               "ORDER BY ts, seq, idx LIMIT {limit}")
+
+
+#: The dependencies of task ``k`` as last submitted.
+DEPENDENCIES = ("SELECT dependencies FROM {graph_tasks} WHERE cluster_id = {{c:String}} AND key "
+                "= {{k:String}} ORDER BY ts DESC LIMIT 1")
+#: The tasks that depend on task ``k`` (at most 500).
+DEPENDENTS = ("SELECT DISTINCT key FROM {graph_tasks} WHERE cluster_id = {{c:String}} AND "
+              "has(dependencies, {{k:String}}) ORDER BY key LIMIT 500")
+
+
 def _neighbours(backend: Backend, cluster_id: str, key: str, span_id: str) -> tuple:
     """The task's dependencies (the latest recorded), its dependents (at most 500) and
     its span's '/'-joined name."""
     _, deps = backend.query(
-        f"SELECT dependencies FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
-        "AND key = {k:String} ORDER BY ts DESC LIMIT 1", {"c": cluster_id, "k": key})
+        DEPENDENCIES.format(graph_tasks=_t(backend, 'graph_tasks')), {"c": cluster_id, "k": key})
     _, dependents = backend.query(
-        f"SELECT DISTINCT key FROM {_t(backend, 'graph_tasks')} WHERE cluster_id = {{c:String}} "
-        "AND has(dependencies, {k:String}) ORDER BY key LIMIT 500", {"c": cluster_id, "k": key})
+        DEPENDENTS.format(graph_tasks=_t(backend, 'graph_tasks')), {"c": cluster_id, "k": key})
     return deps, dependents, queries.span_name(backend, cluster_id, span_id) if span_id else ""
 
 

@@ -101,6 +101,12 @@ class Profile:
             yield stack.split(";"), n
 
 
+#: What :func:`load` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
+STACK_COUNTS = "SELECT stack, toUInt64(sum(count)) AS n FROM {profiles} {where} GROUP BY stack"
+#: What :func:`load` reads (``{grouped}`` filled in where it is run).
+STACK_TOTALS = "SELECT count(), toUInt64(sum(n)) FROM ({grouped})"
+
+
 def load(backend: Backend, cluster: str | None, prefix: str | None = None,
          worker: str | None = None, since: TimeBound = None,
          until: TimeBound = None, limit: int | None = None) -> Profile:
@@ -116,8 +122,7 @@ def load(backend: Backend, cluster: str | None, prefix: str | None = None,
     f.add("prefix = {prefix:String}", prefix=prefix or "")
     if worker:
         f.add("worker = {worker:String}", worker=worker)
-    grouped = (f"SELECT stack, toUInt64(sum(count)) AS n FROM {table(backend, 'profiles')} "
-               f"{f.where()} GROUP BY stack")
+    grouped = STACK_COUNTS.format(profiles=table(backend, 'profiles'), where=f.where())
     bound = "" if limit is None else f" LIMIT {int(limit)}"
     _, rows = backend.query(f"{grouped} ORDER BY n DESC, stack{bound}", f.parameters)
     if not rows:
@@ -127,9 +132,15 @@ def load(backend: Backend, cluster: str | None, prefix: str | None = None,
     left_off = (0, 0)
     if limit is not None and len(rows) >= limit:
         _, [(n_stacks, n_samples)] = backend.query(
-            f"SELECT count(), toUInt64(sum(n)) FROM ({grouped})", f.parameters)
+            STACK_TOTALS.format(grouped=grouped), f.parameters)
         left_off = (int(n_stacks) - len(stacks), int(n_samples) - sum(stacks.values()))
     return Profile(stacks, cluster, prefix or "", worker, left_off)
+
+
+#: What :func:`prefixes` reads (from ``{profiles}``; ``{where}``, ``{limit}`` filled in
+#: where it is run).
+PREFIXES = ("SELECT prefix, toUInt64(sum(count)) AS n FROM {profiles} {where} GROUP BY prefix "
+            "ORDER BY n DESC, prefix LIMIT {limit}")
 
 
 def prefixes(backend: Backend, cluster: str | None, worker: str | None = None,
@@ -142,9 +153,12 @@ def prefixes(backend: Backend, cluster: str | None, worker: str | None = None,
     if worker:
         f.add("worker = {worker:String}", worker=worker)
     _, rows = backend.query(
-        f"SELECT prefix, toUInt64(sum(count)) AS n FROM {table(backend, 'profiles')} "
-        f"{f.where()} GROUP BY prefix ORDER BY n DESC, prefix LIMIT {int(limit)}", f.parameters)
+        PREFIXES.format(profiles=table(backend, 'profiles'), where=f.where(), limit=int(limit)), f.parameters)
     return [(p, int(n)) for p, n in rows]
+
+
+#: What :func:`_nothing` reads (from ``{profiles}``; ``{where}`` filled in where it is run).
+NOTHING = "SELECT DISTINCT prefix FROM {profiles} {where} ORDER BY prefix LIMIT 11"
 
 
 def _nothing(backend: Backend, cluster: str | None, prefix: str | None, worker: str | None,
@@ -154,8 +168,7 @@ def _nothing(backend: Backend, cluster: str | None, prefix: str | None, worker: 
     what = f"cluster {cluster!r}" if cluster else "any cluster"
     when = " in that time" if timed else ""
     _, rows = backend.query(
-        f"SELECT DISTINCT prefix FROM {table(backend, 'profiles')} {where} "
-        "ORDER BY prefix LIMIT 11", params)
+        NOTHING.format(profiles=table(backend, 'profiles'), where=where), params)
     if not rows:
         return (f"no profile was recorded for {what}{when} (its workers recorded none: "
                 "blackbox.producer.record.profiles was off, or no task ran)")

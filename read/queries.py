@@ -68,20 +68,21 @@ def story(backend: Backend, key: str, cluster: str | None = None, since: TimeBou
                          f.parameters)
 
 
+#: What :func:`_span_rows` reads (from ``{span_state}``, ``{spans}``; ``{where}``,
+#: ``{and_}`` filled in where it is run).
+SPAN_ROWS = ("SELECT cluster_id, span_id, name, parent_id, enqueued, start, stop, duration, "
+             "nbytes_total, arraySum(mapValues(states)) AS tasks, all_durations, done FROM "
+             "{span_state} FINAL {where} UNION ALL SELECT cluster_id, span_id, any(name), "
+             "any(parent_id), min(enqueued), NULL, NULL, NULL, NULL, NULL, NULL, NULL FROM "
+             "{spans} {where} {and_} (cluster_id, span_id) NOT IN (SELECT cluster_id, span_id "
+             "FROM {span_state}) GROUP BY cluster_id, span_id")
+
+
 def _span_rows(backend: Backend, f: Filter) -> list[dict]:
     """Spans in ``f``: the processors' latest snapshot where there is one, else the
     span as the scheduler announced it (name, parent, enqueued only)."""
     columns, rows = backend.query(
-        "SELECT cluster_id, span_id, name, parent_id, enqueued, start, stop, duration, "
-        "nbytes_total, arraySum(mapValues(states)) AS tasks, all_durations, done "
-        f"FROM {table(backend, 'span_state')} FINAL {f.where()} "
-        "UNION ALL "
-        "SELECT cluster_id, span_id, any(name), any(parent_id), min(enqueued), NULL, NULL, NULL, "
-        "NULL, NULL, NULL, NULL "
-        f"FROM {table(backend, 'spans')} {f.where()} "
-        f"{f.and_()} (cluster_id, span_id) NOT IN "
-        f"(SELECT cluster_id, span_id FROM {table(backend, 'span_state')}) "
-        "GROUP BY cluster_id, span_id",
+        SPAN_ROWS.format(span_state=table(backend, 'span_state'), where=f.where(), spans=table(backend, 'spans'), and_=f.and_()),
         f.parameters,
     )
     return [dict(zip(columns, row)) for row in rows]
@@ -109,12 +110,16 @@ def dask_tasks(backend: Backend, cluster_id: str, span_ids: list[str] | None = N
     return int(sum(n for _, parent, n in rows if not parent or parent not in ids))
 
 
+#: What :func:`span_name` reads (from ``{spans}``).
+SPAN_NAME = ("SELECT any(name) FROM {spans} WHERE cluster_id = {{c:String}} AND span_id = "
+             "{{s:String}}")
+
+
 def span_name(backend: Backend, cluster_id: str, span_id: str) -> str:
     """The name of span ``span_id`` of ``cluster_id`` as the scheduler announced it,
     its parts joined by "/" ("" when no such span was recorded)."""
     _, rows = backend.query(
-        f"SELECT any(name) FROM {table(backend, 'spans')} WHERE cluster_id = {{c:String}} "
-        "AND span_id = {s:String}", {"c": cluster_id, "s": span_id})
+        SPAN_NAME.format(spans=table(backend, 'spans')), {"c": cluster_id, "s": span_id})
     return "/".join(rows[0][0]) if rows and rows[0][0] else ""
 
 
@@ -190,6 +195,12 @@ def _span_cost(c: costs.SpanCost | None) -> tuple:
             m.spilled_bytes, m.memory_byte_s)
 
 
+#: What :func:`_span_match` reads (from ``{span_state}``, ``{spans}``; ``{condition}``
+#: filled in where it is run).
+SPAN_MATCH = ("(SELECT span_id FROM {span_state} WHERE {condition} UNION DISTINCT SELECT "
+              "span_id FROM {spans} WHERE {condition})")
+
+
 def _span_match(backend: Backend, f: Filter, span: str) -> str:
     """SQL: span ids whose span matches ``span`` -- a tag anywhere in the name (so a
     span and all its sub-spans), or the full name joined with '/' -- and their
@@ -197,8 +208,21 @@ def _span_match(backend: Backend, f: Filter, span: str) -> str:
     f.parameters["span"] = span
     condition = ("(has(name, {span:String}) OR arrayStringConcat(name, '/') = {span:String} "
                  "OR startsWith(arrayStringConcat(name, '/'), {span:String} || '/'))")
-    return (f"(SELECT span_id FROM {table(backend, 'span_state')} WHERE {condition} "
-            f"UNION DISTINCT SELECT span_id FROM {table(backend, 'spans')} WHERE {condition})")
+    return (SPAN_MATCH.format(span_state=table(backend, 'span_state'), condition=condition, spans=table(backend, 'spans')))
+
+
+#: What :func:`prefixes` reads (from ``{prefix_stats}``; ``{where}`` filled in where it is
+#: run).
+PREFIXES = ("SELECT prefix, sum(durations['compute']) AS compute_s, sumMap(durations) AS "
+            "by_action, sum(finished['memory']) AS tasks, sum(n_erred) AS erred, sum(nbytes) "
+            "AS nbytes, max(max_duration) AS longest_s, uniqExact(cluster_id) AS clusters "
+            "FROM {prefix_stats} FINAL {where} GROUP BY prefix ORDER BY compute_s DESC, "
+            "prefix LIMIT {{limit:UInt32}}")
+#: What :func:`prefixes` reads (from ``{prefix_stats}``; ``{where}`` filled in where it is
+#: run).
+CLUSTERS_OF_PREFIXES = "SELECT DISTINCT cluster_id FROM {prefix_stats} {where}"
+#: What :func:`prefixes` reads (``{span_match}`` filled in where it is run).
+MATCHED_SPANS = "SELECT span_id FROM {span_match}"
 
 
 def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
@@ -219,11 +243,7 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
         f.add(f"span_id IN {_span_match(backend, f, span)}")
     f.parameters["limit"] = limit
     columns, rows = backend.query(
-        "SELECT prefix, sum(durations['compute']) AS compute_s, sumMap(durations) AS by_action, "
-        "sum(finished['memory']) AS tasks, sum(n_erred) AS erred, sum(nbytes) AS nbytes, "
-        "max(max_duration) AS longest_s, uniqExact(cluster_id) AS clusters "
-        f"FROM {table(backend, 'prefix_stats')} FINAL {f.where()} "
-        "GROUP BY prefix ORDER BY compute_s DESC, prefix LIMIT {limit:UInt32}",
+        PREFIXES.format(prefix_stats=table(backend, 'prefix_stats'), where=f.where()),
         f.parameters,
     )
     if not (cost if cost is not None else cluster is not None):
@@ -232,18 +252,25 @@ def prefixes(backend: Backend, span: str | None = None, limit: int = 20,
     if involved is None:
         g = build(backend, None, since, until, "window_start")
         _, found = backend.query(
-            f"SELECT DISTINCT cluster_id FROM {table(backend, 'prefix_stats')} {g.where()}",
+            CLUSTERS_OF_PREFIXES.format(prefix_stats=table(backend, 'prefix_stats'), where=g.where()),
             g.parameters)
         involved = sorted(r[0] for r in found)
     in_span = None
     if span is not None:
-        _, matched = backend.query(f"SELECT span_id FROM {_span_match(backend, Filter(), span)}",
+        _, matched = backend.query(MATCHED_SPANS.format(span_match=_span_match(backend, Filter(), span)),
                                    {"span": span})
         in_span = {r[0] for r in matched}
     per_prefix = costs.by_prefix(costs.measures(backend, involved), in_span)
     return columns + PREFIX_COST_COLUMNS, [
         tuple(row) + tuple(per_prefix.get(row[0], costs.Measures(moved_bytes=None)))
         for row in rows]
+
+
+#: What :func:`metrics` reads (from ``{worker_digests}``; ``{where}`` filled in where it is
+#: run).
+METRICS = ("SELECT context, prefix, activity, unit, sum(value) AS total, uniqExact(worker) AS "
+           "workers FROM {worker_digests} {where} GROUP BY context, prefix, activity, unit "
+           "ORDER BY unit, total DESC, context, prefix, activity LIMIT {{limit:UInt32}}")
 
 
 def metrics(backend: Backend, context: str | None = None, limit: int = 50,
@@ -261,10 +288,21 @@ def metrics(backend: Backend, context: str | None = None, limit: int = 50,
         f.add("context = {context:String}", context=context)
     f.parameters["limit"] = limit
     return backend.query(
-        "SELECT context, prefix, activity, unit, sum(value) AS total, uniqExact(worker) AS workers "
-        f"FROM {table(backend, 'worker_digests')} {f.where()} "
-        "GROUP BY context, prefix, activity, unit ORDER BY unit, total DESC, context, prefix, "
-        "activity LIMIT {limit:UInt32}", f.parameters)
+        METRICS.format(worker_digests=table(backend, 'worker_digests'), where=f.where()), f.parameters)
+
+
+#: What :func:`clusters` reads (from ``{clusters}``, ``{lifecycle}``; ``{database}``,
+#: ``{where}`` filled in where it is run).
+#: The workers that reported metrics, from their roll-up (it outlives the metrics)
+CLUSTERS = ("SELECT cluster_name, cluster_id, first_seen, last_seen, ifNull(w.workers, 0) AS "
+            "workers, tasks_computed AS tasks, tasks_erred AS errors, ifNull(r.removed, 0) AS "
+            "workers_removed, producers, envelopes FROM {clusters} AS c LEFT JOIN (SELECT "
+            "cluster_id, uniqExact(worker) AS workers FROM (SELECT cluster_id, worker FROM "
+            "{lifecycle} WHERE worker != '' UNION ALL SELECT DISTINCT cluster_id, worker FROM "
+            "{database}_rollups.worker_minutes) GROUP BY cluster_id) AS w USING (cluster_id) "
+            "LEFT JOIN (SELECT cluster_id, countIf(action = 'worker_removed') AS removed FROM "
+            "{lifecycle} GROUP BY cluster_id) AS r USING (cluster_id) {where} ORDER BY "
+            "first_seen")
 
 
 def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = None,
@@ -282,17 +320,7 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
     if stop is not None:
         f.add("first_seen < toDateTime64({until:Float64}, 6, 'UTC')", until=stop)
     columns, rows = backend.query(
-        "SELECT cluster_name, cluster_id, first_seen, last_seen, ifNull(w.workers, 0) AS workers, "
-        "tasks_computed AS tasks, tasks_erred AS errors, ifNull(r.removed, 0) AS workers_removed, "
-        f"producers, envelopes FROM {table(backend, 'clusters')} AS c "
-        "LEFT JOIN (SELECT cluster_id, uniqExact(worker) AS workers FROM ("
-        f"SELECT cluster_id, worker FROM {table(backend, 'lifecycle')} WHERE worker != '' UNION ALL "
-        # the workers that reported metrics, from their roll-up (it outlives the metrics)
-        f"SELECT DISTINCT cluster_id, worker FROM {backend.database}_rollups.worker_minutes) "
-        "GROUP BY cluster_id) AS w USING (cluster_id) "
-        "LEFT JOIN (SELECT cluster_id, countIf(action = 'worker_removed') AS removed "
-        f"FROM {table(backend, 'lifecycle')} GROUP BY cluster_id) AS r USING (cluster_id) "
-        f"{f.where()} ORDER BY first_seen",
+        CLUSTERS.format(clusters=table(backend, 'clusters'), lifecycle=table(backend, 'lifecycle'), database=backend.database, where=f.where()),
         f.parameters,
     )
     lost = diagnosis.death_counts(backend, sorted({r[1] for r in rows})) if rows else {}
@@ -301,14 +329,17 @@ def clusters(backend: Backend, cluster: str | None = None, since: TimeBound = No
             [(*r[:at], lost.get(r[1], 0), *r[at:]) for r in rows])
 
 
+#: What :func:`_subtrees` reads (from ``{span_state}``, ``{spans}``).
+SUBTREES = ("SELECT DISTINCT cluster_id, span_id, parent_id FROM {span_state} WHERE "
+            "cluster_id IN {{c:Array(String)}} UNION DISTINCT SELECT DISTINCT cluster_id, "
+            "span_id, parent_id FROM {spans} WHERE cluster_id IN {{c:Array(String)}}")
+
+
 def _subtrees(backend: Backend, roots: list[tuple[str, str]]) -> dict[tuple[str, str], set[str]]:
     """For each (cluster_id, span_id) root, the span ids of its tree."""
     clusters_involved = sorted({c for c, _ in roots})
     _, edges = backend.query(
-        f"SELECT DISTINCT cluster_id, span_id, parent_id FROM {table(backend, 'span_state')} "
-        "WHERE cluster_id IN {c:Array(String)} UNION DISTINCT "
-        f"SELECT DISTINCT cluster_id, span_id, parent_id FROM {table(backend, 'spans')} "
-        "WHERE cluster_id IN {c:Array(String)}",
+        SUBTREES.format(span_state=table(backend, 'span_state'), spans=table(backend, 'spans')),
         {"c": clusters_involved},
     )
     children = defaultdict(set)
@@ -325,6 +356,11 @@ def _subtrees(backend: Backend, roots: list[tuple[str, str]]) -> dict[tuple[str,
                 todo.extend(children[(cluster_id, span_id)])
         trees[(cluster_id, root)] = tree
     return trees
+
+
+#: What :func:`compare` reads (from ``{prefix_stats}``).
+COMPARE = ("SELECT cluster_id, span_id, prefix, sum(durations['compute']) FROM {prefix_stats} "
+           "FINAL WHERE span_id IN {{ids:Array(String)}} GROUP BY cluster_id, span_id, prefix")
 
 
 def compare(backend: Backend, span_name: str, cluster: str | None = None,
@@ -346,9 +382,7 @@ def compare(backend: Backend, span_name: str, cluster: str | None = None,
     trees = _subtrees(backend, [(s["cluster_id"], s["span_id"]) for s in found])
     all_ids = sorted(set().union(*trees.values()))
     _, partials = backend.query(
-        "SELECT cluster_id, span_id, prefix, sum(durations['compute']) "
-        f"FROM {table(backend, 'prefix_stats')} FINAL "
-        "WHERE span_id IN {ids:Array(String)} GROUP BY cluster_id, span_id, prefix",
+        COMPARE.format(prefix_stats=table(backend, 'prefix_stats')),
         {"ids": all_ids},
     )
     compute = [defaultdict(float) for _ in found]
@@ -382,18 +416,45 @@ def compare(backend: Backend, span_name: str, cluster: str | None = None,
     return columns, rows
 
 
+#: What :func:`table_counts` reads.
+TABLE_COUNTS = ("SELECT table FROM system.columns WHERE database = {db:String} AND name = "
+                "'_batch' AND NOT endsWith(table, '_local') ORDER BY table")
+
+
+#: The rows of one table ``{table}``, named ``{name}`` (``{final}``: `` FINAL`` for one
+#: copy per key); :func:`table_counts` unites them.
+TABLE_ROWS = "SELECT '{name}' AS table, count() AS rows FROM {table}{final}"
+
+
 def table_counts(backend: Backend) -> Result:
     """Rows per table (one copy per key for the replacing tables)."""
     # The tables the sink writes are those with its _batch column.
-    _, found = backend.query(
-        "SELECT table FROM system.columns WHERE database = {db:String} AND name = '_batch' "
-        "AND NOT endsWith(table, '_local') ORDER BY table", {"db": backend.database})
-    parts = [
-        f"SELECT '{name}' AS table, count() AS rows FROM {table(backend, name)}"
-        + (" FINAL" if name in _REPLACING else "")
-        for (name,) in found
-    ]
+    _, found = backend.query(TABLE_COUNTS, {"db": backend.database})
+    parts = [TABLE_ROWS.format(name=name, table=table(backend, name),
+                               final=" FINAL" if name in _REPLACING else "")
+             for (name,) in found]
     return backend.query(" UNION ALL ".join(parts) + " ORDER BY table")
+
+
+#: Per producer (``{where}``: the clusters, of ``e``): envelopes received, first and last
+#: seq, envelopes missing between them, gaps the processors reported, events it dropped,
+#: when it last sent; ``{having}`` keeps only some, ``{order}`` sorts before the names,
+#: ``{limit}`` caps them.
+GAPS_AND_DROPS = (
+    "SELECT e.cluster_id AS cluster_id, any(e.cluster_name) AS cluster_name, "
+    "e.producer_id AS producer_id, any(e.source) AS source, count() AS envelopes, "
+    "min(e.seq) AS first_seq, max(e.seq) AS last_seq, "
+    "max(e.seq) - min(e.seq) + 1 - uniqExact(e.seq) AS missing, "
+    "any(g.reported) AS gaps_reported, any(d.dropped) AS dropped_events, "
+    "max(e.sent_at) AS last_seen FROM {envelopes} AS e "
+    "LEFT JOIN (SELECT cluster_id, producer_id, sum(missing_to - missing_from + 1) AS reported "
+    "FROM {gaps} FINAL GROUP BY cluster_id, producer_id) AS g "
+    "ON e.cluster_id = g.cluster_id AND e.producer_id = g.producer_id "
+    "LEFT JOIN (SELECT cluster_id, producer_id, sum(dropped_events) AS dropped "
+    "FROM {drops} GROUP BY cluster_id, producer_id) AS d "
+    "ON e.cluster_id = d.cluster_id AND e.producer_id = d.producer_id "
+    "{where} GROUP BY e.cluster_id, e.producer_id {having}"
+    "ORDER BY {order}cluster_name, source, producer_id{limit}")
 
 
 def gaps_and_drops(backend: Backend, cluster: str | None = None, problems_only: bool = False,
@@ -411,37 +472,27 @@ def gaps_and_drops(backend: Backend, cluster: str | None = None, problems_only: 
     if limit is not None:
         f.parameters["limit"] = int(limit)
     return backend.query(
-        "SELECT e.cluster_id AS cluster_id, any(e.cluster_name) AS cluster_name, "
-        "e.producer_id AS producer_id, any(e.source) AS source, count() AS envelopes, "
-        "min(e.seq) AS first_seq, max(e.seq) AS last_seq, "
-        "max(e.seq) - min(e.seq) + 1 - uniqExact(e.seq) AS missing, "
-        "any(g.reported) AS gaps_reported, any(d.dropped) AS dropped_events, "
-        "max(e.sent_at) AS last_seen "
-        f"FROM {table(backend, 'envelopes')} AS e "
-        "LEFT JOIN (SELECT cluster_id, producer_id, sum(missing_to - missing_from + 1) AS reported "
-        f"FROM {table(backend, 'gaps')} FINAL GROUP BY cluster_id, producer_id) AS g "
-        "ON e.cluster_id = g.cluster_id AND e.producer_id = g.producer_id "
-        "LEFT JOIN (SELECT cluster_id, producer_id, sum(dropped_events) AS dropped "
-        f"FROM {table(backend, 'drops')} GROUP BY cluster_id, producer_id) AS d "
-        "ON e.cluster_id = d.cluster_id AND e.producer_id = d.producer_id "
-        f"{f.where()} "
-        f"GROUP BY e.cluster_id, e.producer_id {having}"
-        f"ORDER BY {order}cluster_name, source, producer_id"
-        + (" LIMIT {limit:UInt32}" if limit is not None else ""),
+        GAPS_AND_DROPS.format(envelopes=table(backend, 'envelopes'), gaps=table(backend, 'gaps'),
+                              drops=table(backend, 'drops'), where=f.where(), having=having,
+                              order=order,
+                              limit=" LIMIT {limit:UInt32}" if limit is not None else ""),
         f.parameters,
     )
+
+
+#: What :func:`recording_summary` reads (from ``{gaps}``, ``{drops}``, ``{envelopes}``).
+RECORDING_SUMMARY = ("SELECT uniqExact(cluster_id) AS clusters, count() AS producers, sum(n) "
+                     "AS envelopes, countIf(missing > 0) AS producers_missing_envelopes, "
+                     "(SELECT uniqExact(cluster_id, producer_id) FROM {gaps}) AS "
+                     "producers_with_gaps, (SELECT uniqExact(cluster_id, producer_id) FROM "
+                     "{drops} WHERE dropped_events > 0) AS producers_with_drops FROM (SELECT "
+                     "cluster_id, producer_id, count() AS n, max(seq) - min(seq) + 1 - "
+                     "uniqExact(seq) AS missing FROM {envelopes} GROUP BY cluster_id, "
+                     "producer_id)")
 
 
 def recording_summary(backend: Backend) -> Result:
     """One row: clusters and producers recorded, envelopes, and how many producers
     have envelopes missing, gaps reported or events dropped."""
     return backend.query(
-        "SELECT uniqExact(cluster_id) AS clusters, count() AS producers, sum(n) AS envelopes, "
-        "countIf(missing > 0) AS producers_missing_envelopes, "
-        f"(SELECT uniqExact(cluster_id, producer_id) FROM {table(backend, 'gaps')}) "
-        "AS producers_with_gaps, "
-        f"(SELECT uniqExact(cluster_id, producer_id) FROM {table(backend, 'drops')} "
-        "WHERE dropped_events > 0) AS producers_with_drops "
-        "FROM (SELECT cluster_id, producer_id, count() AS n, "
-        "max(seq) - min(seq) + 1 - uniqExact(seq) AS missing "
-        f"FROM {table(backend, 'envelopes')} GROUP BY cluster_id, producer_id)")
+        RECORDING_SUMMARY.format(gaps=table(backend, 'gaps'), drops=table(backend, 'drops'), envelopes=table(backend, 'envelopes')))

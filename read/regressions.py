@@ -67,10 +67,12 @@ __all__ = ["ACTIONS", "ALPHA", "HISTORY", "MIN_SHARE", "RESOLVE", "SAMPLE", "TOP
 # ----------------------------------------------------------------------- runs
 
 
+#: What :func:`_tree_ids` reads (from ``{spans}``).
+TREE_IDS = "SELECT DISTINCT span_id, parent_id FROM {spans} WHERE cluster_id = {{c:String}}"
+
+
 def _tree_ids(backend: Backend, cluster_id: str, root: str) -> tuple[str, ...]:
-    _, edges = backend.query(
-        f"SELECT DISTINCT span_id, parent_id FROM {table(backend, 'spans')} "
-        "WHERE cluster_id = {c:String}", {"c": cluster_id})
+    _, edges = backend.query(TREE_IDS.format(spans=table(backend, 'spans')), {"c": cluster_id})
     children = defaultdict(list)
     for s, parent in edges:
         if parent:
@@ -84,6 +86,14 @@ def _tree_ids(backend: Backend, cluster_id: str, root: str) -> tuple[str, ...]:
     return tuple(sorted(found))
 
 
+#: What :func:`span_runs` reads (from ``{spans}``; ``{where}``, ``{and_}`` filled in where
+#: it is run).
+SPAN_RUNS = ("SELECT cluster_id, span_id, toFloat64(min(enqueued)) AS began FROM {spans} "
+             "{where} {and_} (arrayStringConcat(name, '/') = {{span:String}} OR "
+             "arrayStringConcat(name, ' / ') = {{span:String}} OR name[-1] = {{span:String}}) "
+             "GROUP BY cluster_id, span_id ORDER BY began, cluster_id, span_id")
+
+
 def span_runs(backend: Backend, span: str, cluster: str | None = None,
               since: TimeBound = None, until: TimeBound = None) -> list[Run]:
     """Every instance of the span named ``span`` ('/'-joined name, or its last tag),
@@ -91,13 +101,15 @@ def span_runs(backend: Backend, span: str, cluster: str | None = None,
     f = build(backend, cluster, since, until, "enqueued")
     f.parameters["span"] = span
     _, rows = backend.query(
-        "SELECT cluster_id, span_id, toFloat64(min(enqueued)) AS began "
-        f"FROM {table(backend, 'spans')} {f.where()} {f.and_()} "
-        "(arrayStringConcat(name, '/') = {span:String} OR arrayStringConcat(name, ' / ') = {span:String} "
-        "OR name[-1] = {span:String}) GROUP BY cluster_id, span_id ORDER BY began, cluster_id, span_id",
+        SPAN_RUNS.format(spans=table(backend, 'spans'), where=f.where(), and_=f.and_()),
         f.parameters)
     names = cluster_names(backend)
     return [Run(c, names.get(c, c), s, float(b), _tree_ids(backend, c, s)) for c, s, b in rows]
+
+
+#: What :func:`cluster_runs` reads (from ``{clusters}``).
+CLUSTER_RUNS = ("SELECT cluster_id, cluster_name, toFloat64(first_seen) FROM {clusters} WHERE "
+                "cluster_id IN {{ids:Array(String)}} ORDER BY first_seen")
 
 
 def cluster_runs(backend: Backend, cluster: str, since: TimeBound = None,
@@ -106,14 +118,28 @@ def cluster_runs(backend: Backend, cluster: str, since: TimeBound = None,
     ids = cluster_ids(backend, cluster) or []
     start, stop = epoch(since, "since"), epoch(until, "until")
     _, rows = backend.query(
-        "SELECT cluster_id, cluster_name, toFloat64(first_seen) FROM "
-        f"{table(backend, 'clusters')} WHERE cluster_id IN {{ids:Array(String)}} ORDER BY first_seen",
+        CLUSTER_RUNS.format(clusters=table(backend, 'clusters')),
         {"ids": ids})
     return [Run(c, n, None, float(b)) for c, n, b in rows
             if (start is None or b >= start) and (stop is None or b < stop)]
 
 
 # -------------------------------------------------------------------- profiles
+
+
+#: What :func:`profile` reads (from ``{transitions}``; ``{fin}``, ``{where}``,
+#: ``{compute}``, ``{transfer}``, ``{disk}``, ``{before}`` filled in where it is run).
+PROFILE = ("SELECT prefix, a.1 AS action, count(), sum(a.2), groupArraySample({{n:UInt32}}, "
+           "1)(a.2), min(first), max(last) FROM (SELECT key, argMaxIf(prefix, ts, {fin}) AS "
+           "prefix, argMaxIf(startstops.action, ts, {fin}) AS acts, argMaxIf(arrayMap(x -> "
+           "toFloat64(x), startstops.start), ts, {fin}) AS starts, argMaxIf(arrayMap(x -> "
+           "toFloat64(x), startstops.stop), ts, {fin}) AS stops, toFloat64(maxIf(ts, finish = "
+           "'processing')) AS entered, arrayMin(arrayFilter((s, a) -> a = 'compute', starts, "
+           "acts)) AS first, arrayMax(arrayFilter((e, a) -> a = 'compute', stops, acts)) AS "
+           "last FROM {transitions} WHERE {where} GROUP BY key HAVING countIf({fin}) "
+           "> 0 AND has(acts, 'compute')) ARRAY JOIN [('compute', {compute}), ('transfer', "
+           "{transfer}), ('disk', {disk}), ('waiting', greatest(0, first - entered - "
+           "{before}))] AS a WHERE a.2 > 0 OR a.1 = 'compute' GROUP BY prefix, action")
 
 
 def profile(backend: Backend, run: Run) -> Profile:
@@ -131,20 +157,7 @@ def profile(backend: Backend, run: Run) -> Profile:
     compute, transfer = spent("'compute'"), spent("'transfer'")
     disk, before = spent("'disk-read', 'disk-write'"), spent("'transfer', 'disk-read'")
     _, rows = backend.query(
-        "SELECT prefix, a.1 AS action, count(), sum(a.2), "
-        "groupArraySample({n:UInt32}, 1)(a.2), min(first), max(last) FROM ("
-        f"SELECT key, argMaxIf(prefix, ts, {fin}) AS prefix, "
-        f"argMaxIf(startstops.action, ts, {fin}) AS acts, "
-        f"argMaxIf(arrayMap(x -> toFloat64(x), startstops.start), ts, {fin}) AS starts, "
-        f"argMaxIf(arrayMap(x -> toFloat64(x), startstops.stop), ts, {fin}) AS stops, "
-        "toFloat64(maxIf(ts, finish = 'processing')) AS entered, "
-        "arrayMin(arrayFilter((s, a) -> a = 'compute', starts, acts)) AS first, "
-        "arrayMax(arrayFilter((e, a) -> a = 'compute', stops, acts)) AS last "
-        f"FROM {table(backend, 'transitions')} WHERE {' AND '.join(where)} "
-        f"GROUP BY key HAVING countIf({fin}) > 0 AND has(acts, 'compute')) "
-        f"ARRAY JOIN [('compute', {compute}), ('transfer', {transfer}), ('disk', {disk}), "
-        f"('waiting', greatest(0, first - entered - {before}))] AS a "
-        "WHERE a.2 > 0 OR a.1 = 'compute' GROUP BY prefix, action", p)
+        PROFILE.format(fin=fin, transitions=table(backend, 'transitions'), where=' AND '.join(where), compute=compute, transfer=transfer, disk=disk, before=before), p)
     samples = {}
     first, last = math.inf, -math.inf
     for prefix, action, n, total, values, a, b in rows:
@@ -367,6 +380,12 @@ def compare(backend: Backend, span: str | None = None, cluster: str | None = Non
     return compare_runs(backend, baseline, candidate, history[-HISTORY:], what, notes=notes)
 
 
+#: What :func:`erred_tasks` reads (from ``{transitions}``).
+ERRED_TASKS = ("SELECT cluster_id, span_id, uniqExact(key) FROM {transitions} WHERE "
+               "cluster_id IN {{ids:Array(String)}} AND source = 'scheduler' AND finish = "
+               "'erred' GROUP BY cluster_id, span_id")
+
+
 def erred_tasks(backend: Backend, runs: Sequence[Run]) -> dict[Run, int]:
     """run -> how many of its tasks ended erred (their own error or a dependency's);
     runs without any are left out. One query."""
@@ -374,9 +393,7 @@ def erred_tasks(backend: Backend, runs: Sequence[Run]) -> dict[Run, int]:
         return {}
     ids = sorted({r.cluster_id for r in runs})
     _, rows = backend.query(
-        "SELECT cluster_id, span_id, uniqExact(key) "
-        f"FROM {table(backend, 'transitions')} WHERE cluster_id IN {{ids:Array(String)}} "
-        "AND source = 'scheduler' AND finish = 'erred' GROUP BY cluster_id, span_id", {"ids": ids})
+        ERRED_TASKS.format(transitions=table(backend, 'transitions')), {"ids": ids})
     by = defaultdict(int)
     for c, span_id, n in rows:
         by[(c, span_id)] += int(n)

@@ -15,6 +15,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from dask_blackbox.causes import LeftProcessing
 from dask_blackbox.read.backends import Backend
 from dask_blackbox.read.died_tasks import died_tasks
 from dask_blackbox.read.filters import table as _t
@@ -37,16 +38,20 @@ class Run(NamedTuple):
     #: contract.Log events, with ``source``
     logs: list[dict]
     #: the tasks a worker's death took out of processing (:func:`.died_tasks.died_tasks`:
-    #: those it sent to erred too), with when they last entered it (the fields of
-    #: ``exporters.traces.LeftProcessing``)
-    left_processing: list[dict]
+    #: those it sent to erred too), with when they last entered it, as the exporter
+    #: draws them (``died`` spans)
+    left_processing: list[LeftProcessing]
+
+
+#: Whether table ``t`` of database ``db`` has column ``c``.
+HAS_COLUMN = ("SELECT count() FROM system.columns WHERE database = {db:String} AND table = "
+              "{t:String} AND name = {c:String}")
 
 
 def has_column(backend: Backend, table: str, column: str) -> bool:
     """Whether ``table`` has ``column`` (system.columns)."""
     _, rows = backend.query(
-        "SELECT count() FROM system.columns WHERE database = {db:String} "
-        "AND table = {t:String} AND name = {c:String}",
+        HAS_COLUMN,
         {"db": backend.database, "t": table, "c": column})
     return bool(rows and rows[0][0])
 
@@ -56,6 +61,30 @@ def _json(text: str) -> Any:
         return orjson.loads(text) if text else None
     except orjson.JSONDecodeError:
         return None
+
+
+#: The run's span states (``{in_span}``: only some spans), one per span.
+SPAN_STATES = ("SELECT span_id, name, parent_id, version, toFloat64(enqueued), toFloat64(start), "
+               "toFloat64(stop), duration, nbytes_total, states, all_durations, done, "
+               "active_cpu_seconds, cluster_name FROM {span_state} FINAL WHERE cluster_id = "
+               "{{c:String}}{in_span}")
+#: The run's spans (``{in_span}``: only some) of which no state was recorded.
+SPANS_WITHOUT_STATE = ("SELECT span_id, any(name), any(parent_id), min(toFloat64(enqueued)) FROM "
+                       "{spans} WHERE cluster_id = {{c:String}}{in_span} AND span_id NOT IN (SELECT "
+                       "span_id FROM {span_state} WHERE cluster_id = {{c:String}}) GROUP BY span_id")
+#: The scheduler's transitions with startstops or into erred (``{in_span}``: only some
+#: spans; ``{thread}``: the thread column, when recorded), in order (floats: arrays of
+#: DateTime64 come back as text through a sink's query server).
+TASK_RECORDS = ("SELECT key, toFloat64(ts) AS ts, start, finish, prefix, task_group, span_id, "
+                "worker, nbytes, typename, exception, traceback, cause, startstops.action AS "
+                "action, arrayMap(x -> toFloat64(x), startstops.start) AS starts, arrayMap(x -> "
+                "toFloat64(x), startstops.stop) AS stops, startstops.source AS sources{thread} "
+                "FROM {transitions} WHERE cluster_id = {{c:String}} AND source = 'scheduler' "
+                "AND (notEmpty(startstops.action) OR finish = 'erred'){in_span} ORDER BY ts, "
+                "seq, idx")
+#: The run's log records (``{where}``: within its time, for a span), in order.
+LOG_RECORDS = ("SELECT toFloat64(ts), logger, level, message, process, exc_text, worker, key, "
+               "source FROM {logs} WHERE cluster_id = {{c:String}}{where} ORDER BY ts, seq, idx")
 
 
 def read_run(backend: Backend, cluster: str, span: str | None = None,
@@ -70,10 +99,7 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
         in_span = " AND span_id IN {ids:Array(String)}"
     spans = []
     _, rows = backend.query(
-        "SELECT span_id, name, parent_id, version, toFloat64(enqueued), toFloat64(start), "
-        "toFloat64(stop), duration, nbytes_total, states, all_durations, done, "
-        "active_cpu_seconds, cluster_name "
-        f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
+        SPAN_STATES.format(span_state=_t(backend, 'span_state'), in_span=in_span), p)
     for (span_id, name, parent, version, enqueued, start, stop, duration, nbytes, states,
          durations, done, cpu, cluster_name) in rows:
         spans.append({"cluster_id": scope.cluster_id, "cluster_name": cluster_name,
@@ -83,23 +109,13 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
                       "all_durations": dict(durations), "done": bool(done),
                       "active_cpu_seconds": cpu})
     _, rows = backend.query(
-        "SELECT span_id, any(name), any(parent_id), min(toFloat64(enqueued)) "
-        f"FROM {_t(backend, 'spans')} WHERE cluster_id = {{c:String}}{in_span} "
-        f"AND span_id NOT IN (SELECT span_id FROM {_t(backend, 'span_state')} "
-        "WHERE cluster_id = {c:String}) GROUP BY span_id", p)
+        SPANS_WITHOUT_STATE.format(spans=_t(backend, 'spans'), in_span=in_span, span_state=_t(backend, 'span_state')), p)
     spans += [{"kind": "span", "ts": enqueued, "span_id": span_id, "name": list(name),
                "parent_id": parent or None, "enqueued": enqueued}
               for span_id, name, parent, enqueued in rows]
     thread = ", thread" if has_column(backend, "transitions", "thread") else ""
     columns, rows = backend.query(
-        "SELECT key, toFloat64(ts) AS ts, start, finish, prefix, task_group, span_id, "
-        "worker, nbytes, typename, exception, traceback, cause, startstops.action AS action, "
-        # floats: arrays of DateTime64 come back as text through a sink's query server
-        "arrayMap(x -> toFloat64(x), startstops.start) AS starts, "
-        "arrayMap(x -> toFloat64(x), startstops.stop) AS stops, startstops.source AS sources"
-        f"{thread} FROM {_t(backend, 'transitions')} WHERE cluster_id = {{c:String}} "
-        f"AND source = 'scheduler' AND (notEmpty(startstops.action) OR finish = 'erred'){in_span} "
-        "ORDER BY ts, seq, idx", p)
+        TASK_RECORDS.format(thread=thread, transitions=_t(backend, 'transitions'), in_span=in_span), p)
     transitions = []
     for row in rows:
         tr = dict(zip(columns, row))
@@ -124,15 +140,12 @@ def read_run(backend: Backend, cluster: str, span: str | None = None,
         if scope.span_ids is not None:
             where = " AND ts >= toDateTime64({t0:Float64}, 6, 'UTC') AND ts <= toDateTime64({t1:Float64}, 6, 'UTC')"
             p.update(t0=scope.t0, t1=scope.t1)
-        _, rows = backend.query(
-            "SELECT toFloat64(ts), logger, level, message, process, exc_text, worker, key, source "
-            f"FROM {_t(backend, 'logs')} WHERE cluster_id = {{c:String}}{where} "
-            "ORDER BY ts, seq, idx", p)
+        _, rows = backend.query(LOG_RECORDS.format(logs=_t(backend, 'logs'), where=where), p)
         log_records = [{"kind": "log", "ts": ts, "logger": logger, "level": level,
                         "message": message, "process": process or None,
                         "exc_text": exc or None, "worker": worker or None, "key": key or None,
                         "source": source}
                        for ts, logger, level, message, process, exc, worker, key, source in rows]
     return Run(scope.cluster_id, scope.cluster_name, spans, transitions, lifecycle, log_records,
-               [t.left_processing() for t in died_tasks(backend, scope)])
+               [d.task for d in died_tasks(backend, scope)])
 

@@ -141,6 +141,18 @@ class TraceFile(NamedTuple):
     other: dict
 
 
+#: What :func:`trace_events` reads (``{where}`` filled in where it is run).
+WORKER_FIRSTS = ("SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) "
+                 "{where} GROUP BY worker ORDER BY worker")
+#: What :func:`trace_events` reads (from ``{span_state}``; ``{in_span}`` filled in where it
+#: is run).
+TRACE_SPANS = ("SELECT span_id, name, parent_id, "
+               "toInt64(toUnixTimestamp64Micro(enqueued)), "
+               "toInt64(toUnixTimestamp64Micro(start)), "
+               "toInt64(toUnixTimestamp64Micro(stop)), arraySum(mapValues(states)), "
+               "duration FROM {span_state} FINAL WHERE cluster_id = {{c:String}}{in_span}")
+
+
 def trace_events(backend: Backend, cluster: str, span: str | None = None) -> TraceFile:
     """The trace of ``cluster``'s latest run (or of the span ``span`` and its
     sub-spans); NotFound for an unknown cluster or span."""
@@ -158,15 +170,10 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     where = (f"FROM {_t(backend, 'transitions')} ARRAY JOIN startstops AS ss "
              f"WHERE cluster_id = {{c:String}} AND source = 'scheduler'{in_span}")
     # a page of workers at a time: one answer may hold at most blackbox.query.max-result-rows
-    _, per_worker = backend.query(
-        f"SELECT worker, count(), toInt64(min(toUnixTimestamp64Micro(ss.start))) {where} "
-        "GROUP BY worker ORDER BY worker", p)
+    _, per_worker = backend.query(WORKER_FIRSTS.format(where=where), p)
     pages = _pages(per_worker)
     _, span_rows = backend.query(
-        "SELECT span_id, name, parent_id, toInt64(toUnixTimestamp64Micro(enqueued)), "
-        "toInt64(toUnixTimestamp64Micro(start)), toInt64(toUnixTimestamp64Micro(stop)), "
-        "arraySum(mapValues(states)), duration "
-        f"FROM {_t(backend, 'span_state')} FINAL WHERE cluster_id = {{c:String}}{in_span}", p)
+        TRACE_SPANS.format(span_state=_t(backend, 'span_state'), in_span=in_span), p)
     _, rows = backend.query(ERRED.format(transitions=_t(backend, "transitions"),
                                          where="WHERE cluster_id = {c:String}" + in_span), p)
     erred = [(us, key, prefix, worker, exception)
@@ -186,7 +193,7 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
         spans.append((begin, max(stop, begin), span_id, parent or None, list(name), tasks, task_s))
     starts = ([s[0] for s in spans] + [e[0] for e in erred]
               + [round(d.ts * 1e6) for d in removals] + [first for _, _, first in per_worker]
-              + [round(d.entered * 1e6) for d in died_running])
+              + [round(d.task.entered * 1e6) for d in died_running])
     epoch = min(starts) if starts else 0
 
     workers = sorted({w for w, _, _ in per_worker} | {d.worker for d in removals if d.worker}
@@ -200,14 +207,14 @@ def trace_events(backend: Backend, cluster: str, span: str | None = None) -> Tra
     append = slices.append
     # tasks running when their worker died: no startstops, a row of their own
     died_lanes: dict[str, _Lanes] = {}
-    for d in sorted(died_running, key=lambda d: (d.worker, d.entered)):
-        pid = pid_of[d.worker]
-        start, stop = round(d.entered * 1e6) - epoch, round(d.left * 1e6) - epoch
+    for d in sorted(died_running, key=lambda d: (d.worker, d.task.entered)):
+        pid, t = pid_of[d.worker], d.task
+        start, stop = round(t.entered * 1e6) - epoch, round(t.left * 1e6) - epoch
         tid = DIED_TID + died_lanes.setdefault(d.worker, _Lanes()).place(start, stop)
         thread_names.setdefault((pid, tid), f"{DIED} #{tid - DIED_TID}")
-        append(orjson.dumps({"name": d.prefix or d.key, "cat": "died", "ph": "X", "ts": start,
+        append(orjson.dumps({"name": t.prefix or t.key, "cat": "died", "ph": "X", "ts": start,
                              "dur": max(stop - start, 0), "pid": pid, "tid": tid,
-                             "args": {"key": d.key, "running_when_worker_died": True}}).decode())
+                             "args": {"key": t.key, "running_when_worker_died": True}}).decode())
     for (pid, tid), name in sorted(thread_names.items()):
         events.append({"name": "thread_name", "ph": "M", "pid": pid, "tid": tid, "args": {"name": name}})
         events.append({"name": "thread_sort_index", "ph": "M", "pid": pid, "tid": tid,
@@ -250,6 +257,19 @@ def _process_events(pid_of: dict[str, int]) -> list[dict]:
     return events
 
 
+#: What :func:`_task_slices` reads (``{thread}``, ``{thread_arg}``, ``{where}`` filled in
+#: where it is run).
+TASK_SLICES = ("SELECT worker, {thread}, ss.action = 'compute', key, "
+               "toInt64(toUnixTimestamp64Micro(ss.start)) - {{epoch:Int64}} AS s, "
+               "toInt64(toUnixTimestamp64Micro(ss.stop)) - {{epoch:Int64}} AS e, "
+               "concat('{{\"name\":', toJSONString(if(ss.action = 'compute', prefix, "
+               "ss.action)), ',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', "
+               "toString(s), ',\"dur\":', toString(greatest(e - s, 0)), "
+               "',\"args\":{{\"key\":', toJSONString(key), if(finish = 'erred', "
+               "',\"erred\":true', ''), {thread_arg}'}}') {where} AND worker IN "
+               "{{page:Array(String)}} ORDER BY worker, ss.start, ss.stop")
+
+
 def _task_slices(backend: Backend, pages: list[list[str]], p: dict, thread: str, thread_arg: str,
                  where: str, pid_of: dict[str, int], path, on_path: dict[str, int]) -> tuple:
     """The task actions: X events, one row per worker thread, read a page of workers at
@@ -266,14 +286,7 @@ def _task_slices(backend: Backend, pages: list[list[str]], p: dict, thread: str,
         if not page:
             continue
         _, rows = backend.query(
-            f"SELECT worker, {thread}, ss.action = 'compute', key, "
-            "toInt64(toUnixTimestamp64Micro(ss.start)) - {epoch:Int64} AS s, "
-            "toInt64(toUnixTimestamp64Micro(ss.stop)) - {epoch:Int64} AS e, "
-            "concat('{\"name\":', toJSONString(if(ss.action = 'compute', prefix, ss.action)), "
-            "',\"cat\":', toJSONString(ss.action), ',\"ph\":\"X\",\"ts\":', toString(s), "
-            "',\"dur\":', toString(greatest(e - s, 0)), ',\"args\":{\"key\":', toJSONString(key), "
-            f"if(finish = 'erred', ',\"erred\":true', ''), {thread_arg}'}}') "
-            f"{where} AND worker IN {{page:Array(String)}} ORDER BY worker, ss.start, ss.stop",
+            TASK_SLICES.format(thread=thread, thread_arg=thread_arg, where=where),
             {**p, "page": page})
         lanes: _Lanes | None = None
         current = None

@@ -163,6 +163,11 @@ def _shell(backend: Backend, q: dict, memo: views.Memo) -> dict:
     return {"ctx": ctx, "head": views.summary(ctx), "span_names": span_names(backend, ctx.scope)}
 
 
+#: What :func:`_worker_shell` reads (``{database}`` filled in where it is run).
+WORKER_SHELL = ("SELECT count() FROM {database}.worker_metrics WHERE cluster_id = "
+                "{{c:String}} AND worker = {{w:String}}")
+
+
 def _worker_shell(backend: Backend, q: dict, memo: views.Memo):
     worker = api.opt(q, "worker")
     if not worker:
@@ -173,8 +178,7 @@ def _worker_shell(backend: Backend, q: dict, memo: views.Memo):
     known = ctx.info()
     if worker not in known and worker not in workers.nthreads(backend, ctx.scope.cluster_id, known):
         _, seen = backend.query(
-            f"SELECT count() FROM {backend.database}.worker_metrics WHERE cluster_id = {{c:String}} "
-            "AND worker = {w:String}", {"c": ctx.scope.cluster_id, "w": worker})
+            WORKER_SHELL.format(database=backend.database), {"c": ctx.scope.cluster_id, "w": worker})
         if not seen[0][0]:
             raise NotFound(f"no worker {worker!r} was recorded in cluster "
                            f"{ctx.scope.cluster_name} ({ctx.scope.cluster_id})")
@@ -363,9 +367,13 @@ def _page_links(q: dict, data: dict) -> dict:
             "next": link(offset + limit) if offset + limit < total else None}
 
 
+#: What :func:`_all_span_names` reads (``{database}`` filled in where it is run).
+ALL_SPAN_NAMES = ("SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {database}.spans "
+                  "ORDER BY n")
+
+
 def _all_span_names(backend: Backend) -> list[str]:
-    _, rows = backend.query(
-        f"SELECT DISTINCT arrayStringConcat(name, '/') AS n FROM {backend.database}.spans ORDER BY n")
+    _, rows = backend.query(ALL_SPAN_NAMES.format(database=backend.database))
     return [r[0] for r in rows]
 
 

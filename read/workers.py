@@ -30,6 +30,15 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
+#: What :func:`info` reads (from ``{lifecycle}``).
+WORKER_LIFECYCLE = ("SELECT toFloat64(ts), action, worker, detail FROM {lifecycle} WHERE cluster_id = "
+                    "{{c:String}} AND action IN ('scheduler_start', 'worker_added', 'worker_removed') "
+                    "ORDER BY ts")
+#: What :func:`info` reads (from ``{worker_exits}``).
+MEMORY_LIMITS = ("SELECT worker, max(memory_limit), max(memory_limit * memory_terminate) FROM "
+                 "{worker_exits} WHERE cluster_id = {{c:String}} AND worker != '' GROUP BY worker")
+
+
 def info(backend: Backend, cluster_id: str) -> dict[str, dict]:
     """Per worker address: what the scheduler recorded when it joined -- ``name``,
     ``nthreads``, ``memory_limit``, ``pid``, ``nanny`` (None where unknown), ``added``
@@ -39,9 +48,7 @@ def info(backend: Backend, cluster_id: str) -> dict[str, dict]:
     times ``distributed.worker.memory.terminate`` as the nanny recorded them when the
     process ended (None without that record, or with terminating off)."""
     _, rows = backend.query(
-        "SELECT toFloat64(ts), action, worker, detail "
-        f"FROM {_t(backend, 'lifecycle')} WHERE cluster_id = {{c:String}} "
-        "AND action IN ('scheduler_start', 'worker_added', 'worker_removed') ORDER BY ts",
+        WORKER_LIFECYCLE.format(lifecycle=_t(backend, 'lifecycle')),
         {"c": cluster_id})
     out: dict[str, dict] = {}
 
@@ -66,9 +73,7 @@ def info(backend: Backend, cluster_id: str) -> dict[str, dict]:
                                     "nanny": None, "added": None, "removed": None,
                                     "memory_kill": None})["removed"] = ts
     _, exits = backend.query(
-        f"SELECT worker, max(memory_limit), max(memory_limit * memory_terminate) "
-        f"FROM {_t(backend, 'worker_exits')} "
-        "WHERE cluster_id = {c:String} AND worker != '' GROUP BY worker", {"c": cluster_id})
+        MEMORY_LIMITS.format(worker_exits=_t(backend, 'worker_exits')), {"c": cluster_id})
     for worker, limit, kill in exits:
         if worker not in out:
             continue
@@ -86,12 +91,30 @@ def nthreads(backend: Backend, cluster_id: str, known: dict | None = None) -> di
     return {w: i["nthreads"] for w, i in known.items() if i["nthreads"]}
 
 
+#: Whether the graph ``{g}`` holds a row of the cluster.
+HAS_GRAPH = "SELECT count() FROM {g} WHERE cluster_id = {{c:String}} LIMIT 1"
+#: What :func:`moved_bytes` reads (the transitions ``{t}``, the graph ``{g}``).
+BYTES_MOVED = ("WITH fin AS (SELECT cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
+               "argMax(ifNull(nbytes, 0), ts) AS nbytes FROM {t} WHERE cluster_id = "
+               "{{c:String}} AND source = 'scheduler' AND start = 'processing' AND finish = "
+               "'memory' GROUP BY kh) SELECT sender, dest, sum(n) FROM ( SELECT dh, dest, "
+               "any(sender) AS sender, any(n) AS n FROM (  SELECT e.kh, e.dh AS dh, "
+               "anyIf(f.worker, e.is_dest) AS dest,    anyIf(f.worker, NOT e.is_dest) AS "
+               "sender, anyIf(f.nbytes, NOT e.is_dest) AS n,    count() AS ends FROM (   "
+               "SELECT kh, dh, arrayJoin([(kh, true), (dh, false)]) AS side, side.1 AS h,   "
+               "  side.2 AS is_dest FROM (    SELECT DISTINCT cityHash64(key) AS kh, "
+               "cityHash64(arrayJoin(dependencies)) AS dh FROM {g}     WHERE cluster_id = "
+               "{{c:String}})) AS e INNER JOIN fin AS f ON f.kh = e.h   GROUP BY e.kh, e.dh "
+               "HAVING ends = 2) GROUP BY dh, dest) WHERE sender != dest GROUP BY sender, "
+               "dest")
+
+
 def moved_bytes(backend: Backend, cluster_id: str) -> dict[tuple[str, str], int] | None:
     """Bytes fetched between workers, per (sender, receiver): each dependency once per
     worker that ran a dependent and did not hold it (where the dependency finished
     last), from the recorded graph; None when no graph was recorded."""
     g, t = _t(backend, "graph_tasks"), _t(backend, "transitions")
-    _, graphed = backend.query(f"SELECT count() FROM {g} WHERE cluster_id = {{c:String}} LIMIT 1",
+    _, graphed = backend.query(HAS_GRAPH.format(g=g),
                                {"c": cluster_id})
     if not graphed or not graphed[0][0]:
         return None
@@ -99,20 +122,6 @@ def moved_bytes(backend: Backend, cluster_id: str) -> dict[tuple[str, str], int]
     # looks both of its ends up in one join (two rows per edge, then paired again),
     # so fin is computed once
     _, rows = backend.query(
-        f"WITH fin AS (SELECT cityHash64(key) AS kh, argMax(worker, ts) AS worker, "
-        f"argMax(ifNull(nbytes, 0), ts) AS nbytes FROM {t} "
-        "WHERE cluster_id = {c:String} AND source = 'scheduler' "
-        "AND start = 'processing' AND finish = 'memory' GROUP BY kh) "
-        "SELECT sender, dest, sum(n) FROM ("
-        " SELECT dh, dest, any(sender) AS sender, any(n) AS n FROM ("
-        "  SELECT e.kh, e.dh AS dh, anyIf(f.worker, e.is_dest) AS dest, "
-        "   anyIf(f.worker, NOT e.is_dest) AS sender, anyIf(f.nbytes, NOT e.is_dest) AS n, "
-        "   count() AS ends FROM ("
-        "   SELECT kh, dh, arrayJoin([(kh, true), (dh, false)]) AS side, side.1 AS h, "
-        "    side.2 AS is_dest FROM ("
-        f"    SELECT DISTINCT cityHash64(key) AS kh, cityHash64(arrayJoin(dependencies)) AS dh FROM {g} "
-        "    WHERE cluster_id = {c:String})) AS e INNER JOIN fin AS f ON f.kh = e.h "
-        "  GROUP BY e.kh, e.dh HAVING ends = 2) GROUP BY dh, dest) "
-        "WHERE sender != dest GROUP BY sender, dest",
+        BYTES_MOVED.format(t=t, g=g),
         {"c": cluster_id})
     return {(sender, receiver): int(n) for sender, receiver, n in rows}

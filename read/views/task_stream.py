@@ -150,8 +150,8 @@ def _running_at_deaths(backend: Backend, scope: Scope, worker: str | None = None
     """The tasks running when their worker died (:func:`.died_tasks.died_tasks`) as
     bars (rows as :func:`_lay_out` reads them), action :data:`DIED`, from their last
     entry into processing (or the window's start) to the removal."""
-    return [(d.worker, d.key, d.prefix, DIED, max(d.entered, scope.t0), d.left, "", False,
-             d.left, None)
+    return [(d.worker, d.task.key, d.task.prefix, DIED, max(d.task.entered, scope.t0),
+             d.task.left, "", False, d.task.left, None)
             for d in died_tasks(backend, scope, worker)]
 
 
@@ -248,8 +248,9 @@ def _binned(backend: Backend, scope: Scope, cells: list[tuple], worker: str | No
          "busy": min(1.0, busy / scope.bucket / max(threads.get(w) or peak[w], 1e-9)),
          "prefix": what, "tasks": computes}
         for w, b, busy, what, computes, _ in cells
-    ], died=[{"worker": d.worker, "row": index[d.worker], "key": d.key, "prefix": d.prefix,
-              "start": max(d.entered, scope.t0), "stop": d.left}
+    ], died=[{"worker": d.worker, "row": index[d.worker], "key": d.task.key,
+              "prefix": d.task.prefix, "start": max(d.task.entered, scope.t0),
+              "stop": d.task.left}
              for d in died])
 
 

@@ -16,7 +16,13 @@ Parses every module's imports (including those inside functions) and checks:
 - nothing imports the roof (``cli/``) but the roof;
 - nothing imports the test support (``dask_blackbox/testing/``) but itself (and the
   tests and benchmarks), and no benchmark reaches into ``tests/``;
-- no module imports, directly or through others, itself (no import circle).
+- no module imports, directly or through others, itself (no import circle). Importing
+  ``a.b.c`` runs ``a/__init__.py`` and ``a/b/__init__.py`` first, so an import of a
+  module is one of its parent packages too (but for the packages the importing module
+  itself lives in: they are run before it), and a package's ``__init__`` that imports
+  its modules by name (``importlib.import_module(f"{__name__}.{name}")``) imports
+  every one of them. An import under ``if TYPE_CHECKING:`` runs nothing: it is an
+  arrow to the module it names, not to that module's packages.
 """
 
 from __future__ import annotations
@@ -40,11 +46,13 @@ PARTS = {
 }
 
 
-def modules() -> dict[str, pathlib.Path]:
+def modules(root: pathlib.Path = ROOT, parts: dict = PARTS) -> dict[str, pathlib.Path]:
+    """Dotted module name -> its file, for every module of the ``parts`` under ``root``
+    (a package by its ``__init__.py``)."""
     found = {}
-    for folder, (package, _) in PARTS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            parts = path.relative_to(ROOT / folder).with_suffix("").parts
+    for folder, (package, _) in parts.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            parts = path.relative_to(root / folder).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join((package, *parts))] = path
@@ -60,13 +68,26 @@ def part_of(module: str) -> str:
     return best
 
 
+def parents(module: str) -> list[str]:
+    """The packages a dotted module name lives in, outermost first."""
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
 def imports(module: str, path: pathlib.Path, known: dict) -> set[str]:
-    """The project modules ``module`` imports (resolved to known module names)."""
+    """The project modules ``module`` imports (resolved to known module names), with
+    the packages each of them lives in (their ``__init__`` runs first)."""
     out = set()
     is_package = path.name == "__init__.py"
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    typing_only = {id(sub) for node in ast.walk(tree) if isinstance(node, ast.If)
+                   and ast.unparse(node.test).endswith("TYPE_CHECKING")
+                   for stmt in node.body for sub in ast.walk(stmt)}
+    for node in ast.walk(tree):
         names = []
-        if isinstance(node, ast.Import):
+        if is_package and _imports_its_modules(node):
+            names = [m for m in known if m.rpartition(".")[0] == module]
+        elif isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
@@ -81,8 +102,19 @@ def imports(module: str, path: pathlib.Path, known: dict) -> set[str]:
                 name = name.rpartition(".")[0]
             if name and name != module and name.startswith("dask_blackbox"):
                 out.add(name)
-    # importing a package runs its parents' __init__: not an arrow worth drawing
-    return {m for m in out if not module.startswith(m + ".")}
+                if id(node) not in typing_only:
+                    out.update(p for p in parents(name) if p in known)
+    # the packages ``module`` lives in ran before it: not an arrow worth drawing
+    return out - set(parents(module)) - {module}
+
+
+def _imports_its_modules(node: ast.AST) -> bool:
+    """Whether ``node`` is a package's ``importlib.import_module(f"{__name__}.…")``."""
+    if not (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("import_module")
+            and node.args and isinstance(node.args[0], ast.JoinedStr)):
+        return False
+    head = node.args[0].values[0]
+    return isinstance(head, ast.FormattedValue) and ast.unparse(head.value) == "__name__"
 
 
 #: read/views/ module -> floor (every other module of read/views/ is a view: VIEW_FLOOR)
@@ -98,8 +130,10 @@ def views_floor(module: str) -> int | None:
     return VIEWS_FLOORS.get(module[len(VIEWS) + 1:], VIEW_FLOOR)
 
 
-def graph() -> dict[str, set[str]]:
-    known = modules()
+def graph(known: dict[str, pathlib.Path] | None = None) -> dict[str, set[str]]:
+    """Module -> the modules it imports (:func:`imports`), of ``known`` (the
+    project's :func:`modules` by default)."""
+    known = modules() if known is None else known
     return {m: imports(m, p, known) for m, p in known.items()}
 
 
@@ -155,16 +189,16 @@ def test_no_benchmark_reaches_into_the_tests():
     assert not wrong, "benchmarks reaching into tests/:\n" + "\n".join(wrong)
 
 
-def test_no_import_circle():
-    g = graph()
+def circles(g: dict[str, set[str]]) -> list[str]:
+    """The import circles of the graph ``g``, each as ``a -> b -> ... -> a``."""
     state: dict[str, int] = {}
-    circles = []
+    found = []
 
     def visit(node, stack):
         state[node] = 1
         for nxt in sorted(g.get(node, ())):
             if state.get(nxt) == 1:
-                circles.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
+                found.append(" -> ".join(stack[stack.index(nxt):] + [nxt]))
             elif nxt not in state:
                 visit(nxt, stack + [nxt])
         state[node] = 2
@@ -172,7 +206,62 @@ def test_no_import_circle():
     for node in sorted(g):
         if node not in state:
             visit(node, [node])
-    assert not circles, "import circles:\n" + "\n".join(circles)
+    return found
+
+
+def test_no_import_circle():
+    found = circles(graph())
+    assert not found, "import circles:\n" + "\n".join(found)
+
+
+def _planted(root: pathlib.Path, files: dict[str, str]) -> dict[str, set[str]]:
+    """The graph of a tree of two packages ``a`` and ``b`` (``dask_blackbox.a``,
+    ``dask_blackbox.b``) holding ``files`` (path -> source)."""
+    for name, text in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_text(text)
+    return graph(modules(root, {"a": ("dask_blackbox.a", 1), "b": ("dask_blackbox.b", 1)}))
+
+
+def test_a_circle_through_a_packages_init_is_found(tmp_path):
+    """``a/__init__`` imports ``a.x``, ``a.x`` imports ``b.y``, and ``b.y`` imports
+    ``a.z``: importing ``a.z`` runs ``a/__init__`` first, a circle although no module
+    names ``a`` itself; nor is one when ``a/__init__`` imports its modules by name."""
+    files = {"a/__init__.py": "from dask_blackbox.a import x\n",
+             "a/x.py": "from dask_blackbox.b import y\n", "a/z.py": "",
+             "b/__init__.py": "", "b/y.py": "import dask_blackbox.a.z\n"}
+    found = circles(_planted(tmp_path / "static", files))
+    assert found == ["dask_blackbox.a -> dask_blackbox.a.x -> dask_blackbox.b.y -> dask_blackbox.a"]
+
+    files["a/__init__.py"] = ("import importlib, pkgutil\n"
+                              "for m in pkgutil.iter_modules(__path__):\n"
+                              "    importlib.import_module(f\"{__name__}.{m.name}\")\n")
+    found = circles(_planted(tmp_path / "by_name", files))
+    assert found == ["dask_blackbox.a -> dask_blackbox.a.x -> dask_blackbox.b.y -> dask_blackbox.a"]
+
+
+def test_a_package_importing_its_own_modules_is_no_circle(tmp_path):
+    """A module of ``a`` runs after ``a/__init__``: its imports of ``a``'s other
+    modules (and of ``a`` itself) close no circle with the ``__init__`` importing
+    it."""
+    g = _planted(tmp_path, {"a/__init__.py": "from dask_blackbox.a import x\n",
+                            "a/x.py": "from dask_blackbox.a import z\nimport dask_blackbox.a\n",
+                            "a/z.py": "from dask_blackbox.b import y\n",
+                            "b/__init__.py": "", "b/y.py": ""})
+    assert g["dask_blackbox.a.z"] == {"dask_blackbox.b", "dask_blackbox.b.y"}
+    assert not circles(g)
+
+
+def test_an_import_for_the_type_checker_runs_no_package(tmp_path):
+    """``b.y`` imports ``a.z`` only for the type checker: ``a/__init__`` does not run,
+    no circle; ``b.y`` still names ``a.z``."""
+    g = _planted(tmp_path, {"a/__init__.py": "from dask_blackbox.a import x\n",
+                            "a/x.py": "from dask_blackbox.b import y\n", "a/z.py": "",
+                            "b/__init__.py": "",
+                            "b/y.py": "from typing import TYPE_CHECKING\n"
+                                      "if TYPE_CHECKING:\n    from dask_blackbox.a.z import Z\n"})
+    assert g["dask_blackbox.b.y"] == {"dask_blackbox.a.z"}
+    assert not circles(g)
 
 
 def test_a_users_own_modules_named_like_our_stages_do_not_shadow_them(tmp_path):

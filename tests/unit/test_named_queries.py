@@ -9,9 +9,9 @@ table-name placeholder (``{table(backend, 'lifecycle')}``, ``{_t(backend,
 'lifecycle')}``, a local ``{lifecycle}``, a ``.format`` field ``{lifecycle}``) read as
 ``{lifecycle}``, and any other interpolated expression by its source text. Two
 statements that then read alike but for their conditions (:func:`shape`) are one
-query written twice as well. In read/views/ every statement is a named query, the
-value of a module-level assignment (:func:`inline` finds the others). To read what it
-finds:
+query written twice as well. In every module of read/ each statement is a named
+query, the value of a module-level assignment (:func:`inline` finds the others). To
+read what it finds:
 ``python tests/unit/test_named_queries.py``.
 """
 
@@ -189,14 +189,19 @@ def f(backend, t):
     assert [line for _, line in inline(source)] == [6, 7]
 
 
-def test_no_view_writes_its_sql_inline():
-    """A view's SQL is a named query: a module-level constant of the view (or of
-    :mod:`.queries` or :mod:`.statements` when several modules run it), formatted
-    with its tables and conditions where it is run."""
-    found = [f"{path.relative_to(ROOT)}:{line}: {sql[:100]}"
-             for path in sorted((READ / "views").rglob("*.py"))
-             for sql, line in inline(path.read_text())]
-    assert not found, "SQL written inline in read/views/ (name it a module-level query):\n" + \
+def inline_in_read() -> list[str]:
+    """Where a module of read/ (its views too) writes a statement inline."""
+    return [f"{path.relative_to(ROOT)}:{line}: {sql[:100]}"
+            for path in sorted(READ.rglob("*.py")) for sql, line in inline(path.read_text())]
+
+
+def test_no_module_of_the_read_side_writes_its_sql_inline():
+    """The read side's SQL is named queries: a module-level constant of the module
+    that runs it (or of :mod:`.queries` or :mod:`.statements` when several modules run
+    it), formatted with its tables and conditions where it is run. A view's as well as
+    the CLI's, the reports' and the API's."""
+    found = inline_in_read()
+    assert not found, "SQL written inline in read/ (name it a module-level query):\n" + \
         "\n".join(found)
 
 
@@ -219,10 +224,9 @@ if __name__ == "__main__":  # the audit, to read: python tests/unit/test_named_q
     for sql, places in sorted(duplicates().items()):
         print(" ", ", ".join(places))
         print("     ", sql)
-    print("inline in read/views/:")
-    for path in sorted((READ / "views").rglob("*.py")):
-        for sql, line in inline(path.read_text()):
-            print(f"  {path.relative_to(ROOT)}:{line}: {sql}")
+    print("inline in read/:")
+    for place in inline_in_read():
+        print(" ", place)
     print("alike (the same columns of the same table, other conditions):")
     for sql, places in sorted(alike().items()):
         print(" ", ", ".join(places))
