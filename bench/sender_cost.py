@@ -3,6 +3,7 @@ A/B of codecs or of revisions, from thread CPU clocks.
 
     python bench/sender_cost.py [--transitions 200000] [--runs 4] [--rate 20000]
                                 [--compression zstd,lz4,none] [--baseline REV] [--busy]
+                                [--quick]
     python bench/sender_cost.py --hook [--transitions 200000] [--runs 4] [--baseline REV]
 
 Each run is a process of its own. It makes ``--transitions`` items with the scheduler
@@ -27,7 +28,7 @@ Routes: one per ``--compression`` codec with this checkout's code, or with
 ``--baseline REV`` A that revision's code (its ``dask_blackbox`` rebuilt from
 ``git archive``) and B this checkout's, at the first codec. Runs alternate (A, B, A,
 B, ...: the machine's load falls on both alike); each route's figure is the median
-of its ``--runs`` runs, every run printed.
+of its ``--runs`` runs, every run printed. ``--quick``: 2 runs of 50k transitions.
 
 ``--hook``: the plugin's ``transition`` alone, the same calls into a real buffer that
 nothing drains, the loop timed whole with the thread CPU clock less the same loop
@@ -54,6 +55,8 @@ import threading
 import time
 import uuid
 from collections import deque
+
+from report import report
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TICK = 0.01
@@ -295,9 +298,12 @@ def hook_run(args) -> dict:
 
     loop(plugin.transition)  # the warm-up, on a buffer emptied after
     buffer.discard()
-    bare = loop(nothing)
-    gc.collect()
     gc.callbacks.append(on_gc)
+    gc.collect()
+    collector[:] = [0.0, 0.0, 0]
+    bare = loop(nothing) - collector[0]  # the collector's time apart in both loops
+    gc.collect()
+    collector[:] = [0.0, 0.0, 0]
     spent = loop(plugin.transition)
     gc.callbacks.remove(on_gc)
     n = len(calls)
@@ -356,6 +362,7 @@ def main() -> None:
     parser.add_argument("--hook", action="store_true", help="the hook alone")
     parser.add_argument("--busy", action="store_true",
                         help="a thread of Python code runs beside the sender (Dask's event loop)")
+    parser.add_argument("--quick", action="store_true", help="2 runs of 50k transitions")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--broker", default=None, help=argparse.SUPPRESS)
     parser.add_argument("--child-compression", default="zstd", help=argparse.SUPPRESS)
@@ -363,6 +370,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(hook_run(args) if args.child == "hook" else sender_run(args)))
         return
+    if args.quick:
+        args.runs, args.transitions = 2, 50_000
     codecs = args.compression.split(",")
     with tempfile.TemporaryDirectory() as work:
         package = baseline_package(args.baseline, pathlib.Path(work)) if args.baseline else None
@@ -397,6 +406,10 @@ def main() -> None:
                     f"{f} {statistics.median(r[f] for r in runs):.3f} "
                     f"[{min(r[f] for r in runs):.3f}-{max(r[f] for r in runs):.3f}]"
                     for f in figures))
+            for label, runs in results.items():
+                for f in figures[:2] if args.hook else figures[3:4]:
+                    report(f"sender alone, {f.removesuffix('_us')} CPU a transition ({label})",
+                           round(statistics.median(r[f] for r in runs), 3), "us", None)
         finally:
             if broker is not None:
                 broker.kill()
