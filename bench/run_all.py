@@ -44,6 +44,7 @@ BENCHMARKS = [
     "soak.py",
     "profile_cost.py",
     "held_memory.py",
+    "sender_cost.py",
 ]
 
 

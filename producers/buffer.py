@@ -23,8 +23,17 @@ from __future__ import annotations
 
 import threading
 import time
+from bisect import bisect_left
 from collections import deque
+from itertools import accumulate, repeat, starmap
+from operator import attrgetter
 from typing import Any, NamedTuple
+
+
+#: The weight :meth:`Buffer.take` expects of an item (a transition's), sizing the
+#: chunks it takes at a time.
+TAKE_WEIGHT = 200
+_weight = attrgetter("weight")
 
 
 class DropCount(NamedTuple):
@@ -97,13 +106,25 @@ class Buffer:
         items: list = []
         weight = 0
         buffered = self._items
+        popleft = buffered.popleft
         with self.lock:
-            # Counted held before it leaves the buffer: the room never errs high.
+            # In chunks of as many items as would reach max_weight at TAKE_WEIGHT each,
+            # popped and weighed in C; those past max_weight go back to the front
+            # (offers append at the back meanwhile).
+            # Counted held before they leave the buffer: the room never errs high.
             while buffered and len(items) < max_items and weight < max_weight:
-                item = buffered[0]
-                self._held += 1
-                weight += item.weight
-                items.append(buffered.popleft())
+                n = min(len(buffered), max_items - len(items),
+                        (max_weight - weight) // TAKE_WEIGHT + 1)
+                self._held += n
+                chunk = list(starmap(popleft, repeat((), n)))
+                weights = list(accumulate(map(_weight, chunk), initial=weight))
+                keep = min(n, bisect_left(weights, max_weight))  # those taken before it
+                if keep < n:
+                    buffered.extendleft(reversed(chunk[keep:]))
+                    self._held -= n - keep
+                    del chunk[keep:]
+                items += chunk
+                weight = weights[keep]
             self._taken += len(items)
         return Taken(items, weight)
 

@@ -158,6 +158,8 @@ class RowMaker:
         (a bug must not stop the drain: the caller counts them). ``captured``:
         transition items as they are (an erred one's error read), for
         :func:`capture_event`, the row of every other item."""
+        if captured and _plain_transitions(items):  # a busy stream's take: as they are
+            return items[:], []
         rows, failed = [], []
         makers = self._makers
         if captured:
@@ -334,6 +336,13 @@ def exception_text(raised: Any) -> str:
 _decode_carried = msgspec.msgpack.Decoder().decode
 _ROW_KWARGS = operator.attrgetter(*TRANSITION_KWARGS)
 _ROW_ERROR = operator.attrgetter(*CAPTURE_ERROR)
+
+
+def _plain_transitions(items: list) -> bool:
+    """Whether ``items`` are all transition items and none erred (looked at in C)."""
+    n = len(items)
+    return (list(map(type, items)).count(TransitionItem) == n
+            and list(map(_ITEM["error"], items)).count(None) == n)
 
 
 def _captured_row(row: Any) -> TransitionItem:
