@@ -46,7 +46,6 @@ import json
 import os
 import random
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -316,22 +315,6 @@ def hook_run(args) -> dict:
 # ----------------------------------------------------------------- the A/B
 
 
-def baseline_package(revision: str, into: pathlib.Path) -> pathlib.Path:
-    """A ``dask_blackbox`` package of ``revision`` (its folders mapped as pyproject
-    maps them), importable by putting the returned directory first on sys.path."""
-    archive = into / "archive"
-    archive.mkdir()
-    tar = subprocess.run(["git", "-C", str(ROOT), "archive", revision], check=True,
-                         capture_output=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(archive)], input=tar, check=True)
-    package = into / "pkg"
-    shutil.copytree(archive / "dask_blackbox", package / "dask_blackbox")
-    for name in ("producers", "stream_processors", "sinks", "exporters", "read", "cli"):
-        if (archive / name).is_dir():
-            shutil.copytree(archive / name, package / "dask_blackbox" / name)
-    return package
-
-
 def run_child(args, compression: str, package: pathlib.Path | None, broker: str | None) -> dict:
     env = dict(os.environ)
     if package is not None:
@@ -374,6 +357,7 @@ def main() -> None:
         args.runs, args.transitions = 2, 50_000
     codecs = args.compression.split(",")
     with tempfile.TemporaryDirectory() as work:
+        from sink_ingest import baseline_package
         package = baseline_package(args.baseline, pathlib.Path(work)) if args.baseline else None
         if args.baseline:
             shown = "" if args.hook else f" {codecs[0]}"
