@@ -45,7 +45,7 @@ from dask_blackbox import contract, kafka
 from dask_blackbox.deploy import brokers
 from dask_blackbox.deploy.brokers import free_port
 from dask_blackbox.testing import replay
-from dask_blackbox.testing.processors import processor_settings
+from dask_blackbox.testing.processors import env_for, processor_settings
 from report import report
 
 TARGET, AIM = 5_000, 10_000
@@ -112,18 +112,13 @@ def stats(port: int) -> dict | None:
         return None
 
 
-def env_of(conf: dict) -> dict:
-    return {**os.environ, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-                             for k, v in conf.items()}}
-
-
 def sink_and_status(conf: dict, workdir: str, messages: int) -> dict:
     """Load everything with the sink; time `dask-blackbox status` meanwhile and after."""
     from dask_blackbox.deploy.supervisor import pipeline_lag
 
     conf = {**conf, "blackbox.data-dir": os.path.join(workdir, "sink-data"),
             "blackbox.sink.group-id": "sink-" + conf["blackbox.kafka.topic-prefix"]}
-    env = env_of(conf)
+    env = env_for(conf)
     log = open(os.path.join(workdir, "sink.log"), "w")
     sink = subprocess.Popen([sys.executable, "-m", "dask_blackbox.cli", "sink"], env=env,
                             stdout=subprocess.PIPE, stderr=log)
@@ -168,7 +163,7 @@ def run(broker: str, clusters: int, per_cluster: int, workdir: str, extra: dict,
     with dask.config.set(conf):
         asyncio.run(kafka.ensure_topics())
         asyncio.run(replay.publish_raw(messages))
-    env = env_of(conf)
+    env = env_for(conf)
     port = free_port()
     log_path = os.path.join(workdir, f"faust-{prefix}.log")
     with open(log_path, "w") as log:

@@ -18,6 +18,7 @@ import time
 from distributed import Client
 
 from dask_blackbox.deploy.brokers import free_port, port_open
+from dask_blackbox.testing.settings import dask_env
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -28,9 +29,7 @@ def _env(config: dict[str, object]) -> dict[str, str]:
     # pickled by reference and run in the scheduler: it must import them too.
     here = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (here, env.get("PYTHONPATH")) if p)
-    for key, value in config.items():
-        name = "DASK_" + "__".join(part.upper().replace("-", "_") for part in key.split("."))
-        env[name] = str(value)
+    env.update(dask_env(config))
     return env
 
 

@@ -62,7 +62,7 @@ from dask_blackbox.stream_processors import envelopes
 from dask_blackbox.stream_processors.checkpoint import Journal
 from dask_blackbox.stream_processors.cluster import ClusterState
 from dask_blackbox.testing import replay
-from dask_blackbox.testing.processors import processor_settings
+from dask_blackbox.testing.processors import env_for, processor_settings
 from report import report
 
 TARGET, AIM = 50_000, 200_000
@@ -140,8 +140,7 @@ def end_to_end(broker: str, recording: list[tuple[bytes, bytes]], copies: int,
         messages = [replay.encode(replay.renamed(e, f"copy-{c}", f"@{c}"), msgpack)
                     for c in range(copies) for e in source]
         asyncio.run(replay.publish_raw(messages))
-    env = {**os.environ, **{"DASK_" + k.upper().replace(".", "__").replace("-", "_"): str(v)
-                            for k, v in conf.items()}}
+    env = env_for(conf)
     if package is not None:
         env["PYTHONPATH"] = os.pathsep.join([package, env.get("PYTHONPATH", "")])
     port = free_port()

@@ -55,6 +55,7 @@ from dask_blackbox.sinks.batch import Batch
 from dask_blackbox.sinks.tables import Message
 from dask_blackbox.sinks.schema import Target, migrate
 from dask_blackbox.sinks.service import tune_gc
+from dask_blackbox.testing.settings import dask_env
 
 from report import report
 
@@ -469,9 +470,7 @@ def end_to_end(args, root: pathlib.Path) -> dict:
                 "blackbox.sink.group-id": f"bench-{name}"}
 
     def start_sink(name: str):
-        env = dict(os.environ)
-        env.update({"DASK_" + k.upper().replace(".", "__").replace("-", "_"): v
-                    for k, v in settings(name).items()})
+        env = {**os.environ, **dask_env(settings(name))}
         sink = subprocess.Popen([sys.executable, "-m", "dask_blackbox.cli.sink"], env=env,
                                 stdout=subprocess.PIPE, stderr=open(root / f"{name}-sink.log", "wb"))
         sinks.append(sink)
