@@ -24,8 +24,17 @@ columns and Arrow, on the consumer's thread: what a sink process spends against 
 ClickHouse server, *per core*), rows per CPU-second of the whole process with chDB in
 it (ClickHouse's parsing, writing and background merging included, every thread),
 and rows per second of wall clock.
-Both routes must leave the same rows in every table (compared by a hash of each
-table's rows, ``_batch`` aside, and the envelopes' ``n_bytes``: each encoding's size).
+Both routes must leave the same rows in every table, the page aggregates and roll-ups
+among them (compared by a hash of each table's rows, ``_batch`` aside, and the
+envelopes' ``n_bytes``: each encoding's size; an aggregate's rows merged and
+finalized).
+
+- ``--view-cost``: instead of A against B, B loaded with every materialized view on
+  ``transitions`` (the page aggregates' and the roll-up's) and with none, alternating
+  (``--runs`` each): the views' share of ClickHouse's CPU per row loaded is the
+  difference. After each load with the views, each view's own cost: its query run
+  again by itself over each batch's transitions (held in memory, one thread, merges
+  stopped) into an empty copy of its table.
 
 - **C**, for the record: what ClickHouse itself spends to parse the same raw envelopes
   and explode their transition runs into rows (a ``SELECT`` over the raw messages;
@@ -36,6 +45,7 @@ table's rows, ``_batch`` aside, and the envelopes' ``n_bytes``: each encoding's 
     python bench/sink_ingest.py --quick         # 500k transitions, 1 run per route
     python bench/sink_ingest.py --baseline REV  # A loaded by REV's sink
     python bench/sink_ingest.py --baseline REV --a-version 3  # both version 3: two sinks
+    python bench/sink_ingest.py --view-cost --runs 3  # what each view costs per row
 """
 
 from __future__ import annotations
@@ -62,6 +72,11 @@ from report import report  # noqa: E402
 
 TARGET, AIM = 300_000, 500_000
 TOPICS = ("raw", "span-state", "prefix-stats")
+#: The materialized views on transitions and the tables they fill (--view-cost).
+VIEWS = {"blackbox.task_seconds_mv": "blackbox.task_seconds",
+         "blackbox.stream_seconds_mv": "blackbox.stream_seconds",
+         "blackbox.group_totals_mv": "blackbox.group_totals",
+         "blackbox_rollups.task_minutes_mv": "blackbox_rollups.task_minutes"}
 _HEAD = struct.Struct("<BIqqII")  # topic, partition, offset, timestamp, key and value lengths
 
 
@@ -204,9 +219,44 @@ def read_messages(path: pathlib.Path):
 # ----------------------------------------------------------------- a route
 
 
-def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int) -> dict:
-    """Load every message through the sink's code as it is importable here; runs in
-    a route's own process."""
+def view_costs(client) -> dict:
+    """CPU seconds of each view's query by itself over the transitions just loaded,
+    batch by batch, beyond counting the batch's rows (``--view-cost``)."""
+    client.command("SYSTEM STOP MERGES")
+    batches = [b for (b,) in client.query(
+        "SELECT DISTINCT _batch FROM blackbox.transitions ORDER BY _batch").result_rows]
+    for i, b in enumerate(batches):  # each batch's rows in memory, as a view is given them
+        client.command(f"CREATE TABLE blackbox.bench_batch_{i} ENGINE = Memory "
+                       f"AS SELECT * FROM blackbox.transitions WHERE _batch = {b}")
+
+    def cpu(statement: str) -> float:
+        t = time.process_time()
+        for i in range(len(batches)):
+            client.command(statement.replace("{source}", f"blackbox.bench_batch_{i}"),
+                           settings={"max_threads": 1})
+        return time.process_time() - t
+
+    read = cpu("SELECT count() FROM {source}")
+    costs = {}
+    for view, table in VIEWS.items():
+        database, name = view.split(".")
+        (query,), = client.query("SELECT as_select FROM system.tables WHERE database = {d:String} "
+                                 "AND name = {n:String}", parameters={"d": database, "n": name}).result_rows
+        copy = f"{table}_bench_copy"
+        client.command(f"CREATE TABLE {copy} AS {table}")
+        columns = ", ".join(f"`{c}`" for (c,) in client.query(
+            "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String}",
+            parameters={"d": table.split(".")[0], "t": table.split(".")[1]}).result_rows)
+        costs[view] = cpu(f"INSERT INTO {copy} ({columns}) SELECT {columns} FROM ("
+                          + query.replace(" FROM blackbox.transitions ", " FROM {source} ") + ")") - read
+    return costs
+
+
+def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int,
+               drop_views: tuple[str, ...] = (), measure_views: bool = False) -> dict:
+    """Load every message through the sink's code as it is importable here (the
+    materialized views ``drop_views`` dropped after migrating; ``measure_views``: each
+    view's :func:`view_costs` after the load); runs in a route's own process."""
     import concurrent.futures
     import inspect
 
@@ -215,11 +265,13 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int)
     from dask_blackbox.sinks.loader import Loader
     from dask_blackbox.sinks.schema import Target, migrate
     from dask_blackbox.sinks.service import tune_gc
-    from dask_blackbox.sinks.tables import COLUMNS
+    from dask_blackbox.sinks.tables import AGGREGATES, COLUMNS, ROLLUPS
 
     target = Target("blackbox", 90 * 86400)
     client = clickhouse.open_client(f"chdb://{directory}")
     migrate(client, target)
+    for view in drop_views:
+        client.command(f"DROP VIEW {view}")
     loader = Loader(client, target, "bench")
     pool = concurrent.futures.ThreadPoolExecutor(1)
     # As the consumer of each route makes its batches.
@@ -260,13 +312,24 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int)
         columns = ", ".join(f"`{c}`" for c in COLUMNS[table]
                             if (table, c) != ("envelopes", "n_bytes"))  # the encoding's size
         n, digest = client.query(
-            f"SELECT count(), groupBitXor(cityHash64({columns})) FROM blackbox.{table}").result_rows[0]
+            f"SELECT count(), groupBitXor(cityHash64(tuple({columns}))) FROM blackbox.{table}").result_rows[0]
         hashes[table] = [int(n), int(digest or 0)]
+    for table in [*(f"blackbox.{t}" for t in AGGREGATES), *(f"blackbox_rollups.{t}" for t in ROLLUPS)]:
+        database, name = table.split(".")
+        columns = ", ".join(f"finalizeAggregation(`{c}`)" if kind.startswith("AggregateFunction") else f"`{c}`"
+                            for c, kind in client.query(
+                                "SELECT name, type FROM system.columns WHERE database = {d:String} "
+                                "AND table = {t:String} AND name != '_batch' ORDER BY position",
+                                parameters={"d": database, "t": name}).result_rows)
+        n, digest = client.query(
+            f"SELECT count(), sum(cityHash64(tuple({columns}))) FROM {table} FINAL").result_rows[0]
+        hashes[table] = [int(n), int(digest or 0)]
+    views = view_costs(client) if measure_views else {}
     client.close()
     return {"rows": rows, "wall": wall, "cpu": cpu, "convert_cpu": convert_cpu,
             "batch_rows": batch_rows,
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
-            "tables": hashes, "load": os.getloadavg()[0]}
+            "tables": hashes, "views": views, "load": os.getloadavg()[0]}
 
 
 def parse_in_clickhouse(messages: pathlib.Path, directory: pathlib.Path) -> dict:
@@ -318,6 +381,29 @@ def parse_in_clickhouse(messages: pathlib.Path, directory: pathlib.Path) -> dict
 # ----------------------------------------------------------------- the runs
 
 
+def view_cost(args, work: pathlib.Path, messages: pathlib.Path) -> None:
+    """B loaded with every view and with none, ``--runs`` rounds: the views' share of
+    ClickHouse's CPU per row loaded (the median of the rounds' differences), and each
+    view's own (:func:`view_costs`, the median of the rounds)."""
+    every, none, views = [], [], {v: [] for v in VIEWS}
+    for n in range(args.runs):
+        for drop in ((), tuple(VIEWS)):
+            r = run_child("B", args, work, messages, None, n, drop, measure_views=not drop)
+            share = (r["cpu"] - r["convert_cpu"]) / r["rows"] * 1e6
+            (none if drop else every).append(share)
+            for view, cpu in r["views"].items():
+                views[view].append(cpu / r["rows"] * 1e6)
+            print(f"  run {n + 1}, {'no view' if drop else 'every view'}: ClickHouse {share:.2f} us per row"
+                  + "".join(f", {v.split('.')[1]} {views[v][-1]:.3f}" for v in r["views"])
+                  + f" ({r['rows']:,} rows, load average {r['load']:.1f})", flush=True)
+    report("ClickHouse CPU per row loaded, every view", round(statistics.median(every), 2), "us", None)
+    report("ClickHouse CPU per row loaded, the views (every view minus none)",
+           round(statistics.median(a - b for a, b in zip(every, none)), 2), "us", None)
+    for view, costs in views.items():
+        report(f"ClickHouse CPU per row loaded, {view} by itself", round(statistics.median(costs), 3),
+               "us", None)
+
+
 def baseline_package(revision: str, into: pathlib.Path) -> pathlib.Path:
     """A ``dask_blackbox`` package of ``revision`` (its folders mapped as pyproject
     maps them), importable by putting the returned directory first on sys.path."""
@@ -335,7 +421,8 @@ def baseline_package(revision: str, into: pathlib.Path) -> pathlib.Path:
 
 
 def run_child(route: str, args, work: pathlib.Path, messages: pathlib.Path,
-              package: pathlib.Path | None, n: int) -> dict:
+              package: pathlib.Path | None, n: int, drop_views: tuple[str, ...] = (),
+              measure_views: bool = False) -> dict:
     env = dict(os.environ)
     if package is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(package), env.get("PYTHONPATH", "")])
@@ -343,7 +430,9 @@ def run_child(route: str, args, work: pathlib.Path, messages: pathlib.Path,
     out = subprocess.run(
         [sys.executable, __file__, "--child", route, "--messages", str(messages),
          "--directory", str(directory),
-         *(["--batch-rows", str(args.batch_rows)] if args.batch_rows else [])],
+         *(["--batch-rows", str(args.batch_rows)] if args.batch_rows else []),
+         *(["--drop-views", ",".join(drop_views)] if drop_views else []),
+         *(["--view-cost"] if measure_views else [])],
         env=env, capture_output=True, text=True, cwd=work)
     shutil.rmtree(directory, ignore_errors=True)
     if out.returncode != 0:
@@ -365,7 +454,8 @@ def child(args) -> None:
     if args.child == "C":
         result = parse_in_clickhouse(pathlib.Path(args.messages), directory)
     else:
-        result = load_route(pathlib.Path(args.messages), directory, args.batch_rows)
+        result = load_route(pathlib.Path(args.messages), directory, args.batch_rows,
+                            tuple(filter(None, (args.drop_views or "").split(","))), args.view_cost)
     result["location"] = dask_blackbox.__file__
     print(json.dumps(result))
 
@@ -384,10 +474,13 @@ def main() -> None:
                         help="the envelope version route A reads (3: the same recording as "
                              "B, the sink of --baseline against this checkout's)")
     parser.add_argument("--quick", action="store_true", help="500k transitions, 1 run per route")
+    parser.add_argument("--view-cost", action="store_true",
+                        help="B with the views on transitions and without: their cost, and each one's")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--messages", help=argparse.SUPPRESS)
     parser.add_argument("--directory", help=argparse.SUPPRESS)
+    parser.add_argument("--drop-views", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args)
@@ -408,6 +501,9 @@ def main() -> None:
             print("A reads B's messages (version 3)", flush=True)
             files["A"] = files["B"]
         print(f"generated in {time.perf_counter() - t:.0f}s", flush=True)
+        if args.view_cost:
+            view_cost(args, work, files["B"])
+            return
         results: dict[str, list[dict]] = {"A": [], "B": []}
         for n in range(args.runs):
             for route in ("A", "B"):
