@@ -15,7 +15,8 @@ A record of Dask's nanny (``distributed.nanny``) belongs to the nanny that logge
 even where nannies share the scheduler's process (a ``LocalCluster``): it goes through
 that nanny's transport (``source`` "nanny"), naming its worker. Which nanny is read off
 the logging call's frames (the ``Nanny`` or its ``WorkerProcess`` as ``self``); with one
-nanny in the process, that one.
+nanny in the process, that one. A nanny whose plugin is not set up yet has its records
+shipped by the process's first transport, naming its worker all the same.
 
 The handler never recurses: records of the recorder's own threads, of aiokafka and of
 this package are ignored, and so is one emitted on a thread while it handles another
@@ -32,6 +33,7 @@ from collections.abc import Callable
 from types import FrameType
 from typing import Any, NamedTuple
 
+from distributed.nanny import Nanny, WorkerProcess
 from distributed.utils import thread_state
 
 from dask_blackbox.contract import LOG, Log, encode_key
@@ -122,24 +124,26 @@ class LogHandler(logging.Handler):
 
 
 def _nanny_target(targets: tuple[Target, ...], first: Target) -> tuple[Target, str | None]:
-    """The target of the nanny that is logging (its frames up the stack name it), and
-    its worker's address when the logging ``WorkerProcess`` knows it; the only nanny's
-    target if the frames name none; else ``first`` (None: its own worker)."""
-    nannies = [t for t in targets if t.nanny is not None]
-    if not nannies:
-        return first, None
+    """The target of the nanny that is logging, read off the frames up the stack (its
+    ``Nanny``, or its ``WorkerProcess``, which calls the nanny's exit callback however
+    the nanny's ``process`` stands while the process ends), and the worker's address
+    that object knows. A nanny with no target of its own (its plugin not set up yet)
+    has its records shipped by ``first``, naming its worker; frames that name no nanny:
+    the only nanny's target, else ``first`` (None: its own worker)."""
     frame: FrameType | None = sys._getframe(2)
     for _ in range(_FRAMES):
         if frame is None:
             break
         owner = frame.f_locals.get("self")
-        if owner is not None:
-            for t in nannies:
-                if owner is t.nanny:
-                    return t, None
-                if owner is getattr(t.nanny, "process", None):
-                    return t, getattr(owner, "worker_address", None)
+        if isinstance(owner, (Nanny, WorkerProcess)):
+            nanny = owner if isinstance(owner, Nanny) else getattr(owner.on_exit, "__self__", None)
+            worker = getattr(owner, "worker_address", None)
+            for t in targets:
+                if t.nanny is not None and t.nanny is nanny:
+                    return t, worker
+            return first, worker
         frame = frame.f_back
+    nannies = [t for t in targets if t.nanny is not None]
     return (nannies[0], None) if len(nannies) == 1 else (first, None)
 
 

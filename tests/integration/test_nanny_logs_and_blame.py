@@ -8,6 +8,8 @@ the scheduler's process.
 - ``nanny``: a worker is SIGKILLed; its nanny logs "Worker process <pid> was killed by
   signal 9". The line is among that worker's logs (what ``dask-blackbox logs --worker``
   reads), as the nanny's, and not among the scheduler's.
+- Each nanny logs "Starting Nanny plugin dask-blackbox" before its plugin is set up (so
+  before it has a transport): the line names that nanny's own worker, never the other's.
 """
 
 from __future__ import annotations
@@ -56,6 +58,7 @@ def _record(out: dict) -> None:
         out["cluster_id"] = producers.attach(
             client, cluster_name="blame-and-nanny",
             **{"producer.flush-interval": "20ms"})["cluster_id"]
+        out["attached"] = sorted(live_workers(client))
         root_future = client.submit(boom, key="raises-0")
         dependents = [client.submit(inc, root_future, key=f"dependent-{i}")
                       for i in range(2)]
@@ -103,3 +106,11 @@ def test_a_nannys_lines_are_among_its_workers_logs(recorded):
         ("nanny", recorded["doomed"], "distributed.nanny")}
     _, theirs = queries.logs(backend, cluster=cid, worker="scheduler", text=line)
     assert theirs == []
+
+
+def test_a_nannys_line_from_before_its_plugin_names_its_own_worker(recorded):
+    backend = recorded["backend"]
+    line = "Starting Nanny plugin dask-blackbox"
+    columns, rows = queries.logs(backend, cluster=recorded["cluster_id"], text=line)
+    found = [dict(zip(columns, row)) for row in rows]
+    assert sorted(r["worker"] for r in found) == recorded["attached"], found
