@@ -46,6 +46,13 @@ finalized).
     python bench/sink_ingest.py --baseline REV  # A loaded by REV's sink
     python bench/sink_ingest.py --baseline REV --a-version 3  # both version 3: two sinks
     python bench/sink_ingest.py --view-cost --runs 3  # what each view costs per row
+    python bench/sink_ingest.py --a-version 3 --alter codecs.sql  # B's tables altered
+
+- ``--alter FILE``: SQL statements (``;``-separated, the migrations' single-node
+  placeholders filled) run on B's database after migrating and before loading: a codec
+  or a table setting under test, against A without it. Every run prints the bytes on
+  disk per transition after its load (every table's active parts), and the tables
+  that hold most of them.
 """
 
 from __future__ import annotations
@@ -253,7 +260,8 @@ def view_costs(client) -> dict:
 
 
 def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int,
-               drop_views: tuple[str, ...] = (), measure_views: bool = False) -> dict:
+               drop_views: tuple[str, ...] = (), measure_views: bool = False,
+               alter: str | None = None) -> dict:
     """Load every message through the sink's code as it is importable here (the
     materialized views ``drop_views`` dropped after migrating; ``measure_views``: each
     view's :func:`view_costs` after the load); runs in a route's own process."""
@@ -272,6 +280,11 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int,
     migrate(client, target)
     for view in drop_views:
         client.command(f"DROP VIEW {view}")
+    if alter:
+        from dask_blackbox.sinks.schema import render, statements
+
+        for statement in statements(render(pathlib.Path(alter).read_text(), target)):
+            client.command(statement)
     loader = Loader(client, target, "bench")
     pool = concurrent.futures.ThreadPoolExecutor(1)
     # As the consumer of each route makes its batches.
@@ -324,10 +337,12 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int,
         n, digest = client.query(
             f"SELECT count(), sum(cityHash64(tuple({columns}))) FROM {table} FINAL").result_rows[0]
         hashes[table] = [int(n), int(digest or 0)]
+    disk = dict(client.query("SELECT concat(database, '.', table), sum(bytes_on_disk) FROM system.parts "
+                             "WHERE active AND database LIKE 'blackbox%' GROUP BY 1").result_rows)
     views = view_costs(client) if measure_views else {}
     client.close()
     return {"rows": rows, "wall": wall, "cpu": cpu, "convert_cpu": convert_cpu,
-            "batch_rows": batch_rows,
+            "batch_rows": batch_rows, "disk": {t: int(b) for t, b in disk.items()},
             "rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "tables": hashes, "views": views, "load": os.getloadavg()[0]}
 
@@ -404,6 +419,14 @@ def view_cost(args, work: pathlib.Path, messages: pathlib.Path) -> None:
                "us", None)
 
 
+def on_disk(r: dict) -> str:
+    """A run's bytes on disk per transition loaded, in all and for its three biggest tables."""
+    n = r["tables"]["transitions"][0]
+    top = sorted(r["disk"].items(), key=lambda kv: -kv[1])[:3]
+    return (f"disk {sum(r['disk'].values()) / n:.1f} bytes per transition ("
+            + ", ".join(f"{t.split('.')[1]} {b / n:.1f}" for t, b in top) + ")")
+
+
 def baseline_package(revision: str, into: pathlib.Path) -> pathlib.Path:
     """A ``dask_blackbox`` package of ``revision`` (its folders mapped as pyproject
     maps them), importable by putting the returned directory first on sys.path."""
@@ -432,7 +455,8 @@ def run_child(route: str, args, work: pathlib.Path, messages: pathlib.Path,
          "--directory", str(directory),
          *(["--batch-rows", str(args.batch_rows)] if args.batch_rows else []),
          *(["--drop-views", ",".join(drop_views)] if drop_views else []),
-         *(["--view-cost"] if measure_views else [])],
+         *(["--view-cost"] if measure_views else []),
+         *(["--alter", str(pathlib.Path(args.alter).resolve())] if args.alter and route == "B" else [])],
         env=env, capture_output=True, text=True, cwd=work)
     shutil.rmtree(directory, ignore_errors=True)
     if out.returncode != 0:
@@ -455,7 +479,8 @@ def child(args) -> None:
         result = parse_in_clickhouse(pathlib.Path(args.messages), directory)
     else:
         result = load_route(pathlib.Path(args.messages), directory, args.batch_rows,
-                            tuple(filter(None, (args.drop_views or "").split(","))), args.view_cost)
+                            tuple(filter(None, (args.drop_views or "").split(","))), args.view_cost,
+                            args.alter)
     result["location"] = dask_blackbox.__file__
     print(json.dumps(result))
 
@@ -476,6 +501,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="500k transitions, 1 run per route")
     parser.add_argument("--view-cost", action="store_true",
                         help="B with the views on transitions and without: their cost, and each one's")
+    parser.add_argument("--alter", help="SQL run on B's database after migrating (a codec "
+                        "or setting under test)")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--messages", help=argparse.SUPPRESS)
@@ -513,7 +540,9 @@ def main() -> None:
                       f"{r['rows']:,} rows in {r['wall']:.1f}s wall, "
                       f"{r['cpu']:.1f}s CPU ({r['convert_cpu']:.1f}s converting): "
                       f"{r['rows'] / r['wall']:,.0f} rows/s, {r['rows'] / r['cpu']:,.0f} rows/s "
-                      f"per core; peak RSS {r['rss_mb']:,.0f} MB (load average {r['load']:.1f})", flush=True)
+                      f"per core, ClickHouse {(r['cpu'] - r['convert_cpu']) / r['rows'] * 1e6:.2f} us "
+                      f"per row; {on_disk(r)}; peak RSS {r['rss_mb']:,.0f} MB "
+                      f"(load average {r['load']:.1f})", flush=True)
         a, b = results["A"][0]["tables"], results["B"][0]["tables"]
         differ = [t for t in a if a[t] != b.get(t)]
         if differ:
