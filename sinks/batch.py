@@ -59,7 +59,7 @@ from dask_blackbox.sinks.events import (
 from dask_blackbox.sinks.records import RECORD_CONVERTERS
 from dask_blackbox.sinks import arrow
 from dask_blackbox.sinks.tables import (
-    CHUNK_ROWS, COLUMNS, Block, Envelope, FlatLists, Message, TableData,
+    CHUNK_MIN_ROWS, COLUMNS, Block, Envelope, FlatLists, Message, TableData,
 )
 
 #: Largest message the sink decodes: twice what a producer sends at most
@@ -117,10 +117,9 @@ class Batch:
     """
 
     def __init__(self, schemas: dict[str, arrow.TableSchema] | None = None) -> None:
-        #: The Arrow conversion of each table (the loader's), or None: with it,
-        #: blocks (transition runs and captures) become raw Arrow arrays a chunk of
-        #: ``CHUNK_ROWS`` rows at a time, while their values are fresh, and their
-        #: Python objects are let go.
+        #: The Arrow conversion of each table (the loader's), or None: with it, a
+        #: large block (a transition run) becomes raw Arrow arrays as it is added,
+        #: while its values are fresh, and its Python objects are let go.
         self.schemas = schemas
         self.tables: dict[str, TableData] = {name: TableData(name) for name in COLUMNS}
         #: Arrow tables built ahead of loading, per table (see Loader.prepare).
@@ -286,11 +285,13 @@ class Batch:
         """Add a row of ``message`` (``events``: its event index) or a Block (an
         event index per row)."""
         if type(data) is Block:
-            if self.schemas is None:
-                self.tables[table].add_block(data.columns, data.n_rows, message, events)
-            elif self.tables[table].gather(data.columns, data.n_rows, message,
-                                           events) >= CHUNK_ROWS:
-                self.tables[table].join_gathered(self.schemas[table].chunk)
+            chunk = None
+            if self.schemas is not None and data.n_rows >= CHUNK_MIN_ROWS:
+                try:
+                    chunk = self.schemas[table].chunk(data.columns)
+                except (ValueError, TypeError, OverflowError):
+                    pass  # kept as Python values: the loader finds the rows at fault
+            self.tables[table].add_block(data.columns, data.n_rows, message, events, chunk)
         else:
             self.tables[table].append(data, (message, events))
 

@@ -16,7 +16,6 @@ either read or listed in :data:`NOT_STORED` with the reason.
 from __future__ import annotations
 
 import dataclasses
-import itertools
 import operator
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -27,7 +26,7 @@ import numpy as np
 from dask_blackbox import contract
 from dask_blackbox.sinks import checks, typed
 from dask_blackbox.sinks.checks import Invalid
-from dask_blackbox.sinks.tables import LATER_KWARGS, Block, Coded, Envelope
+from dask_blackbox.sinks.tables import CHUNK_MIN_ROWS, LATER_KWARGS, Block, Coded, Envelope
 from dask_blackbox.sinks.typed import Field, Irregular, field
 
 #: Event kinds with one row per event: the table and, per column (or group of
@@ -121,10 +120,8 @@ def _graph_task_columns(tasks: list) -> list:
             keys, prefixes, groups, spans, dependencies = (
                 list(c) for c in zip(*map(_task_fields, tasks))) if tasks else ([],) * 5
             lists = dependencies if _types(dependencies) <= {list} else [d or [] for d in dependencies]
-            if _types(keys) <= {str} and _types(itertools.chain.from_iterable(lists)) <= {str}:
-                given = list(map(dict.get, tasks, itertools.repeat("n_dependencies")))
-                counts = list(map(len, lists)) if given.count(None) == len(given) else \
-                    [n or len(ds) for n, ds in zip(given, lists)]
+            if _types(keys) <= {str} and _types([d for ds in lists for d in ds]) <= {str}:
+                counts = [t.get("n_dependencies") or len(ds) for t, ds in zip(tasks, lists)]
                 if _types(counts) <= {int}:
                     return [keys, _texts(prefixes), _texts(groups), _texts(spans), lists,
                             counts]
@@ -347,10 +344,13 @@ TRANSITION_STRUCT = next(s for s, kind in STRUCT_KINDS.items() if kind == contra
 def _envelope_column(source: str, env: Envelope, indexes: Sequence[int]):
     """The column of a layout's ``"$<name>"`` source for events ``indexes``: the
     indexes themselves, or the envelope's value for each (a Coded column of one
-    value)."""
+    value for a block from CHUNK_MIN_ROWS rows)."""
     if source == "$idx":
         return indexes
-    return Coded([getattr(env, source[1:])], np.zeros(len(indexes), np.int32))
+    value = getattr(env, source[1:])
+    if len(indexes) >= CHUNK_MIN_ROWS:
+        return Coded([value], np.zeros(len(indexes), np.int32))
+    return [value] * len(indexes)
 
 
 def typed_columns(kind: str, env: Envelope, events: list, indexes: list[int], now: float) -> list:

@@ -15,8 +15,6 @@ from __future__ import annotations
 import bisect
 import dataclasses
 
-import numpy as np
-
 from dask_blackbox import contract
 
 #: What Dask passes with a transition (contract.TRANSITION_KWARGS) after startstops:
@@ -210,10 +208,6 @@ class FlatLists:
         self.values.extend(row)
         self.lengths.append(len(row))
 
-    def __iadd__(self, rows) -> FlatLists:
-        self.extend(rows)
-        return self
-
     def extend(self, rows) -> None:
         if isinstance(rows, FlatLists):
             self.values.extend(rows.values)
@@ -232,37 +226,6 @@ class FlatLists:
 #: Blocks of fewer rows than this join the rows before them (a copy); larger ones are
 #: kept as they came, a chunk each, and become Arrow arrays chunk by chunk.
 CHUNK_MIN_ROWS = 512
-#: Blocks gathered (:meth:`TableData.gather`) are joined into one chunk once they hold
-#: this many rows: Arrow's conversion costs a few microseconds a column and call
-#: besides its work per value, so it is made of several captures at once, not of
-#: each; and few enough that their values are still in the CPU's caches.
-CHUNK_ROWS = 2048
-
-
-def join_blocks(blocks: list[list]) -> list:
-    """The columns of consecutive blocks as those of one: lists chained, FlatLists'
-    values and lengths chained, Coded columns' values chained with their indexes moved
-    past the values before, ranges as one array of indexes. A column that is Coded in
-    one block and not in another becomes plain values."""
-    if len(blocks) == 1:
-        return blocks[0]
-    return [_joined(parts) for parts in zip(*blocks)]
-
-
-def _joined(parts: tuple):
-    kinds = set(map(type, parts))
-    if kinds == {Coded}:
-        values, indexes = [], []
-        for part in parts:
-            indexes.append(np.asarray(part.index, np.int32) + len(values))
-            values += part.values
-        return Coded(values, np.concatenate(indexes))
-    if kinds == {range}:
-        return np.concatenate([np.arange(p.start, p.stop, p.step) for p in parts])
-    joined = FlatLists([], []) if FlatLists in kinds else []
-    for part in parts:  # a list's or a tuple's values copied at once
-        joined += part
-    return joined
 
 
 class Refs:
@@ -331,21 +294,18 @@ class TableData:
     columns it came in (lists, :class:`FlatLists`, :class:`Coded`, a ``range``),
     never copied, or as the raw Arrow arrays the batch made of them at once (an
     object with a ``python()`` method giving its columns back: sinks.arrow's
-    ArrowChunk); blocks of a batch with schemas are gathered and joined into chunks
-    of :data:`CHUNK_ROWS` rows (:meth:`gather`); rows appended one at a time and
-    small blocks are gathered into a chunk of this object's own (rows wait in a list
-    and join it in one transposition). :attr:`chunks` gives them for conversion to Arrow;
+    ArrowChunk); rows appended one at a time and small blocks are gathered into a
+    chunk of this object's own (rows wait in a list and join it in one
+    transposition). :attr:`chunks` gives them for conversion to Arrow;
     :attr:`columns` joins them into one chunk of lists and FlatLists."""
 
-    __slots__ = ("table", "_chunks", "_own", "_rows", "_gathered", "_n_gathered", "refs")
+    __slots__ = ("table", "_chunks", "_own", "_rows", "refs")
 
     def __init__(self, table: str) -> None:
         self.table = table
         self._chunks: list[list] = []
         self._own = False  # whether the last chunk is this object's own (extendable)
         self._rows: list[tuple] = []
-        self._gathered: list[list] = []  # blocks waiting to be joined (gather)
-        self._n_gathered = 0
         self.refs = Refs()
 
     def __len__(self) -> int:
@@ -363,8 +323,6 @@ class TableData:
         return self._chunks[-1]
 
     def _flush_rows(self) -> None:
-        if self._gathered:
-            self.join_gathered()
         if self._rows:
             rows, self._rows = self._rows, []
             for column, values in zip(self._tail(), zip(*rows), strict=True):
@@ -388,15 +346,13 @@ class TableData:
                 if hasattr(chunk, "python"):
                     chunk = chunk.python()
                 for column, values in zip(joined, chunk, strict=True):
-                    column.extend(values.tolist() if type(values) is np.ndarray else values)
+                    column.extend(values)
             self._chunks, self._own = [joined], True
         return self._chunks[0]
 
     def append(self, row: tuple, ref: Ref) -> None:
         if len(row) != len(COLUMNS[self.table]):
             raise ValueError(f"a row of {len(row)} values for {len(COLUMNS[self.table])} columns")
-        if self._gathered:  # the rows gathered before it come first
-            self.join_gathered()
         self._rows.append(row)
         self.refs.append(ref)
 
@@ -422,33 +378,3 @@ class TableData:
             for column, values in zip(self._tail(), columns):
                 column.extend(values)
         self.refs.add(message, events)
-
-    def gather(self, columns: list, n_rows: int, message: Message, events) -> int:
-        """Add the ``n_rows`` rows of a block of ``message`` (``events``: each row's
-        event index) to the blocks waiting to be joined into one chunk
-        (:meth:`join_gathered`, or when anything else is added or read); returns how
-        many rows are waiting."""
-        if len(columns) != len(COLUMNS[self.table]):
-            raise ValueError(f"a block of {len(columns)} columns for {len(COLUMNS[self.table])}")
-        if self._rows:
-            self._flush_rows()
-        self._gathered.append(columns)
-        self._n_gathered += n_rows
-        self.refs.add(message, events)
-        return self._n_gathered
-
-    def join_gathered(self, convert=None) -> None:
-        """Join the gathered blocks into a chunk (:func:`join_blocks`): ``convert``
-        of its columns (sinks.arrow's ``TableSchema.chunk``) if given and it takes
-        them, else the columns."""
-        if not self._gathered:
-            return
-        columns = join_blocks(self._gathered)
-        self._gathered, self._n_gathered = [], 0
-        if convert is not None:
-            try:
-                columns = convert(columns)
-            except (ValueError, TypeError, OverflowError):
-                pass  # kept as Python values: the loader finds the rows at fault
-        self._chunks.append(columns)
-        self._own = False
