@@ -119,9 +119,6 @@ class Converter:
             return pc.take(self.raw(values.values), pa.array(values.index, pa.int32()))
         if isinstance(values, range):
             values = np.arange(values.start, values.stop, values.step)
-        elif type(values) in (list, tuple) and values and values[0] is None \
-                and values.count(None) == len(values):
-            return pa.nulls(len(values), self.raw_type)  # a column no event has
         return pa.array(values, type=self.raw_type)
 
     def concat(self, arrays: list[pa.Array]) -> pa.Array:

@@ -20,8 +20,6 @@ field_types``) each kind can store; sinks.events asserts it at import.
 from __future__ import annotations
 
 import dataclasses
-import itertools
-import operator
 import sys
 from collections.abc import Callable
 from typing import Annotated, Any, Literal, Union
@@ -80,15 +78,15 @@ def col_map(values, now):
 
 
 def _flat(values, width: int, entry_values: Callable | None) -> list[FlatLists]:
-    """``width`` FlatLists columns of lists of entries (None: none), all of an
-    envelope's at once, kept flat with the row lengths: no list per row."""
-    lengths = list(map(operator.length_hint, values, itertools.repeat(0)))  # None: 0
-    entries = list(itertools.chain.from_iterable(filter(None, values)))
-    if not entries:
-        return [FlatLists((), lengths) for _ in range(width)]
+    """``width`` FlatLists columns of lists of entries, all of an envelope's at once,
+    kept flat with the row lengths: no list per row."""
+    lists = [v or () for v in values] if None in values else values
+    lengths = list(map(len, lists))
+    entries = [e for entries in lists for e in entries]
     if entry_values is not None:
         entries = map(entry_values, entries)
-    return [FlatLists(column, lengths) for column in zip(*entries)]
+    columns = zip(*entries) if lengths and max(lengths) else ((),) * width
+    return [FlatLists(column, lengths) for column in columns]
 
 
 def col_startstops(values, now):
