@@ -135,8 +135,10 @@ def _nanny_target(targets: tuple[Target, ...], first: Target) -> tuple[Target, s
         if frame is None:
             break
         owner = frame.f_locals.get("self")
-        if isinstance(owner, (Nanny, WorkerProcess)):
-            nanny = owner if isinstance(owner, Nanny) else getattr(owner.on_exit, "__self__", None)
+        kind = type(owner)  # never ``isinstance``: a frame's ``self`` may be anyone's object
+        if issubclass(kind, (Nanny, WorkerProcess)):
+            nanny = (owner if issubclass(kind, Nanny)
+                     else getattr(getattr(owner, "on_exit", None), "__self__", None))
             worker = getattr(owner, "worker_address", None)
             for t in targets:
                 if t.nanny is not None and t.nanny is nanny:
