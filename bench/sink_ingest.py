@@ -226,6 +226,14 @@ def read_messages(path: pathlib.Path):
 # ----------------------------------------------------------------- a route
 
 
+def table_columns(client, table: str) -> list[tuple[str, str]]:
+    """(name, type) of each column of ``table`` (``database.name``), in the table's order."""
+    database, name = table.split(".")
+    return client.query("SELECT name, type FROM system.columns WHERE database = {d:String} "
+                        "AND table = {t:String} ORDER BY position",
+                        parameters={"d": database, "t": name}).result_rows
+
+
 def view_costs(client) -> dict:
     """CPU seconds of each view's query by itself over the transitions just loaded,
     batch by batch, beyond counting the batch's rows (``--view-cost``)."""
@@ -251,9 +259,7 @@ def view_costs(client) -> dict:
                                  "AND name = {n:String}", parameters={"d": database, "n": name}).result_rows
         copy = f"{table}_bench_copy"
         client.command(f"CREATE TABLE {copy} AS {table}")
-        columns = ", ".join(f"`{c}`" for (c,) in client.query(
-            "SELECT name FROM system.columns WHERE database = {d:String} AND table = {t:String}",
-            parameters={"d": table.split(".")[0], "t": table.split(".")[1]}).result_rows)
+        columns = ", ".join(f"`{c}`" for c, _ in table_columns(client, table))
         costs[view] = cpu(f"INSERT INTO {copy} ({columns}) SELECT {columns} FROM ("
                           + query.replace(" FROM blackbox.transitions ", " FROM {source} ") + ")") - read
     return costs
@@ -328,12 +334,8 @@ def load_route(messages: pathlib.Path, directory: pathlib.Path, batch_rows: int,
             f"SELECT count(), groupBitXor(cityHash64(tuple({columns}))) FROM blackbox.{table}").result_rows[0]
         hashes[table] = [int(n), int(digest or 0)]
     for table in [*(f"blackbox.{t}" for t in AGGREGATES), *(f"blackbox_rollups.{t}" for t in ROLLUPS)]:
-        database, name = table.split(".")
         columns = ", ".join(f"finalizeAggregation(`{c}`)" if kind.startswith("AggregateFunction") else f"`{c}`"
-                            for c, kind in client.query(
-                                "SELECT name, type FROM system.columns WHERE database = {d:String} "
-                                "AND table = {t:String} AND name != '_batch' ORDER BY position",
-                                parameters={"d": database, "t": name}).result_rows)
+                            for c, kind in table_columns(client, table) if c != "_batch")
         n, digest = client.query(
             f"SELECT count(), sum(cityHash64(tuple({columns}))) FROM {table} FINAL").result_rows[0]
         hashes[table] = [int(n), int(digest or 0)]
