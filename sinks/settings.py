@@ -37,7 +37,7 @@ class SinkSettings:
     #: ``blackbox.sink.group-id``: the Kafka consumer group
     group_id: str = "dask-blackbox-sink"
     #: ``blackbox.sink.batch-max-rows``: a batch closes at this many rows...
-    batch_max_rows: int = 100_000
+    batch_max_rows: int = 250_000
     #: ``blackbox.sink.batch-max-wait``: ...or this many seconds after its first message
     batch_max_wait: float = 0.5
     #: ``blackbox.sink.batch-min-wait``: ...or, once the sink has caught up and nothing
