@@ -30,6 +30,7 @@ import base64
 import dataclasses
 import os
 import pathlib
+import random
 import re
 import shutil
 import socket
@@ -71,8 +72,39 @@ class BrokerError(RuntimeError):
     """The local broker cannot start; one line naming the problem and the fix."""
 
 
+def _ephemeral_low() -> int:
+    """The lowest port the kernel hands out as a connection's source port."""
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+_handed_out: set[int] = set()
+_rng = random.SystemRandom()  # a forked child must not draw its parent's sequence
+
+
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    """A TCP port on 127.0.0.1 that nothing listens on right now.
+
+    Chosen below the kernel's ephemeral range: a port the kernel picks for ``bind(0)`` is one
+    it may also give an outgoing connection as its source port between our probe and the
+    server's own bind, which then fails with "address already in use". A port outside that
+    range can only be taken by another server. This process never hands the same port twice.
+    """
+    high = _ephemeral_low()
+    low = max(1024, high - 20000)
+    for _ in range(200):
+        port = _rng.randrange(low, high)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -7,22 +7,16 @@ from __future__ import annotations
 import contextlib
 import os
 import pathlib
-import socket
 import subprocess
 import sys
 
 import playwright.sync_api as playwright_sync
 import pytest
 
+from dask_blackbox.deploy.brokers import free_port
 from dask_blackbox.testing.polling import wait_for
 
 CHROMIUM = "/usr/bin/chromium"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_ui(env: dict, log: pathlib.Path) -> tuple[subprocess.Popen, str, pathlib.Path]:

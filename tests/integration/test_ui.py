@@ -28,7 +28,6 @@ import os
 import pathlib
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -150,12 +149,6 @@ def exceed_memory(limit_bytes: int) -> int:
         time.sleep(0.02)
         if len(hoard) * 16 * 2**20 > 4 * limit_bytes:
             os._exit(1)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _span_truth(cluster: LocalCluster) -> dict[tuple, dict]:
