@@ -421,6 +421,18 @@ class Journal:
 
     # ------------------------------------------------------------- finishing
 
+    def reading(self, now: float | None = None) -> None:
+        """Reading (re)starts at ``now``: the quiet time of every open cluster and
+        unexported span (``settle``, ``idle-timeout``, ``span-quiet``) counts from then.
+        Quiet time while nothing was read (a journal reopened after a restart, a reading
+        paused by a full backlog) says nothing about what Kafka still holds of them."""
+        now = time.time() if now is None else now
+        with self._transaction():
+            self.db.execute("UPDATE clusters SET touched = ? WHERE NOT ended AND touched < ?",
+                            (now, now))
+            self.db.execute("UPDATE spans SET touched = ? WHERE NOT exported AND touched < ?",
+                            (now, now))
+
     def finish_ready(self, settle: float, idle_timeout: float, span_quiet: float | None,
                      now: float | None = None) -> int:
         """Move finished spans to the outbox, in one transaction: every span of a

@@ -16,7 +16,10 @@ Three things go on at once:
   stays within ``backlog-max`` plus what one Kafka message holds, and nothing else
   in the pipeline waits for the exporter);
 - **finishing**: every half second, spans that finished (:meth:`.Journal.finish_ready`:
-  clusters that ended, spans done and quiet) move to the outbox;
+  clusters that ended, spans done and quiet) move to the outbox; quiet time counts
+  only while reading (from the first fetch after start-up or a pause,
+  :meth:`.Journal.reading`), so a restart or a full backlog never ends a run whose
+  last messages Kafka still holds;
 - **sending**: the outbox is sent in order, ``batch-max-spans`` items and
   ``batch-max-bytes`` bytes at a time, one signal a request (spans and log records
   are acknowledged apart: an accepted part is never sent again), and an item leaves
@@ -95,6 +98,7 @@ class Exporter:
         self.pause = PausePoint(settings.pause_at, settings.journal_dir)
         self._stop = asyncio.Event()
         self._paused = False
+        self._reading = False  # fetching since the start or the last resume
         self._ends_asked = 0.0
         self._probe: AIOKafkaConsumer | None = None  # no group: asks for the partitions' ends
         self._beginnings: dict[tuple[str, int], int] = {}
@@ -180,6 +184,9 @@ class Exporter:
         while not self._stop.is_set():
             room = self._flow()
             fetched = await self.consumer.getmany(timeout_ms=200, max_records=min(500, room))
+            if not self._paused and not self._reading:
+                self.journal.reading()  # quiet time counts from the first fetch on
+                self._reading = True
             records = []
             for tp, messages in fetched.items():
                 topic = self.topics[tp.topic]
@@ -207,6 +214,7 @@ class Exporter:
             parts = list(self.consumer.assignment())
             (self.consumer.pause if full else self.consumer.resume)(*parts)
             self._paused = full
+            self._reading = False
             logger.warning("export backlog %s (blackbox.exporter.backlog-max=%d): %s reading",
                            "full" if full else "below its bound", self.s.backlog_max,
                            "pausing" if full else "resuming")
@@ -242,7 +250,8 @@ class Exporter:
 
     async def _finish(self) -> None:
         while not self._stop.is_set():
-            self.journal.finish_ready(self.s.settle, self.s.idle_timeout, self.s.span_quiet)
+            if self._reading:  # a run ends after quiet time while reading, never while not
+                self.journal.finish_ready(self.s.settle, self.s.idle_timeout, self.s.span_quiet)
             await asyncio.sleep(0.5)
 
     async def _send(self) -> None:

@@ -332,3 +332,28 @@ def test_a_span_described_after_its_run_ended_still_goes_out(tmp_path):
     again = journal.apply([Record("span-state", "bb.span-state", 1, 20, later)], now=120.0)
     assert again.late == 1
     assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=200.0) == 0
+
+
+def test_quiet_time_counts_only_while_reading(tmp_path):
+    """A run whose scheduler closed but whose last messages Kafka still held when the
+    exporter stopped: reopened long after, the journal ends it only once reading has
+    been quiet for ``settle`` (:meth:`Journal.reading`), and what arrives in between is
+    in its run span, as in the trace ``export otlp`` builds from every record."""
+    raw, states, trs, lifecycle = records()
+    late = transition("inc-9", "memory", T0 + 31, "s-load", [("compute", T0 + 30.5, T0 + 31)])
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.apply(as_records(raw, states), now=100.0)
+    journal.close()  # stopped with the close journalled, the run's last envelope unread
+
+    journal = Journal(tmp_path / "j", max_task_spans=100)
+    journal.reading(now=500.0)  # restarted: nothing of the run read for 400 s
+    assert journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=501.0) == 0
+    journal.apply([Record("raw", "bb.raw", 0, 3, envelope(3, [late]))], now=502.0)
+    journal.finish_ready(settle=5, idle_timeout=3600, span_quiet=None, now=508.0)
+    [run] = [s for s in sent(journal).values() if s.parent_id is None]
+    finals = {s["span_id"]: s for s in states}
+    [want] = [s for s in traces.build_run(CLUSTER, "journal", finals.values(), trs + [late],
+                                          lifecycle, 100, removals=REMOVALS) if s.parent_id is None]
+    assert run == want
+    assert run.attributes["dask.task_spans.exported"] == 14
+    journal.close()
