@@ -44,16 +44,25 @@ difference of A and B):
   timed with the thread CPU clock (``time.thread_time``, the clock's own cost
   subtracted), times the calls; a timed call during which the collector ran is left
   out (the collection is the whole process's allocations' doing, and one of them would
-  count :data:`HOOK_EVERY` times over); ``gc``: the collector's time in this process
-  (``gc.callbacks``), B's less A's in the quad, per transition;
+  count :data:`HOOK_EVERY` times over); ``gc``: the collector's CPU in this process
+  (``gc.callbacks``, :class:`GcClock`), B's less A's, per transition, and the same
+  estimated from the collections B made beyond A's, by generation, at a collection's
+  mean cost (the count moves with what the recorder allocates; the cost of a
+  generation-2 collection with the heap's size when it runs, which makes the
+  difference of CPU times noisy);
 - ``take``, ``encode``, ``send``: the scheduler's sender thread as it counts itself
   (``Sender.stats``: taking items and making the rows of all but transitions; captures
   and MessagePack; aiokafka), and ``sender`` that thread's whole CPU
   (``/proc/self/task``: its sleeps and wake-ups too);
 - ``nanny``: the nannies' sender threads (in this process);
+- ``sender_gc``, ``nanny_gc``: the collector's CPU inside those threads (in ``sender``
+  and ``nanny``): a collection runs in the thread whose allocation set it off and
+  scans the whole heap, most of it Dask's;
 - ``workers``: the workers' sender threads (in theirs, through ``client.run``).
 
-and their sum over A's scheduler-process CPU. The per-transition figures divide by the
+and their sum over A's scheduler-process CPU. "All parts" is printed twice: as the
+threads clock them, and with the collector counted once (its time in the recorder's
+threads replaced by ``gc``, the whole process's collector time B less A). The per-transition figures divide by the
 transitions the scheduler's hook saw (at least 200k over a run of fresh40k and 32k's
 quads). What the recorder adds on Dask's event loop besides the hook (the nannies'
 watch, the collector's work on what the hook allocates) is not in them.
@@ -140,20 +149,43 @@ class LeastRecorder(SchedulerPlugin):
 
 
 class GcClock:
-    """The collector's collections and seconds in this process (``gc.callbacks``)."""
+    """The collector's collections and CPU seconds in this process (``gc.callbacks``;
+    a collection holds the GIL, so the thread clock of the thread running it counts it
+    whole and nothing else), in all, by generation, and by the name of the thread that
+    ran them (a collection runs in whichever thread's allocation set it off, so a
+    thread's CPU clock counts the collections it happened to start: work on the whole
+    process's heap, most of it Dask's)."""
 
     def __init__(self):
         self.collections = 0
         self.seconds = 0.0
+        #: by thread name: CPU seconds, collections, collections of generation 2
+        self.by_thread: dict[str, list] = {}
+        #: collections and CPU seconds by generation
+        self.by_generation = [[0, 0.0] for _ in range(3)]
         self._began = 0.0
         gc.callbacks.append(self)
 
     def __call__(self, phase: str, info: dict) -> None:
         if phase == "start":
-            self._began = time.perf_counter()
-        else:
-            self.collections += 1
-            self.seconds += time.perf_counter() - self._began
+            self._began = time.thread_time()
+            return
+        took = time.thread_time() - self._began
+        self.collections += 1
+        self.seconds += took
+        generation = self.by_generation[info["generation"]]
+        generation[0] += 1
+        generation[1] += took
+        mine = self.by_thread.setdefault(threading.current_thread().name, [0.0, 0, 0])
+        mine[0] += took
+        mine[1] += 1
+        mine[2] += info["generation"] == 2
+
+    def in_threads(self, prefix: str) -> tuple[float, int, int]:
+        """The collector's CPU seconds, collections and those of generation 2 so far in
+        threads named ``prefix``..."""
+        mine = [v for k, v in self.by_thread.items() if k.startswith(prefix)]
+        return (sum(v[0] for v in mine), sum(v[1] for v in mine), sum(v[2] for v in mine))
 
 
 GC = GcClock()
@@ -297,6 +329,8 @@ class Run:
     parts: dict[str, float]
     #: the collector's seconds in this process during the run
     gc_seconds: float = 0.0
+    #: the collector's collections and seconds by generation during the run
+    gc_generations: tuple = ()
 
 
 @contextlib.contextmanager
@@ -341,6 +375,9 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             workers0 = client.run(_worker_sender_cpu)
         cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
         gc0 = GC.seconds
+        generations0 = [tuple(g) for g in GC.by_generation]
+        sender_gc0, nanny_gc0 = (GC.in_threads(THREAD_PREFIX + "scheduler-"),
+                                 GC.in_threads(THREAD_PREFIX + "nanny-"))
         assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
         lost = on_scheduler(_removed)
@@ -356,12 +393,19 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             parts = {part: now[part] - parts0.get(part, 0) for part in now}
             parts["sender"] = sum(v for k, v in threads.items() if k.startswith("scheduler-"))
             parts["nanny"] = sum(v for k, v in threads.items() if k.startswith("nanny-"))
+            sender_gc = GC.in_threads(THREAD_PREFIX + "scheduler-")
+            parts["sender_gc"] = sender_gc[0] - sender_gc0[0]
+            parts["sender_collections"] = sender_gc[1] - sender_gc0[1]
+            parts["sender_collections_2"] = sender_gc[2] - sender_gc0[2]
+            parts["nanny_gc"] = GC.in_threads(THREAD_PREFIX + "nanny-")[0] - nanny_gc0[0]
             workers = client.run(_worker_sender_cpu)
             parts["workers"] = sum(workers[w] - workers0.get(w, 0.0) for w in workers)
         gc_seconds = GC.seconds - gc0
+        generations = tuple((n - n0, t - t0) for (n, t), (n0, t0)
+                            in zip(GC.by_generation, generations0))
         pids = sorted(set(pids) | set(_tree({broker_pid})))
         return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks,
-                   threads, parts, gc_seconds)
+                   threads, parts, gc_seconds, generations)
 
 
 def ratio(runs: list[Run], figure: str) -> float:
@@ -415,7 +459,9 @@ def main() -> None:
                             print("  " + _parts_text(r.parts), flush=True)
                     if placement == "in":
                         print("  the collector in this process: " + ", ".join(
-                            f"{'B' if r.recorded else 'A'} {r.gc_seconds:.2f}s" for r in runs),
+                            f"{'B' if r.recorded else 'A'} {r.gc_seconds:.2f}s ("
+                            + " / ".join(f"{n} in {t:.2f}s" for n, t in r.gc_generations)
+                            + ")" for r in runs) + " (collections by generation 0 / 1 / 2)",
                             flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
                 if args.recorder == "least":
@@ -437,12 +483,30 @@ def main() -> None:
                                round(seconds / n * 1e6, 3) if n else None, "us", None)
                     extra_gc = sum(r.gc_seconds if r.recorded else -r.gc_seconds
                                    for runs in quads for r in runs)
-                    report(f"{name}: the collector's extra time per transition, B less A "
+                    report(f"{name}: the collector's extra CPU per transition, B less A "
                            f"({n:,} transitions)", round(extra_gc / n * 1e6, 3) if n else None,
                            "us", None)
+                    runs_all = [r for runs in quads for r in runs]
+                    counts = [sum(r.gc_generations[g][0] * (1 if r.recorded else -1)
+                                  for r in runs_all) for g in range(3)]
+                    mean_cost = [sum(r.gc_generations[g][1] for r in runs_all)
+                                 / max(sum(r.gc_generations[g][0] for r in runs_all), 1)
+                                 for g in range(3)]
+                    by_count = sum(c * t for c, t in zip(counts, mean_cost))
+                    report(f"{name}: the collector's extra collections, B less A, by "
+                           f"generation {' / '.join(f'{c:+d}' for c in counts)} (a collection "
+                           f"{' / '.join(f'{t * 1e3:.2f}' for t in mean_cost)} ms), at their "
+                           f"mean cost, per transition", round(by_count / n * 1e6, 3) if n else None,
+                           "us", None)
                     total = sum(_recorder_total(r.parts) for r in recorded)
-                    report(f"{name}: recorder CPU per transition, all parts ({n:,} transitions)",
-                           round(total / n * 1e6, 3) if n else None, "us", 5.0)
+                    report(f"{name}: recorder CPU per transition, all parts as their threads "
+                           f"clock them ({n:,} transitions)",
+                           round(total / n * 1e6, 3) if n else None, "us", None)
+                    own = total - sum(_collector_in_threads(r.parts) for r in recorded) + extra_gc
+                    report(f"{name}: recorder CPU per transition, all parts, the collector "
+                           f"counted once: its time in the recorder's threads replaced by its "
+                           f"extra time, B less A ({n:,} transitions)",
+                           round(own / n * 1e6, 3) if n else None, "us", 5.0)
                     shares = [sum(_recorder_total(r.parts) for r in runs if r.recorded)
                               / sum(r.scheduler_cpu for r in runs if not r.recorded)
                               for runs in quads]
@@ -452,7 +516,14 @@ def main() -> None:
 
 
 #: The parts of the recorder's CPU printed per transition (module docstring).
-_PARTS = ("hook", "take", "encode", "send", "sender", "nanny", "workers")
+_PARTS = ("hook", "take", "encode", "send", "sender", "sender_gc", "nanny", "nanny_gc",
+          "workers")
+
+
+def _collector_in_threads(parts: dict[str, float]) -> float:
+    """The collector's seconds inside the recorder's threads of this process (in
+    ``sender`` and ``nanny``): collections their allocations set off, on the whole heap."""
+    return parts.get("sender_gc", 0.0) + parts.get("nanny_gc", 0.0)
 
 
 def _recorder_total(parts: dict[str, float]) -> float:
@@ -467,7 +538,8 @@ def _parts_text(parts: dict[str, float]) -> str:
     return (f"recorder CPU: {', '.join(f'{p} {parts[p]:.3f}s' for p in _PARTS if p in parts)}; "
             f"per transition ({n:,}), us: {per}; all {_recorder_total(parts) / max(n, 1) * 1e6:.2f}; "
             f"{parts.get('envelopes', 0):,} envelopes, {n / max(parts.get('envelopes', 0), 1):,.0f} "
-            "transitions each")
+            f"transitions each; the collector ran {parts.get('sender_collections', 0):,} times in "
+            f"the sender thread ({parts.get('sender_collections_2', 0):,} of generation 2)")
 
 
 if __name__ == "__main__":
