@@ -63,8 +63,8 @@ difference of A and B):
 
 and their sum over A's scheduler-process CPU. "All parts" is printed twice: as the
 threads clock them, and with the collector counted once (its time in the recorder's
-threads replaced by ``gc``, the whole process's collector time B less A). The per-transition figures divide by the
-transitions the scheduler's hook saw (at least 200k over a run of fresh40k and 32k's
+threads replaced by ``gc``, the whole process's collector time B less A). The
+per-transition figures divide by the transitions the scheduler's hook saw (at least 200k over a run of fresh40k and 32k's
 quads). What the recorder adds on Dask's event loop besides the hook (the nannies'
 watch, the collector's work on what the hook allocates) is not in them.
 ``--no-hook-sample`` leaves the hook untimed (its wrapper adds a Python call to each
@@ -151,21 +151,37 @@ class LeastRecorder(SchedulerPlugin):
                               if kwargs else None))
 
 
+@dataclass
+class Tally:
+    """Collections and their CPU seconds."""
+
+    collections: int = 0
+    seconds: float = 0.0
+
+    def __sub__(self, earlier: Tally) -> Tally:
+        return Tally(self.collections - earlier.collections, self.seconds - earlier.seconds)
+
+
+def _totals(tallies) -> Tally:
+    """The sum of ``tallies`` (any iterable)."""
+    tallies = list(tallies)
+    return Tally(sum(t.collections for t in tallies), sum(t.seconds for t in tallies))
+
+
 class GcClock:
     """The collector's collections and CPU seconds in this process (``gc.callbacks``;
     a collection holds the GIL, so the thread clock of the thread running it counts it
-    whole and nothing else), in all, by generation, and by the name of the thread that
-    ran them (a collection runs in whichever thread's allocation set it off, so a
-    thread's CPU clock counts the collections it happened to start: work on the whole
-    process's heap, most of it Dask's)."""
+    whole and nothing else), by generation and by the name of the thread that ran them
+    (a collection runs in whichever thread's allocation set it off, so a thread's CPU
+    clock counts the collections it happened to start: work on the whole process's
+    heap, most of it Dask's)."""
 
     def __init__(self):
+        #: by thread name, a :class:`Tally` a generation
+        self.by_thread: dict[str, list[Tally]] = {}
+        #: all collections so far: what :class:`HookSampler` reads around each timed
+        #: call, kept as a counter so that reading it costs Dask's event loop nothing
         self.collections = 0
-        self.seconds = 0.0
-        #: by thread name: CPU seconds, collections, collections of generation 2
-        self.by_thread: dict[str, list] = {}
-        #: collections and CPU seconds by generation
-        self.by_generation = [[0, 0.0] for _ in range(3)]
         self._began = 0.0
         gc.callbacks.append(self)
 
@@ -175,20 +191,15 @@ class GcClock:
             return
         took = time.thread_time() - self._began
         self.collections += 1
-        self.seconds += took
-        generation = self.by_generation[info["generation"]]
-        generation[0] += 1
-        generation[1] += took
-        mine = self.by_thread.setdefault(threading.current_thread().name, [0.0, 0, 0])
-        mine[0] += took
-        mine[1] += 1
-        mine[2] += info["generation"] == 2
+        name = threading.current_thread().name
+        tally = self.by_thread.setdefault(name, [Tally() for _ in range(3)])[info["generation"]]
+        tally.collections += 1
+        tally.seconds += took
 
-    def in_threads(self, prefix: str) -> tuple[float, int, int]:
-        """The collector's CPU seconds, collections and those of generation 2 so far in
-        threads named ``prefix``..."""
+    def by_generation(self, prefix: str = "") -> list[Tally]:
+        """A :class:`Tally` a generation so far, of the threads named ``prefix``..."""
         mine = [v for k, v in self.by_thread.items() if k.startswith(prefix)]
-        return (sum(v[0] for v in mine), sum(v[1] for v in mine), sum(v[2] for v in mine))
+        return [_totals(t[g] for t in mine) for g in range(3)]
 
 
 GC = GcClock()
@@ -330,10 +341,13 @@ class Run:
     recorder_threads: dict[str, float]
     #: the recorder's CPU seconds per part (module docstring), and ``transitions``
     parts: dict[str, float]
-    #: the collector's seconds in this process during the run
-    gc_seconds: float = 0.0
-    #: the collector's collections and seconds by generation during the run
+    #: the collector in this process during the run, a :class:`Tally` a generation
     gc_generations: tuple = ()
+
+    @property
+    def gc_seconds(self) -> float:
+        """The collector's CPU seconds in this process during the run."""
+        return _totals(self.gc_generations).seconds
 
 
 @contextlib.contextmanager
@@ -377,10 +391,9 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             parts0 = on_scheduler(_scheduler_parts)
             workers0 = client.run(_worker_sender_cpu)
         cpu0, tree0, t0 = _cpu([scheduler]), _cpu(pids), time.perf_counter()
-        gc0 = GC.seconds
-        generations0 = [tuple(g) for g in GC.by_generation]
-        sender_gc0, nanny_gc0 = (GC.in_threads(THREAD_PREFIX + "scheduler-"),
-                                 GC.in_threads(THREAD_PREFIX + "nanny-"))
+        sender, nanny = THREAD_PREFIX + "scheduler-", THREAD_PREFIX + "nanny-"
+        gc0, sender_gc0, nanny_gc0 = (GC.by_generation(), GC.by_generation(sender),
+                                      GC.by_generation(nanny))
         assert client.compute(timed_graph, optimize_graph=False).result(WAIT_DEADLINE) > 0
         _wait(on_scheduler, _settled)
         lost = on_scheduler(_removed)
@@ -396,19 +409,17 @@ def timed(placement: str, shape: str, recorded: bool, broker_pid: int,
             parts = {part: now[part] - parts0.get(part, 0) for part in now}
             parts["sender"] = sum(v for k, v in threads.items() if k.startswith("scheduler-"))
             parts["nanny"] = sum(v for k, v in threads.items() if k.startswith("nanny-"))
-            sender_gc = GC.in_threads(THREAD_PREFIX + "scheduler-")
-            parts["sender_gc"] = sender_gc[0] - sender_gc0[0]
-            parts["sender_collections"] = sender_gc[1] - sender_gc0[1]
-            parts["sender_collections_2"] = sender_gc[2] - sender_gc0[2]
-            parts["nanny_gc"] = GC.in_threads(THREAD_PREFIX + "nanny-")[0] - nanny_gc0[0]
+            sender_gc = [t - before for t, before in zip(GC.by_generation(sender), sender_gc0)]
+            parts["sender_gc"] = _totals(sender_gc).seconds
+            parts["sender_collections"] = _totals(sender_gc).collections
+            parts["sender_collections_2"] = sender_gc[2].collections
+            parts["nanny_gc"] = (_totals(GC.by_generation(nanny)) - _totals(nanny_gc0)).seconds
             workers = client.run(_worker_sender_cpu)
             parts["workers"] = sum(workers[w] - workers0.get(w, 0.0) for w in workers)
-        gc_seconds = GC.seconds - gc0
-        generations = tuple((n - n0, t - t0) for (n, t), (n0, t0)
-                            in zip(GC.by_generation, generations0))
+        generations = tuple(t - before for t, before in zip(GC.by_generation(), gc0))
         pids = sorted(set(pids) | set(_tree({broker_pid})))
         return Run(recorded, wall, _cpu([scheduler]) - cpu0, _cpu(pids) - tree0, n_tasks,
-                   threads, parts, gc_seconds, generations)
+                   threads, parts, generations)
 
 
 def ratio(runs: list[Run], figure: str) -> float:
@@ -463,7 +474,8 @@ def main() -> None:
                     if placement == "in":
                         print("  the collector in this process: " + ", ".join(
                             f"{'B' if r.recorded else 'A'} {r.gc_seconds:.2f}s ("
-                            + " / ".join(f"{n} in {t:.2f}s" for n, t in r.gc_generations)
+                            + " / ".join(f"{t.collections} in {t.seconds:.2f}s"
+                                         for t in r.gc_generations)
                             + ")" for r in runs) + " (collections by generation 0 / 1 / 2)",
                             flush=True)
                 name = f"{shape} ({quads[0][0].tasks:,} tasks), scheduler {placement}"
@@ -490,11 +502,10 @@ def main() -> None:
                            f"({n:,} transitions)", round(extra_gc / n * 1e6, 3) if n else None,
                            "us", None)
                     runs_all = [r for runs in quads for r in runs]
-                    counts = [sum(r.gc_generations[g][0] * (1 if r.recorded else -1)
+                    counts = [sum(r.gc_generations[g].collections * (1 if r.recorded else -1)
                                   for r in runs_all) for g in range(3)]
-                    mean_cost = [sum(r.gc_generations[g][1] for r in runs_all)
-                                 / max(sum(r.gc_generations[g][0] for r in runs_all), 1)
-                                 for g in range(3)]
+                    all_runs = [_totals(r.gc_generations[g] for r in runs_all) for g in range(3)]
+                    mean_cost = [t.seconds / max(t.collections, 1) for t in all_runs]
                     by_count = sum(c * t for c, t in zip(counts, mean_cost))
                     report(f"{name}: the collector's extra collections, B less A, by "
                            f"generation {' / '.join(f'{c:+d}' for c in counts)} (a collection "
